@@ -1,0 +1,126 @@
+"""Fake engines for tests about the pipeline (not about models): cheap, scripted, deterministic.
+
+FakeVad calls a window speech when its RMS is high; FakeAsr "recognises" the dominant tone
+frequency of the audio as a word (so each stream's transcript is checkable); FakeTts makes a
+tone per word. Latencies are configurable to exercise timeouts and concurrency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from voxserve.config import Settings
+from voxserve.engines.responders import EchoResponder
+from voxserve.runtime import Engines, Runtime
+from voxserve.types import AsrResult, EngineInfo, Voice
+
+SR = 16_000
+
+
+def tone(freq: float, seconds: float, rate: int = SR, amplitude: float = 0.5) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (np.sin(2 * np.pi * freq * t) * amplitude * 32767).astype(np.int16)
+
+
+def silence(seconds: float, rate: int = SR) -> np.ndarray:
+    return np.zeros(int(seconds * rate), dtype=np.int16)
+
+
+def word_for(freq: float) -> str:
+    return f"tone{round(freq / 10) * 10}"
+
+
+class FakeVad:
+    info = EngineInfo("vad", "fake", "tests", "0", "n/a")
+    window_samples = 512
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def new_state(self) -> dict[str, Any]:
+        return {}
+
+    def reset_state(self, state: Any) -> None:
+        pass
+
+    def speech_probs(self, state: Any, audio: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        windows = audio.reshape(-1, self.window_samples)
+        rms = np.sqrt(np.mean(windows**2, axis=1))
+        return (rms > 0.05).astype(np.float32)
+
+
+class FakeAsr:
+    info = EngineInfo("asr", "fake", "tests", "0", "n/a")
+    languages = ("en",)
+
+    def __init__(self, delay_s: float = 0.0, partial_delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.partial_delay_s = partial_delay_s
+        self.calls: list[tuple[int, bool]] = []
+
+    def transcribe(
+        self, audio: np.ndarray, *, language: str | None = None, partial: bool = False
+    ) -> AsrResult:
+        self.calls.append((audio.size, partial))
+        time.sleep(self.partial_delay_s if partial else self.delay_s)
+        loud = audio[np.abs(audio) > 0.05]
+        if loud.size < 256:
+            return AsrResult("")
+        spectrum = np.abs(np.fft.rfft(audio))
+        freq = float(np.argmax(spectrum)) * SR / audio.size
+        return AsrResult(word_for(freq))
+
+
+class FakeTts:
+    info = EngineInfo("tts", "fake", "tests", "0", "n/a")
+    sample_rate = SR
+
+    def __init__(self, chunk_delay_s: float = 0.0, seconds_per_word: float = 0.1) -> None:
+        self.chunk_delay_s = chunk_delay_s
+        self.seconds_per_word = seconds_per_word
+        self.chunks_made = 0
+
+    def voices(self) -> tuple[Voice, ...]:
+        return (Voice("fake", "fake", "en", SR),)
+
+    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+        for _word in text.split():
+            time.sleep(self.chunk_delay_s)
+            self.chunks_made += 1
+            yield tone(300.0, self.seconds_per_word / speed)
+
+
+class SlowResponder:
+    """Streams a fixed reply word by word, slowly, to exercise barge-in mid-reply."""
+
+    info = EngineInfo("responder", "slow", "tests", "0", "n/a")
+
+    def __init__(self, words: int = 20, delay_s: float = 0.05) -> None:
+        self.words = words
+        self.delay_s = delay_s
+
+    async def respond(self, text: str, history: Sequence[tuple[str, str]]) -> AsyncIterator[str]:
+        import asyncio
+
+        for i in range(self.words):
+            await asyncio.sleep(self.delay_s)
+            yield f"word{i}. "
+
+
+def fake_runtime(settings: Settings, **kwargs: Any) -> Runtime:
+    engines = Engines(
+        vad=kwargs.get("vad") or FakeVad(),
+        asr=kwargs.get("asr") or FakeAsr(),
+        tts=[kwargs.get("tts") or FakeTts()],
+        responder=kwargs.get("responder") or EchoResponder(),
+        default_voice="fake",
+    )
+    return Runtime.from_engines(settings, engines)

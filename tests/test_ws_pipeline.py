@@ -1,0 +1,309 @@
+"""The /v1/stream pipeline over a real socket, with fake engines (tests about the pipeline)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
+from tests.wsclient import collect, frame_message, of_type, send_audio, start
+from voxserve.config import load_settings
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[LiveServer]:
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
+    yield live
+    stop_server(live)
+
+
+def two_utterances(f1: float, f2: float) -> np.ndarray:
+    return np.concatenate(
+        [silence(0.3), tone(f1, 1.0), silence(0.8), tone(f2, 1.0), silence(0.8)]
+    )
+
+
+async def run_asr(url: str, audio: np.ndarray, *, speedup: float = 4.0, **config: object):
+    async with connect(url) as ws:
+        started = await start(ws, mode="asr", **config)
+        assert started["type"] == "session.started", started
+        frames = await send_audio(ws, audio, speedup=speedup)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+        return started, frames, events
+
+
+async def test_asr_mode_turns_partials_and_finals(fake_server: LiveServer) -> None:
+    started, frames, events = await run_asr(fake_server.ws_url, two_utterances(440, 880))
+    assert started["mode"] == "asr" and started["trace_id"]
+    finals = of_type(events, "transcript.final")
+    assert [f["text"] for f in finals] == ["tone440", "tone880"]
+    assert [f["segment"] for f in finals] == [0, 1]
+    starts, ends = of_type(events, "vad.start"), of_type(events, "vad.end")
+    assert len(starts) == 2 and len(ends) == 2
+    # Speech began at 0.3 s and lasted 1 s: boundaries within a VAD window or two.
+    assert abs(finals[0]["start_ms"] - 300) <= 70 and abs(finals[0]["end_ms"] - 1300) <= 70
+    assert abs(finals[1]["start_ms"] - 2100) <= 70
+    partials = of_type(events, "transcript.partial")
+    assert partials and all(p["text"] == "tone440" for p in partials if p["segment"] == 0)
+    # A partial of a segment never follows its final.
+    for final in finals:
+        idx = events.index(final)
+        assert not [p for p in of_type(events[idx:], "transcript.partial") if p["segment"] == final["segment"]]
+    ended = events[-1]
+    assert ended["type"] == "session.ended"
+    assert ended["received"] == frames and ended["processed"] == frames
+    assert ended["duplicates"] == 0 and ended["dropped"] == 0 and ended["segments"] == 2
+
+
+async def test_duplicate_frames_are_processed_once(fake_server: LiveServer) -> None:
+    audio = two_utterances(500, 700)
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr")
+        n = 0
+        for seq, i in enumerate(range(0, audio.size, 320)):
+            message = frame_message(seq, audio[i : i + 320])
+            await ws.send(message)
+            await ws.send(message)  # a retransmit
+            n += 1
+            if seq % 10 == 0:
+                await asyncio.sleep(0.02)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    ended = events[-1]
+    assert ended["received"] == 2 * n and ended["duplicates"] == n
+    assert ended["processed"] == n
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone500", "tone700"]
+
+
+async def test_gaps_and_reordering_are_counted(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr")
+        for seq in (0, 1, 4, 2, 5):
+            await ws.send(frame_message(seq, silence(0.02)))
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    ended = events[-1]
+    assert ended["gaps"] == 1 and ended["reordered"] == 1 and ended["processed"] == 5
+
+
+async def test_twenty_concurrent_streams_keep_their_own_transcripts(fake_server: LiveServer) -> None:
+    freqs = [300 + 40 * i for i in range(20)]
+
+    async def one(freq: int) -> list[str]:
+        _, _, events = await run_asr(fake_server.ws_url, two_utterances(freq, freq + 20))
+        return [f["text"] for f in of_type(events, "transcript.final")]
+
+    results = await asyncio.gather(*(one(f) for f in freqs))
+    for freq, texts in zip(freqs, results, strict=True):
+        assert texts == [f"tone{freq}", f"tone{freq + 20}"]
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 24000, 48000])
+async def test_input_is_resampled_from_client_rate(fake_server: LiveServer, rate: int) -> None:
+    audio = np.concatenate([silence(0.3, rate), tone(600, 1.0, rate), silence(0.8, rate)])
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr", sample_rate=rate)
+        await send_audio(ws, audio, rate=rate, speedup=4.0)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone600"]
+    assert abs(of_type(events, "transcript.final")[0]["start_ms"] - 300) <= 70
+
+
+async def test_tts_mode_streams_text_in_pieces(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        started = await start(ws, mode="tts", output_sample_rate=16000)
+        assert started["voice"] == "fake"
+        await ws.send(json.dumps({"type": "text", "text": "one two three. four"}))
+        await ws.send(json.dumps({"type": "text", "text": " five", "flush": True}))
+        await ws.send(json.dumps({"type": "session.end"}))
+        events, audio = await collect(ws)
+    assert of_type(events, "tts.start")[0]["sample_rate"] == 16000
+    end = of_type(events, "tts.end")
+    assert len(end) == 1 and not end[0]["interrupted"]
+    samples = sum(len(a) for a in audio) // 2
+    assert samples == 5 * 1600  # five words x 0.1 s at 16 kHz: nothing lost
+    assert end[0]["audio_ms"] == 500
+
+
+async def test_tts_cancel_interrupts_and_session_goes_on(fake_server: LiveServer) -> None:
+    runtime = fake_server.runtime
+    tts = runtime.engines.tts[0]
+    assert isinstance(tts, FakeTts)
+    tts.chunk_delay_s = 0.05
+    try:
+        async with connect(fake_server.ws_url) as ws:
+            await start(ws, mode="tts")
+            words = " ".join(f"w{i}" for i in range(40))
+            await ws.send(json.dumps({"type": "text", "text": words + ".", "flush": True}))
+            events, _ = await collect(ws, until="tts.start")
+            await ws.send(json.dumps({"type": "cancel"}))
+            events, _ = await collect(ws, until="tts.end")
+            assert events[-1]["interrupted"] is True and events[-1]["chunks"] < 40
+            await ws.send(json.dumps({"type": "text", "text": "again", "flush": True}))
+            await ws.send(json.dumps({"type": "session.end"}))
+            events, _ = await collect(ws)
+        assert of_type(events, "tts.end")[-1]["interrupted"] is False
+    finally:
+        tts.chunk_delay_s = 0.0
+
+
+async def expect_error(url: str, first: object, code: str, close_code: int = 1008) -> dict:
+    async with connect(url) as ws:
+        await ws.send(first if isinstance(first, bytes) else json.dumps(first))
+        event = json.loads(await ws.recv())
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+    assert event["type"] == "error" and event["code"] == code and event["fatal"] is True
+    assert event["message"]
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == close_code
+    return event
+
+
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [
+        (b"\x00\x00\x00\x01" + b"\x00" * 640, "not_started"),
+        ({"type": "text", "text": "hi"}, "not_started"),
+        ({"type": "session.start", "mode": "karaoke"}, "unknown_mode"),
+        ({"type": "session.start", "mode": "asr", "sample_rate": 44100}, "unsupported_sample_rate"),
+        ({"type": "session.start", "mode": "asr", "encoding": "opus"}, "unsupported_encoding"),
+        ({"type": "session.start", "mode": "tts", "voice": "nobody"}, "unknown_voice"),
+        ({"type": "session.start", "mode": "asr", "language": "xx"}, "unknown_language"),
+        ({"type": "session.start", "mode": "asr", "sample_rate": "16k"}, "invalid_message"),
+        ({"type": "session.start", "mode": "asr", "chunk_ms": 5}, "invalid_parameter"),
+    ],
+)
+async def test_session_start_errors(fake_server: LiveServer, first: object, code: str) -> None:
+    await expect_error(fake_server.ws_url, first, code)
+
+
+async def test_invalid_json_first_message(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        await ws.send("{not json")
+        event = json.loads(await ws.recv())
+    assert event["code"] == "invalid_json" and event["fatal"] is True
+
+
+async def test_unknown_voice_error_lists_valid_voices(fake_server: LiveServer) -> None:
+    event = await expect_error(
+        fake_server.ws_url, {"type": "session.start", "mode": "tts", "voice": "x"}, "unknown_voice"
+    )
+    assert "fake" in event["message"]
+
+
+async def test_bad_messages_mid_session_do_not_end_it(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr")
+        bad: list[tuple[object, str]] = [
+            ("{oops", "invalid_json"),
+            ("[1, 2]", "invalid_json"),
+            (json.dumps({"type": "dance"}), "invalid_message"),
+            (json.dumps({"type": "text", "text": "hello"}), "wrong_mode"),
+            (json.dumps({"type": "session.start", "mode": "asr"}), "already_started"),
+            (b"\x00\x01", "frame_too_short"),
+            (b"\x00\x00\x00\x01", "empty_audio"),
+            (b"\x00\x00\x00\x02" + b"\x00" * 641, "odd_length_pcm"),
+            (b"\x00\x00\x00\x03" + b"\x00" * 64_000, "frame_too_large"),
+        ]
+        for message, code in bad:
+            await ws.send(message)
+            event = json.loads(await ws.recv())
+            assert event["type"] == "error" and event["code"] == code, (message, event)
+            assert event["fatal"] is False
+        await send_audio(ws, two_utterances(440, 660), speedup=4.0, first_seq=10)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone660"]
+    assert events[-1]["rejected"] == 4
+
+
+async def test_oversized_message_is_refused(fake_server: LiveServer) -> None:
+    limit = fake_server.settings.limits.max_message_bytes
+    async with connect(fake_server.ws_url, max_size=None) as ws:
+        await start(ws, mode="tts")
+        await ws.send(json.dumps({"type": "text", "text": "x" * (limit + 10)}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_text_over_limit_is_rejected(fake_server: LiveServer) -> None:
+    limit = fake_server.settings.limits.max_text_chars
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="tts")
+        await ws.send(json.dumps({"type": "text", "text": "a" * (limit + 1)}))
+        event = json.loads(await ws.recv())
+        assert event["code"] == "text_too_long" and event["fatal"] is False
+        await ws.send(json.dumps({"type": "session.end"}))
+        events, _ = await collect(ws)
+    assert events[-1]["type"] == "session.ended"
+
+
+async def test_assistant_barge_in_cancels_the_reply() -> None:
+    settings = load_settings(port=free_port(), log_level="warning")
+    runtime = fake_runtime(
+        settings,
+        tts=FakeTts(chunk_delay_s=0.03, seconds_per_word=0.2),
+        responder=SlowResponder(words=30, delay_s=0.02),
+    )
+    live = start_server(settings, runtime)
+    try:
+        async with connect(live.ws_url) as ws:
+            await start(ws, mode="assistant")
+            await send_audio(ws, np.concatenate([tone(440, 0.8), silence(0.7)]), speedup=2.0)
+            events, _ = await collect(ws, until="tts.start")
+            assert of_type(events, "transcript.final")[0]["text"] == "tone440"
+            # The user talks over the reply.
+            sender = asyncio.create_task(
+                send_audio(ws, np.concatenate([tone(880, 0.8), silence(0.7)]), first_seq=100)
+            )
+            events, _ = await collect(ws, until="barge_in")
+            interrupted = of_type(events, "tts.end")
+            await sender
+            await ws.send(json.dumps({"type": "audio.end"}))
+            rest, _ = await collect(ws)
+        events += rest
+        ends = of_type(events, "tts.end")
+        assert ends and ends[0]["interrupted"] is True
+        assert ends[0]["audio_ms"] < 30 * 200  # far less than the whole reply
+        assert interrupted == [] or interrupted[0]["interrupted"] is True
+        finals = [f["text"] for f in of_type(events, "transcript.final")]
+        assert finals == ["tone880"]
+        assert rest[-1]["interrupted"] >= 1
+    finally:
+        stop_server(live)
+
+
+async def test_client_leaving_withdraws_queued_model_work() -> None:
+    settings = load_settings(port=free_port(), log_level="warning")
+    asr = FakeAsr(delay_s=0.5)
+    runtime = fake_runtime(settings, asr=asr, vad=FakeVad())
+    live = start_server(settings, runtime)
+    try:
+        audio = np.concatenate([tone(440, 0.6), silence(0.6)] * 6)
+        for _ in range(4):
+            async with connect(live.ws_url) as ws:
+                await start(ws, mode="asr", partials=False)
+                await send_audio(ws, audio, realtime=False)
+                await ws.send(json.dumps({"type": "audio.end"}))
+                await asyncio.sleep(0.2)
+            # leave without reading anything
+        await asyncio.sleep(1.2)
+        stage = runtime.stages["asr"]
+        assert stage.running == 0 and stage.waiting == 0
+        # Each session had 6 utterances queued; leaving must have withdrawn most of them.
+        assert len(asr.calls) < 4 * 6
+        assert runtime.active_sessions == 0
+    finally:
+        stop_server(live)

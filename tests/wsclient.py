@@ -1,0 +1,69 @@
+"""A small real-time WebSocket client for tests: streams 20 ms frames by the wall clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection
+
+FRAME = 320
+
+
+def frame_message(seq: int, pcm: np.ndarray) -> bytes:
+    return seq.to_bytes(4, "big") + pcm.astype("<i2").tobytes()
+
+
+async def send_audio(
+    ws: ClientConnection,
+    samples: np.ndarray,
+    *,
+    rate: int = 16_000,
+    realtime: bool = True,
+    first_seq: int = 0,
+    speedup: float = 1.0,
+) -> int:
+    """Send samples as 20 ms frames at real-time pace (or `speedup` x); returns next seq."""
+    frame = rate // 50
+    start = time.monotonic()
+    seq = first_seq
+    for i in range(0, samples.size, frame):
+        await ws.send(frame_message(seq, samples[i : i + frame]))
+        seq += 1
+        if realtime:
+            due = start + (seq - first_seq) * 0.02 / speedup
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+    return seq
+
+
+async def start(ws: ClientConnection, **config: Any) -> dict[str, Any]:
+    await ws.send(json.dumps({"type": "session.start", **config}))
+    event = json.loads(await ws.recv())
+    return dict(event)
+
+
+async def collect(
+    ws: ClientConnection, until: str = "session.ended", timeout: float = 30.0
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Receive events (and audio) until an event of type `until` arrives."""
+    events: list[dict[str, Any]] = []
+    audio: list[bytes] = []
+    async with asyncio.timeout(timeout):
+        async for message in ws:
+            if isinstance(message, bytes):
+                audio.append(message)
+                continue
+            event = json.loads(message)
+            events.append(event)
+            if event["type"] == until:
+                break
+    return events, audio
+
+
+def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]

@@ -1,0 +1,79 @@
+"""A bounded, pre-allocated ring of int16 samples between the receiver and the pipeline.
+
+Written by the transport (one frame per message), read by the session's pipeline task in
+batches (all pending samples per wake-up), so nothing is allocated per frame and no task is
+woken per frame. The read and write cursors only ever grow; positions are taken modulo the
+capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voxserve.audio.pcm import Int16Array
+
+
+class RingFull(Exception):
+    pass
+
+
+class SampleRing:
+    """Single-producer, single-consumer ring on one event loop (no locks needed)."""
+
+    def __init__(self, capacity_samples: int) -> None:
+        if capacity_samples <= 0:
+            raise ValueError("capacity must be positive")
+        self._buf = np.zeros(capacity_samples, dtype=np.int16)
+        self.capacity = capacity_samples
+        self._write = 0  # total samples ever written
+        self._read = 0  # total samples ever read
+        self.dropped_samples = 0
+
+    def __len__(self) -> int:
+        return self._write - self._read
+
+    @property
+    def read_total(self) -> int:
+        """Samples ever consumed (read or dropped)."""
+        return self._read
+
+    @property
+    def write_total(self) -> int:
+        return self._write
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self)
+
+    def write(self, samples: Int16Array, *, drop_oldest: bool = False) -> int:
+        """Append samples. When they do not fit: drop the oldest unread samples (counted) if
+        `drop_oldest`, else raise RingFull and write nothing. Returns samples dropped."""
+        n = int(samples.size)
+        if n > self.capacity:
+            raise ValueError("write larger than the ring")
+        dropped = 0
+        if n > self.free:
+            if not drop_oldest:
+                raise RingFull()
+            dropped = n - self.free
+            self._read += dropped
+            self.dropped_samples += dropped
+        start = self._write % self.capacity
+        first = min(n, self.capacity - start)
+        self._buf[start : start + first] = samples[:first]
+        if first < n:
+            self._buf[: n - first] = samples[first:]
+        self._write += n
+        return dropped
+
+    def read(self, max_samples: int | None = None) -> Int16Array:
+        """Take up to `max_samples` (default: all) unread samples as one contiguous copy."""
+        n = len(self) if max_samples is None else min(max_samples, len(self))
+        start = self._read % self.capacity
+        first = min(n, self.capacity - start)
+        if first == n:
+            out = self._buf[start : start + n].copy()
+        else:
+            out = np.concatenate((self._buf[start:], self._buf[: n - first]))
+        self._read += n
+        return out

@@ -1,0 +1,101 @@
+"""The engine protocols. Engines are loaded once per process and shared by every session.
+
+Model calls are blocking and run on the adaptive executor; per-stream state lives in small
+objects the pipeline owns (VAD state) or in the pipeline itself (the growing ASR utterance),
+never inside the shared engine. Every engine must be safe to call from several executor
+threads at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from voxserve.types import AsrResult, EngineInfo, Voice
+
+Float32Array = npt.NDArray[np.float32]
+Int16Array = npt.NDArray[np.int16]
+
+
+@runtime_checkable
+class VadEngine(Protocol):
+    """Speech probability per fixed window of 16 kHz audio."""
+
+    info: EngineInfo
+    window_samples: int
+    """Samples per decision at 16 kHz (silero: 512 = 32 ms)."""
+
+    def new_state(self) -> Any:
+        """Per-stream recurrent state; small (a few KB). Owned by the session."""
+        ...
+
+    def reset_state(self, state: Any) -> None:
+        """Forget the stream's history (e.g. after a long gap)."""
+        ...
+
+    def speech_probs(self, state: Any, audio: Float32Array) -> Float32Array:
+        """One probability in [0, 1] per window; len(audio) is a multiple of window_samples.
+
+        Blocking. Updates `state` in place.
+        """
+        ...
+
+
+@runtime_checkable
+class AsrEngine(Protocol):
+    """Whole-buffer recognition; the pipeline carries the streaming state across chunks."""
+
+    info: EngineInfo
+    languages: tuple[str, ...]
+
+    def transcribe(
+        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+    ) -> AsrResult:
+        """Recognise 16 kHz mono float32 audio. `partial=True` asks for the cheap path used
+        for interim results while the user is still speaking. Blocking."""
+        ...
+
+
+@runtime_checkable
+class TtsEngine(Protocol):
+    """Streaming synthesis: yields int16 chunks at `sample_rate` as soon as each is ready."""
+
+    info: EngineInfo
+    sample_rate: int
+
+    def voices(self) -> tuple[Voice, ...]: ...
+
+    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
+        """Blocking generator; the caller pulls one chunk per executor call, so a cancelled
+        request stops between chunks. The first chunk should come as early as the engine
+        allows (first clause)."""
+        ...
+
+
+@runtime_checkable
+class Responder(Protocol):
+    """The text step between ASR and TTS (NLU, rules, an LLM)."""
+
+    info: EngineInfo
+
+    def respond(self, text: str, history: Sequence[tuple[str, str]]) -> AsyncIterator[str]:
+        """Stream the reply as text pieces. `history` holds (user, assistant) turns."""
+        ...
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_engine(engine: object) -> None:
+    """Release an engine's resources if it has any."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
+
+
+def voices_of(engines: Sequence[TtsEngine]) -> list[Voice]:
+    return [voice for engine in engines for voice in engine.voices()]

@@ -1,0 +1,63 @@
+"""Error codes every transport reports; the table in docs/protocol.md mirrors ErrorCode."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Stable, documented codes. Values never change once released."""
+
+    # client protocol errors (the client can fix these)
+    NOT_STARTED = "not_started"  # audio or text before session.start
+    ALREADY_STARTED = "already_started"
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"  # unknown type, missing/ill-typed field
+    UNKNOWN_MODE = "unknown_mode"
+    UNKNOWN_VOICE = "unknown_voice"
+    UNKNOWN_LANGUAGE = "unknown_language"
+    UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
+    UNSUPPORTED_ENCODING = "unsupported_encoding"
+    ODD_LENGTH_PCM = "odd_length_pcm"
+    FRAME_TOO_SHORT = "frame_too_short"  # binary message shorter than its seq header
+    FRAME_TOO_LARGE = "frame_too_large"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    TEXT_TOO_LONG = "text_too_long"
+    EMPTY_TEXT = "empty_text"
+    EMPTY_AUDIO = "empty_audio"
+    INVALID_AUDIO = "invalid_audio"  # not a WAV / unreadable upload
+    INVALID_PARAMETER = "invalid_parameter"
+    WRONG_MODE = "wrong_mode"  # e.g. text in an asr session
+    # server side
+    STAGE_TIMEOUT = "stage_timeout"
+    ENGINE_ERROR = "engine_error"
+    OVERLOADED = "overloaded"
+    NOT_READY = "not_ready"
+    INTERNAL = "internal"
+
+
+class VoxError(Exception):
+    """An error with a stable code; `stage` names the pipeline stage it came from, if any."""
+
+    def __init__(
+        self, code: ErrorCode, message: str, *, fatal: bool = False, stage: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+        self.stage = stage
+
+    def to_event(self) -> dict[str, object]:
+        event: dict[str, object] = {
+            "type": "error",
+            "code": self.code.value,
+            "message": self.message,
+            "fatal": self.fatal,
+        }
+        if self.stage is not None:
+            event["stage"] = self.stage
+        return event
+
+    def __repr__(self) -> str:
+        return f"VoxError({self.code.value!r}, {self.message!r}, stage={self.stage!r})"

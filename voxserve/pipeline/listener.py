@@ -1,0 +1,235 @@
+"""The listening half of a session: ring -> VAD -> turns -> partial and final transcripts.
+
+The receiver writes frames into the ring; this task wakes once per batch of frames (not per
+frame), runs VAD on whole windows through the shared VAD stage, and turns speech into
+utterances. Partials re-decode the growing utterance (best effort: skipped when the ASR stage
+is busy); finals are decoded in order by one worker per session, so the recognizer state of
+one utterance (its audio) never mixes with the next or with another stream's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
+from voxserve.audio.ring import SampleRing
+from voxserve.audio.stream_audio import StreamAudio
+from voxserve.errors import VoxError
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent
+from voxserve.runtime import Runtime
+from voxserve.types import SAMPLE_RATE, AsrResult
+
+log = logging.getLogger(__name__)
+
+VAD_BATCH_WINDOWS = 2  # judge 2 x 32 ms at a time: one executor hop per 64 ms per stream
+FINAL_QUEUE = 4  # utterances waiting for their final decode before the listener waits
+
+
+def ms(samples: int) -> int:
+    return samples * 1000 // SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class Utterance:
+    segment: int
+    start: int
+    end: int
+    audio: Int16Array
+
+
+class Listener:
+    def __init__(
+        self,
+        runtime: Runtime,
+        ring: SampleRing,
+        outbox: Outbox,
+        *,
+        language: str | None,
+        partials: bool,
+        partial_interval_ms: int,
+        on_speech_start: Callable[[int], Awaitable[None]] | None = None,
+        on_final: Callable[[int, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.ring = ring
+        self.outbox = outbox
+        self.language = language
+        self.partials = partials
+        settings = runtime.settings
+        self.vad = runtime.engines.vad
+        self.vad_state = self.vad.new_state()
+        self.window = self.vad.window_samples
+        self.turns = TurnDetector(settings.vad, self.window)
+        self.pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+        self.partial_every = partial_interval_ms * SAMPLE_RATE // 1000
+        self.min_partial = settings.asr.min_partial_ms * SAMPLE_RATE // 1000
+        self.audio = StreamAudio()
+        self._leftover = np.zeros(0, dtype=np.float32)
+        self._on_speech_start = on_speech_start
+        self._on_final = on_final
+        self.wake = asyncio.Event()
+        self.space = asyncio.Event()  # set whenever the listener frees ring space
+        self.closed = False
+        self.segment = -1
+        self._finalized = -1
+        self._last_partial_at = 0
+        self._last_partial_text = ""
+        self._partial_task: asyncio.Task[None] | None = None
+        self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
+        self.batch_samples = VAD_BATCH_WINDOWS * self.window
+
+    def close_input(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    def poke(self) -> None:
+        """Called by the receiver after each write; wakes the task only per batch."""
+        if len(self.ring) >= self.batch_samples:
+            self.wake.set()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._final_worker(), name="voxserve-asr-final")
+            while True:
+                await self.wake.wait()
+                self.wake.clear()
+                while len(self.ring) >= self.batch_samples or (self.closed and len(self.ring)):
+                    samples = self.ring.read()
+                    self.space.set()
+                    await self._process(samples, group)
+                if self.closed and not len(self.ring):
+                    break
+            await self._flush(group)
+
+    async def _process(self, samples: Int16Array, group: asyncio.TaskGroup) -> None:
+        self.audio.append(samples)
+        audio = to_float32(samples)
+        if self._leftover.size:
+            audio = np.concatenate((self._leftover, audio))
+        usable = audio.size - audio.size % self.window
+        self._leftover = audio[usable:]
+        if usable:
+            await self._judge(audio[:usable], group)
+
+    async def _judge(self, audio: Float32Array, group: asyncio.TaskGroup) -> None:
+        stage = self.runtime.stage("vad")
+        probs = await stage.run(self.vad.speech_probs, self.vad_state, audio)
+        for event in self.turns.feed([float(p) for p in probs]):
+            await self._on_turn(event)
+        if self.turns.speaking:
+            self._maybe_partial(group)
+        else:
+            self.audio.trim(self.turns.position - self.pad)
+
+    async def _flush(self, group: asyncio.TaskGroup) -> None:
+        if self._leftover.size:
+            padded = np.zeros(self.window, dtype=np.float32)
+            padded[: self._leftover.size] = self._leftover
+            self._leftover = np.zeros(0, dtype=np.float32)
+            await self._judge(padded, group)
+        for event in self.turns.flush():
+            await self._on_turn(event)
+        await self._finals.put(None)
+
+    async def _on_turn(self, event: TurnEvent) -> None:
+        if isinstance(event, SpeechStart):
+            self.segment += 1
+            self._last_partial_at = event.start
+            self._last_partial_text = ""
+            await self.outbox.event(
+                {"type": "vad.start", "segment": self.segment, "start_ms": ms(event.start)}
+            )
+            if self._on_speech_start is not None:
+                await self._on_speech_start(self.segment)
+            return
+        assert isinstance(event, SpeechEnd)
+        await self.outbox.event(
+            {
+                "type": "vad.end",
+                "segment": self.segment,
+                "start_ms": ms(event.start),
+                "end_ms": ms(event.end),
+            }
+        )
+        audio = self.audio.slice(event.start - self.pad, event.end + self.pad)
+        await self._finals.put(Utterance(self.segment, event.start, event.end, audio))
+
+    def _maybe_partial(self, group: asyncio.TaskGroup) -> None:
+        start = self.turns.speech_start
+        now = self.turns.position
+        if not self.partials or start is None or now - start < self.min_partial:
+            return
+        if now - self._last_partial_at < self.partial_every:
+            return
+        if self._partial_task is not None and not self._partial_task.done():
+            return
+        if self.runtime.stage("asr").waiting:
+            return  # partials are best effort: never queue behind finals
+        self._last_partial_at = now
+        audio = self.audio.slice(start - self.pad, now)
+        self._partial_task = group.create_task(
+            self._partial(self.segment, start, now, audio), name="voxserve-asr-partial"
+        )
+
+    async def _partial(self, segment: int, start: int, end: int, audio: Int16Array) -> None:
+        try:
+            result = await self._recognise(audio, partial_result=True)
+        except VoxError as exc:
+            log.debug("partial skipped", extra={"code": exc.code.value})
+            return
+        if segment <= self._finalized or segment != self.segment:
+            return  # the final for this segment is out (or on its way): never send after it
+        text = result.text.strip()
+        if text and text != self._last_partial_text:
+            self._last_partial_text = text
+            await self.outbox.event(
+                {
+                    "type": "transcript.partial",
+                    "segment": segment,
+                    "text": text,
+                    "start_ms": ms(start),
+                    "end_ms": ms(end),
+                }
+            )
+
+    async def _recognise(self, audio: Int16Array, *, partial_result: bool) -> AsrResult:
+        stage = self.runtime.stage("asr")
+        call = partial(
+            self.runtime.engines.asr.transcribe,
+            to_float32(audio),
+            language=self.language,
+            partial=partial_result,
+        )
+        result: AsrResult = await stage.run(call)
+        return result
+
+    async def _final_worker(self) -> None:
+        while (utterance := await self._finals.get()) is not None:
+            self._finalized = utterance.segment
+            try:
+                result = await self._recognise(utterance.audio, partial_result=False)
+            except VoxError as exc:
+                event = exc.to_event()
+                event["segment"] = utterance.segment
+                await self.outbox.event(event)
+                continue
+            text = result.text.strip()
+            await self.outbox.event(
+                {
+                    "type": "transcript.final",
+                    "segment": utterance.segment,
+                    "text": text,
+                    "start_ms": ms(utterance.start),
+                    "end_ms": ms(utterance.end),
+                    "language": result.language,
+                }
+            )
+            if self._on_final is not None and text:
+                await self._on_final(utterance.segment, text)

@@ -1,0 +1,327 @@
+"""One live stream: its trace id, input ring and dedup window, and the stages of its mode.
+
+asr:       audio -> Listener (VAD, partials, finals)
+tts:       text  -> SentenceBuffer -> Speaker
+assistant: audio -> Listener -> Responder -> Speaker, with barge-in
+
+The transport calls feed_audio / feed_text / end_input / cancel and drains the outbox; `run`
+owns every task of the session and returns after `session.ended` is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+
+from voxserve.audio.dedup import SeqDedup
+from voxserve.audio.pcm import Int16Array, int16_from_bytes
+from voxserve.audio.resample import StreamResampler
+from voxserve.audio.ring import SampleRing
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.listener import Listener
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.speaker import Speaker
+from voxserve.pipeline.text import SentenceBuffer
+from voxserve.runtime import Runtime
+from voxserve.server.ws_protocol import StreamConfig, TextMessage
+from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+
+TEXT_QUEUE = 64  # sentences waiting for TTS in tts mode before the receiver waits
+HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
+_FLUSH = object()  # end of one tts-mode utterance
+
+
+class Session:
+    def __init__(self, runtime: Runtime, config: StreamConfig, outbox: Outbox) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.outbox = outbox
+        self.id = uuid.uuid4().hex[:16]
+        self.trace_id = config.trace_id or self.id
+        settings = runtime.settings
+        engines = runtime.engines
+        self.language = engines.check_language(config.language) or engines.asr.languages[0]
+        voice, _ = engines.voice(config.voice)
+        self.voice = voice.id
+        self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
+        self.started_at = time.monotonic()
+        self.dedup = SeqDedup(settings.pipeline.dedup_window_ms / 1000)
+        self.ring = SampleRing(settings.pipeline.ring_frames * FRAME_SAMPLES)
+        self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
+        self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
+        self.received = 0
+        self.rejected = 0
+        self.processed = 0
+        self.dropped_samples = 0
+        self._frame_ends: deque[int] = deque()  # ring position where each accepted frame ends
+        self.input_closed = False
+        self.speaker = Speaker(
+            runtime,
+            outbox,
+            voice=self.voice,
+            speed=config.speed,
+            sample_rate=self.output_sample_rate,
+        )
+        self.listener: Listener | None = None
+        if config.mode in ("asr", "assistant"):
+            assistant = config.mode == "assistant"
+            self.listener = Listener(
+                runtime,
+                self.ring,
+                outbox,
+                language=self.language,
+                partials=settings.asr.partials if config.partials is None else config.partials,
+                partial_interval_ms=config.chunk_ms or settings.asr.partial_interval_ms,
+                on_speech_start=self._barge_in if assistant else None,
+                on_final=self._start_reply if assistant else None,
+            )
+        self._texts = SentenceBuffer()
+        self._text_queue: asyncio.Queue[object] = asyncio.Queue(TEXT_QUEUE)
+        self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_TURNS)
+        self._reply_task: asyncio.Task[None] | None = None
+        self._group: asyncio.TaskGroup | None = None
+
+    def started_event(self) -> dict[str, object]:
+        return {
+            "type": "session.started",
+            "session_id": self.id,
+            "trace_id": self.trace_id,
+            "mode": self.config.mode,
+            "sample_rate": self.config.sample_rate,
+            "encoding": self.config.encoding,
+            "language": self.language,
+            "voice": self.voice,
+            "output_sample_rate": self.output_sample_rate,
+            "frame_ms": 20,
+        }
+
+    # -- input, called by the transport ---------------------------------------------------
+
+    async def feed_audio(self, seq: int, pcm: memoryview) -> None:
+        if self.listener is None:
+            raise VoxError(ErrorCode.WRONG_MODE, "tts sessions take text, not audio")
+        if self.input_closed:
+            raise VoxError(ErrorCode.INVALID_MESSAGE, "audio after the end of input")
+        self.received += 1
+        if not self.dedup.accept(seq, time.monotonic()):
+            return
+        samples = self.resampler.process(int16_from_bytes(pcm))
+        await self._write(samples)
+        self._frame_ends.append(self.ring.write_total)
+        self._count_processed()
+        self.listener.poke()
+
+    async def _write(self, samples: Int16Array) -> None:
+        assert self.listener is not None
+        if not samples.size:
+            return
+        if self.drop_oldest:
+            self.dropped_samples += self.ring.write(samples, drop_oldest=True)
+            return
+        # "wait": stop reading from the client until the pipeline frees space (TCP pushes back).
+        while self.ring.free < samples.size:
+            self.listener.space.clear()
+            self.listener.wake.set()
+            await self.listener.space.wait()
+        self.ring.write(samples)
+
+    def _count_processed(self) -> None:
+        done = self.ring.read_total
+        ends = self._frame_ends
+        while ends and ends[0] <= done:
+            ends.popleft()
+            self.processed += 1
+
+    async def feed_text(self, message: TextMessage) -> None:
+        if self.config.mode != "tts":
+            raise VoxError(
+                ErrorCode.WRONG_MODE, f"{self.config.mode} sessions take audio, not text"
+            )
+        if self.input_closed:
+            raise VoxError(ErrorCode.INVALID_MESSAGE, "text after the end of input")
+        limit = self.runtime.settings.limits.max_text_chars
+        if len(message.text) + len(self._texts) > limit:
+            raise VoxError(ErrorCode.TEXT_TOO_LONG, f"pending text would exceed {limit} characters")
+        for sentence in self._texts.push(message.text):
+            await self._text_queue.put(sentence)
+        if message.flush:
+            await self._flush_text()
+
+    async def _flush_text(self) -> None:
+        rest = self._texts.flush()
+        if rest:
+            await self._text_queue.put(rest)
+        await self._text_queue.put(_FLUSH)
+
+    async def end_input(self) -> None:
+        """No more input: finish what was accepted, then end the session."""
+        if self.input_closed:
+            return
+        self.input_closed = True
+        if self.listener is not None:
+            await self._write(self.resampler.flush())
+            self.listener.close_input()
+        else:
+            await self._flush_text()
+            await self._text_queue.put(None)
+
+    async def cancel(self) -> None:
+        """Client barge-in: stop the current reply and forget text not yet spoken."""
+        self._texts.clear()
+        while not self._text_queue.empty():
+            item = self._text_queue.get_nowait()
+            if item is None:  # keep the end-of-input marker
+                await self._text_queue.put(None)
+                break
+        self._cancel_reply()
+
+    # -- running ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            if self.listener is not None:
+                await self.listener.run()
+            else:
+                await self._speak_texts()
+            if self._reply_task is not None:
+                await asyncio.wait([self._reply_task])
+        self._count_processed()
+        await self.outbox.event(self.ended_event())
+        await self.outbox.close()
+
+    def ended_event(self) -> dict[str, object]:
+        dropped_frames = -(-self.dropped_samples // FRAME_SAMPLES)
+        accepted = self.received - self.dedup.duplicates
+        return {
+            "type": "session.ended",
+            "session_id": self.id,
+            "trace_id": self.trace_id,
+            "received": self.received,
+            "duplicates": self.dedup.duplicates,
+            "accepted": accepted,
+            "processed": max(0, self.processed - dropped_frames),
+            "dropped": dropped_frames,
+            "rejected": self.rejected,
+            "gaps": self.dedup.gaps,
+            "reordered": self.dedup.reordered,
+            "segments": (self.listener.segment + 1) if self.listener else 0,
+            "replies": self.speaker.replies,
+            "interrupted": self.speaker.interrupted,
+            "duration_ms": int((time.monotonic() - self.started_at) * 1000),
+        }
+
+    async def _speak_texts(self) -> None:
+        reply = 0
+        while True:
+            item = await self._text_queue.get()
+            if item is None:
+                return
+            if item is _FLUSH:
+                continue
+            assert self._group is not None
+            task = self._group.create_task(self._speak_utterance(str(item), reply))
+            self._reply_task = task
+            await asyncio.wait([task])
+            reply += 1
+
+    async def _speak_utterance(self, first: str, reply: int) -> None:
+        async def sentences() -> AsyncIterator[str]:
+            yield first
+            while True:
+                item = await self._text_queue.get()
+                if item is _FLUSH:
+                    return
+                if item is None:  # end of input also ends the utterance
+                    await self._text_queue.put(None)
+                    return
+                yield str(item)
+
+        try:
+            await self.speaker.play(sentences(), reply)
+        except VoxError as exc:
+            await self.outbox.event(exc.to_event() | {"reply": reply})
+
+    # -- assistant ------------------------------------------------------------------------
+
+    def _cancel_reply(self) -> bool:
+        task = self._reply_task
+        if task is not None and not task.done():
+            task.cancel()
+            return True
+        return False
+
+    async def _barge_in(self, segment: int) -> None:
+        audible = self.speaker.audible()
+        if self._cancel_reply() or audible:
+            self.speaker.playback_until = 0.0
+            await self.outbox.event({"type": "barge_in", "segment": segment})
+
+    async def _start_reply(self, segment: int, text: str) -> None:
+        self._cancel_reply()
+        assert self._group is not None
+        self._reply_task = self._group.create_task(
+            self._reply(segment, text), name="voxserve-reply"
+        )
+
+    async def _reply(self, segment: int, user_text: str) -> None:
+        responder = self.runtime.engines.responder
+        limit = self.runtime.settings.pipeline.responder.timeout_s
+        sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
+        pieces: list[str] = []
+
+        async def produce() -> None:
+            buffer = SentenceBuffer()
+            stream = responder.respond(user_text, list(self._history))
+            try:
+                async with asyncio.timeout(limit):
+                    async for piece in stream:
+                        pieces.append(piece)
+                        await self.outbox.event(
+                            {"type": "response.delta", "reply": segment, "text": piece}
+                        )
+                        for sentence in buffer.push(piece):
+                            await sentences.put(sentence)
+            except TimeoutError:
+                raise VoxError(
+                    ErrorCode.STAGE_TIMEOUT,
+                    f"responder did not finish within {limit:g} s",
+                    stage="responder",
+                ) from None
+            finally:
+                await _aclose(stream)
+            rest = buffer.flush()
+            if rest:
+                await sentences.put(rest)
+            await sentences.put(None)
+
+        async def spoken() -> AsyncIterator[str]:
+            while (sentence := await sentences.get()) is not None:
+                yield sentence
+
+        failures: list[VoxError] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(produce())
+                await self.speaker.play(spoken(), segment)
+        except* VoxError as errors:
+            failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
+        if failures:
+            for exc in failures:
+                await self.outbox.event(exc.to_event() | {"reply": segment})
+            return
+        reply_text = "".join(pieces).strip()
+        await self.outbox.event({"type": "response.text", "reply": segment, "text": reply_text})
+        self._history.append((user_text, reply_text))
+
+
+async def _aclose(stream: AsyncIterator[str]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()

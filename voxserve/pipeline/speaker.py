@@ -1,0 +1,117 @@
+"""The speaking half of a session: sentences -> TTS -> audio chunks, one reply at a time.
+
+Every reply is framed by `tts.start` and `tts.end`; a cancelled reply (barge-in, `cancel`)
+still gets its `tts.end` with `interrupted: true`, and its pending synthesis is withdrawn.
+`playback_until` estimates when the client will have played what was sent (real-time clock),
+so speech that starts while the reply is still audible counts as barge-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.synthesis import synthesize
+from voxserve.runtime import Runtime
+
+
+@dataclass
+class ReplyStats:
+    reply: int
+    chunks: int = 0
+    samples: int = 0
+    first_audio_s: float | None = None  # seconds from the reply's start to its first chunk
+    interrupted: bool = False
+
+
+class Speaker:
+    def __init__(
+        self,
+        runtime: Runtime,
+        outbox: Outbox,
+        *,
+        voice: str,
+        speed: float,
+        sample_rate: int,
+    ) -> None:
+        self.runtime = runtime
+        self.outbox = outbox
+        self.voice = voice
+        self.speed = speed
+        self.sample_rate = sample_rate
+        self.playback_until = 0.0
+        self.replies = 0
+        self.interrupted = 0
+
+    def audible(self) -> bool:
+        return time.monotonic() < self.playback_until
+
+    def played_ms(self, stats: ReplyStats, started: float) -> int:
+        """Audio the client has played by now, assuming it plays as it receives."""
+        sent_ms = stats.samples * 1000 // self.sample_rate
+        return min(sent_ms, int((time.monotonic() - started) * 1000))
+
+    async def play(self, sentences: AsyncIterator[str], reply: int) -> ReplyStats:
+        stats = ReplyStats(reply)
+        began = time.monotonic()
+        started: float | None = None
+        self.replies += 1
+        try:
+            async for sentence in sentences:
+                async for chunk in synthesize(
+                    self.runtime,
+                    sentence,
+                    voice=self.voice,
+                    speed=self.speed,
+                    sample_rate=self.sample_rate,
+                ):
+                    if started is None:
+                        started = time.monotonic()
+                        stats.first_audio_s = started - began
+                        self.playback_until = started
+                        await self.outbox.event(
+                            {
+                                "type": "tts.start",
+                                "reply": reply,
+                                "voice": self.voice,
+                                "sample_rate": self.sample_rate,
+                                "encoding": "pcm_s16le",
+                            }
+                        )
+                    await self.outbox.audio(chunk.tobytes())
+                    stats.chunks += 1
+                    stats.samples += chunk.size
+                    self.playback_until = max(time.monotonic(), self.playback_until) + (
+                        chunk.size / self.sample_rate
+                    )
+        except asyncio.CancelledError:
+            stats.interrupted = True
+            self.interrupted += 1
+            self.playback_until = 0.0
+            if started is not None:
+                self.outbox.event_nowait(self._end_event(stats, started))
+            raise
+        except Exception:
+            # An engine error mid-reply: close the reply's framing, the caller reports why.
+            stats.interrupted = True
+            if started is not None:
+                await self.outbox.event(self._end_event(stats, started))
+            raise
+        if started is not None:
+            await self.outbox.event(self._end_event(stats, started))
+        return stats
+
+    def _end_event(self, stats: ReplyStats, started: float) -> dict[str, object]:
+        event: dict[str, object] = {
+            "type": "tts.end",
+            "reply": stats.reply,
+            "chunks": stats.chunks,
+            "audio_ms": stats.samples * 1000 // self.sample_rate,
+            "interrupted": stats.interrupted,
+        }
+        if stats.interrupted:
+            event["played_ms"] = self.played_ms(stats, started)
+        return event

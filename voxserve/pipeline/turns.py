@@ -1,0 +1,110 @@
+"""Turn detection from VAD probabilities: when speech starts and ends, in stream samples.
+
+Pure and clock-free (positions are sample counts), so it is tested by feeding numbers. Speech
+is confirmed only after `min_speech_ms`, so a cough does not barge in on the assistant; the
+start is then back-dated to where the speech really began.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from voxserve.config import VadConfig
+from voxserve.types import SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStart:
+    start: int  # sample position where speech began
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechEnd:
+    start: int
+    end: int  # sample position where speech stopped (hangover not included)
+    forced: bool = False  # cut at max_utterance_s or at end of input
+
+
+TurnEvent = SpeechStart | SpeechEnd
+
+_CANDIDATE_GAP_MS = 96  # a pause this long before confirmation means it was not speech
+
+
+def _samples(ms: float) -> int:
+    return int(ms * SAMPLE_RATE / 1000)
+
+
+class TurnDetector:
+    def __init__(self, cfg: VadConfig, window_samples: int, hangover_ms: int | None = None) -> None:
+        self.threshold = cfg.threshold
+        self.neg_threshold = cfg.neg_threshold
+        self.window = window_samples
+        self.min_speech = _samples(cfg.min_speech_ms)
+        self.hangover = _samples(cfg.hangover_ms if hangover_ms is None else hangover_ms)
+        self.max_utterance = _samples(cfg.max_utterance_s * 1000)
+        self.candidate_gap = _samples(_CANDIDATE_GAP_MS)
+        self.position = 0  # samples judged so far
+        self._candidate: int | None = None
+        self._start: int | None = None  # confirmed speech start
+        self._silence_from: int | None = None
+
+    @property
+    def speaking(self) -> bool:
+        return self._start is not None
+
+    @property
+    def speech_start(self) -> int | None:
+        return self._start
+
+    def feed(self, probs: list[float]) -> list[TurnEvent]:
+        events: list[TurnEvent] = []
+        for p in probs:
+            begin = self.position
+            self.position += self.window
+            if self._start is None:
+                self._idle_window(p, begin, events)
+            else:
+                self._speech_window(p, begin, events)
+        return events
+
+    def _idle_window(self, p: float, begin: int, events: list[TurnEvent]) -> None:
+        if self._candidate is None:
+            if p >= self.threshold:
+                self._candidate, self._silence_from = begin, None
+            return
+        if p < self.neg_threshold:
+            if self._silence_from is None:
+                self._silence_from = begin
+            if self.position - self._silence_from >= self.candidate_gap:
+                self._candidate = self._silence_from = None
+            return
+        if p >= self.threshold:
+            self._silence_from = None
+        if self.position - self._candidate >= self.min_speech:
+            self._start, self._candidate = self._candidate, None
+            events.append(SpeechStart(self._start))
+
+    def _speech_window(self, p: float, begin: int, events: list[TurnEvent]) -> None:
+        assert self._start is not None
+        if p >= self.threshold:
+            self._silence_from = None
+        elif p < self.neg_threshold and self._silence_from is None:
+            self._silence_from = begin
+        if self._silence_from is not None and self.position - self._silence_from >= self.hangover:
+            events.append(SpeechEnd(self._start, self._silence_from))
+            self._start = self._silence_from = None
+            return
+        if self.position - self._start >= self.max_utterance:
+            # Cut an endless utterance so it cannot grow without bound; speech continues.
+            events.append(SpeechEnd(self._start, self.position, forced=True))
+            self._start, self._silence_from = self.position, None
+            events.append(SpeechStart(self._start))
+
+    def flush(self) -> list[TurnEvent]:
+        """End of input: close an open utterance at the last judged sample."""
+        events: list[TurnEvent] = []
+        if self._start is not None:
+            end = self._silence_from if self._silence_from is not None else self.position
+            events.append(SpeechEnd(self._start, end, forced=True))
+        self._start = self._candidate = self._silence_from = None
+        return events

@@ -1,0 +1,1 @@
+"""Transports: thin adapters between the wire and sessions. Wire parsing stays free of I/O."""

@@ -1,0 +1,40 @@
+"""VoxError to HTTP: one JSON shape (OpenAI-style) and a status per error code."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+from voxserve.errors import ErrorCode, VoxError
+
+_STATUS = {
+    ErrorCode.STAGE_TIMEOUT: 504,
+    ErrorCode.ENGINE_ERROR: 502,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.NOT_READY: 503,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_ENCODING: 415,
+    ErrorCode.INVALID_AUDIO: 415,
+}
+
+
+def http_status(code: ErrorCode) -> int:
+    return _STATUS.get(code, 400)
+
+
+def error_response(error: VoxError) -> JSONResponse:
+    """The body follows OpenAI's error shape, so its SDK raises a readable exception."""
+    body = {
+        "error": {
+            "message": error.message,
+            "type": "invalid_request_error" if http_status(error.code) < 500 else "server_error",
+            "code": error.code.value,
+            "param": None,
+        }
+    }
+    if error.stage:
+        body["error"]["stage"] = error.stage
+    headers = (
+        {"Retry-After": "1"} if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY) else None
+    )
+    return JSONResponse(body, status_code=http_status(error.code), headers=headers)

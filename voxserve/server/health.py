@@ -1,0 +1,24 @@
+"""Liveness and readiness: /healthz answers while models load, /readyz only once loaded."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from voxserve.runtime import Runtime
+
+
+def routes(runtime: Runtime) -> list[Route]:
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        if runtime.ready:
+            return JSONResponse({"status": "ready", "load_seconds": runtime.engines.load_seconds})
+        body: dict[str, object] = {"status": "loading"}
+        if runtime.load_error:
+            body = {"status": "failed", "error": runtime.load_error}
+        return JSONResponse(body, status_code=503)
+
+    return [Route("/healthz", healthz), Route("/readyz", readyz)]

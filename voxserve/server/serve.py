@@ -1,0 +1,30 @@
+"""Run the app under uvicorn with the transport limits from the settings."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from voxserve.config import Settings
+from voxserve.runtime import Runtime
+from voxserve.server.app import create_app
+
+
+def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicorn.Config:
+    runtime = runtime or Runtime(settings)
+    return uvicorn.Config(
+        create_app(runtime),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        ws="websockets-sansio",
+        ws_max_size=settings.limits.max_message_bytes,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+
+
+def serve(settings: Settings) -> None:
+    uvicorn.Server(uvicorn_config(settings)).run()

@@ -1,0 +1,203 @@
+"""The /v1/stream wire format as pure functions: bytes/str in, typed messages or VoxError out.
+
+No I/O here, so every parser can be unit-tested and fuzzed without a socket. The transport
+adapter (ws_stream.py) maps the messages onto a Session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
+
+Mode = Literal["asr", "tts", "assistant"]
+MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
+ENCODINGS = ("pcm_s16le",)
+ENCODING_ALIASES = {"pcm_s16le": "pcm_s16le", "pcm16": "pcm_s16le", "s16le": "pcm_s16le"}
+_TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CHUNK_MS_RANGE = (160, 4000)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """What `session.start` asked for, validated (voice/language are checked against the
+    loaded engines by the session)."""
+
+    mode: Mode
+    sample_rate: int = 16_000
+    encoding: str = "pcm_s16le"
+    language: str | None = None
+    voice: str | None = None
+    output_sample_rate: int | None = None
+    speed: float = 1.0
+    partials: bool | None = None
+    chunk_ms: int | None = None  # how often a partial transcript is re-decoded
+    trace_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StartMessage:
+    config: StreamConfig
+
+
+@dataclass(frozen=True, slots=True)
+class TextMessage:
+    text: str
+    flush: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndMessage:
+    """`audio.end` or `session.end`: no more input; finish what is pending, then close."""
+
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMessage:
+    """Barge-in from the client: stop the reply now."""
+
+
+ClientMessage = StartMessage | TextMessage | EndMessage | CancelMessage
+
+
+def _invalid(message: str) -> VoxError:
+    return VoxError(ErrorCode.INVALID_MESSAGE, message)
+
+
+def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = data.get(name, default)
+    if value is None or value is default:
+        return value
+    # bool is an int in Python; refuse true/false where a number is expected.
+    if isinstance(value, bool) and kind is not bool:
+        raise _invalid(f"field {name!r} must be {_kind_name(kind)}")
+    if not isinstance(value, kind):
+        raise _invalid(f"field {name!r} must be {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def parse_start(data: dict[str, Any]) -> StreamConfig:
+    mode = data.get("mode")
+    if mode not in MODES:
+        raise VoxError(
+            ErrorCode.UNKNOWN_MODE, f"mode {mode!r} is not one of {', '.join(MODES)}", fatal=True
+        )
+    rate = _field(data, "sample_rate", int, 16_000)
+    if rate not in SUPPORTED_INPUT_RATES:
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+            f"sample_rate {rate} is not supported; use one of "
+            + ", ".join(map(str, SUPPORTED_INPUT_RATES)),
+            fatal=True,
+        )
+    encoding_in = _field(data, "encoding", str, "pcm_s16le")
+    encoding = ENCODING_ALIASES.get(encoding_in.lower())
+    if encoding is None:
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_ENCODING,
+            f"encoding {encoding_in!r} is not supported; use {', '.join(ENCODINGS)}",
+            fatal=True,
+        )
+    out_rate = _field(data, "output_sample_rate", int, None)
+    if out_rate is not None and out_rate not in SUPPORTED_OUTPUT_RATES:
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+            f"output_sample_rate {out_rate} is not supported; use one of "
+            + ", ".join(map(str, SUPPORTED_OUTPUT_RATES)),
+            fatal=True,
+        )
+    speed = float(_field(data, "speed", (int, float), 1.0))
+    chunk_ms = _field(data, "chunk_ms", int, None)
+    if chunk_ms is not None and not _CHUNK_MS_RANGE[0] <= chunk_ms <= _CHUNK_MS_RANGE[1]:
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            f"chunk_ms must be between {_CHUNK_MS_RANGE[0]} and {_CHUNK_MS_RANGE[1]}",
+            fatal=True,
+        )
+    trace_id = _field(data, "trace_id", str, None)
+    if trace_id is None:
+        trace_id = uuid.uuid4().hex
+    elif not _TRACE_ID.match(trace_id):
+        raise _invalid("trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -")
+    return StreamConfig(
+        mode=mode,
+        sample_rate=rate,
+        encoding=encoding,
+        language=_field(data, "language", str, None),
+        voice=_field(data, "voice", str, None),
+        output_sample_rate=out_rate,
+        speed=speed,
+        partials=_field(data, "partials", bool, None),
+        chunk_ms=chunk_ms,
+        trace_id=trace_id,
+    )
+
+
+def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
+    """Decode one JSON control message."""
+    if len(raw) > max_bytes:
+        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise VoxError(ErrorCode.INVALID_JSON, "control message is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise VoxError(ErrorCode.INVALID_JSON, "control message must be a JSON object")
+    kind = data.get("type")
+    if kind == "session.start":
+        return StartMessage(parse_start(data))
+    if kind == "text":
+        text = data.get("text")
+        if not isinstance(text, str):
+            raise _invalid("field 'text' must be a string")
+        flush = _field(data, "flush", bool, False)
+        return TextMessage(text, bool(flush))
+    if kind in ("audio.end", "session.end"):
+        return EndMessage(kind)
+    if kind == "cancel":
+        return CancelMessage()
+    if not isinstance(kind, str):
+        raise _invalid("control message needs a string field 'type'")
+    raise _invalid(f"unknown message type {kind!r}")
+
+
+def max_frame_bytes(sample_rate: int, max_frame_ms: int) -> int:
+    return SEQ_HEADER_BYTES + sample_rate * max_frame_ms // 1000 * 2
+
+
+def parse_audio_frame(data: bytes, sample_rate: int, max_frame_ms: int) -> tuple[int, memoryview]:
+    """Split a binary message into (seq_id, PCM view). The PCM is not copied."""
+    if len(data) < SEQ_HEADER_BYTES:
+        raise VoxError(
+            ErrorCode.FRAME_TOO_SHORT,
+            f"audio message of {len(data)} bytes is shorter than its 4-byte seq_id header",
+        )
+    limit = max_frame_bytes(sample_rate, max_frame_ms)
+    if len(data) > limit:
+        raise VoxError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"audio message of {len(data)} bytes exceeds {max_frame_ms} ms at {sample_rate} Hz",
+        )
+    pcm = memoryview(data)[SEQ_HEADER_BYTES:]
+    if len(pcm) == 0:
+        raise VoxError(ErrorCode.EMPTY_AUDIO, "audio message carries no samples")
+    if len(pcm) % 2:
+        raise VoxError(ErrorCode.ODD_LENGTH_PCM, f"PCM16 payload has odd length {len(pcm)}")
+    return int.from_bytes(data[:SEQ_HEADER_BYTES], "big"), pcm
+
+
+def encode_event(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,217 @@
+"""WebSocket /v1/stream: the thin adapter between the wire (ws_protocol) and a Session.
+
+Three tasks per connection, owned here: the receiver (socket -> session), the session's own
+pipeline, and the sender (outbox -> socket). Whichever ends first decides: a client that
+leaves cancels the pipeline (and with it queued model work); a finished session closes the
+socket with 1000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.session import Session
+from voxserve.runtime import Runtime
+from voxserve.server.ws_protocol import (
+    CancelMessage,
+    EndMessage,
+    StartMessage,
+    TextMessage,
+    encode_event,
+    parse_audio_frame,
+    parse_text_message,
+)
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0  # time allowed between connect and session.start
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008  # the client broke the protocol
+CLOSE_INTERNAL = 1011
+CLOSE_TRY_AGAIN = 1013  # overloaded or not ready: retry later
+
+
+def routes(runtime: Runtime) -> list[BaseRoute]:
+    async def endpoint(websocket: WebSocket) -> None:
+        await StreamConnection(runtime, websocket).serve()
+
+    return [WebSocketRoute("/v1/stream", endpoint)]
+
+
+class StreamConnection:
+    def __init__(self, runtime: Runtime, websocket: WebSocket) -> None:
+        self.runtime = runtime
+        self.ws = websocket
+        self.limits = runtime.settings.limits
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        try:
+            session = await self._open_session()
+        except VoxError as exc:
+            await self._fail(exc)
+            return
+        except WebSocketDisconnect:
+            return
+        self.runtime.active_sessions += 1
+        try:
+            await self._run(session)
+        finally:
+            self.runtime.active_sessions -= 1
+
+    async def _open_session(self) -> Session:
+        if not self.runtime.ready:
+            raise VoxError(
+                ErrorCode.NOT_READY, "models are still loading; retry shortly", fatal=True
+            )
+        if self.runtime.active_sessions >= self.limits.max_sessions:
+            raise VoxError(
+                ErrorCode.OVERLOADED,
+                f"server is at its limit of {self.limits.max_sessions} sessions; retry later",
+                fatal=True,
+            )
+        try:
+            message = await asyncio.wait_for(self.ws.receive(), HANDSHAKE_TIMEOUT_S)
+        except TimeoutError:
+            raise VoxError(
+                ErrorCode.NOT_STARTED,
+                f"no session.start within {HANDSHAKE_TIMEOUT_S:g} s",
+                fatal=True,
+            ) from None
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        if message.get("text") is None:
+            raise VoxError(
+                ErrorCode.NOT_STARTED, "the first message must be a session.start", fatal=True
+            )
+        parsed = self._parse_fatal(message["text"])
+        if not isinstance(parsed, StartMessage):
+            raise VoxError(
+                ErrorCode.NOT_STARTED, "the first message must be a session.start", fatal=True
+            )
+        outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
+        try:
+            return Session(self.runtime, parsed.config, outbox)
+        except VoxError as exc:
+            exc.fatal = True
+            raise
+
+    def _parse_fatal(self, text: str) -> Any:
+        try:
+            return parse_text_message(text, self.limits.max_message_bytes)
+        except VoxError as exc:
+            exc.fatal = True
+            raise
+
+    async def _run(self, session: Session) -> None:
+        await self.ws.send_text(encode_event(session.started_event()))
+        log.info(
+            "session started", extra={"trace_id": session.trace_id, "mode": session.config.mode}
+        )
+        pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-session")
+        sender = asyncio.create_task(self._send(session.outbox), name="voxserve-sender")
+        receiver = asyncio.create_task(self._receive(session), name="voxserve-receiver")
+        tasks = {pipeline, sender, receiver}
+        try:
+            await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError | WebSocketDisconnect
+            ):
+                log.error(
+                    "session task failed",
+                    exc_info=result,
+                    extra={"trace_id": session.trace_id},
+                )
+        log.info("session closed", extra={"trace_id": session.trace_id})
+
+    async def _pipeline(self, session: Session) -> None:
+        try:
+            await session.run()
+        except VoxError as exc:
+            exc.fatal = True
+            await session.outbox.event(exc.to_event())
+            await session.outbox.event(session.ended_event())
+            await session.outbox.close()
+        except Exception:
+            log.exception("session pipeline failed", extra={"trace_id": session.trace_id})
+            error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
+            error_event = error.to_event() | {"trace_id": session.trace_id}
+            session.outbox.event_nowait(error_event)
+            session.outbox.event_nowait(session.ended_event())
+            await session.outbox.close()
+
+    async def _send(self, outbox: Outbox) -> None:
+        """Drain the outbox into the socket; ends the connection when the session is over."""
+        while (item := await outbox.next()) is not None:
+            if isinstance(item, bytes):
+                await self.ws.send_bytes(item)
+            else:
+                await self.ws.send_text(item)
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await self.ws.close(CLOSE_NORMAL)
+
+    async def _receive(self, session: Session) -> None:
+        """Read client messages until it disconnects; errors in one message are reported and
+        the session goes on, fatal ones end it."""
+        max_frame_ms = self.limits.max_frame_ms
+        rate = session.config.sample_rate
+        closing = False
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if closing:
+                continue  # a fatal error was sent; the sender closes the socket after it
+            data = message.get("bytes")
+            try:
+                if data is not None:
+                    try:
+                        seq, pcm = parse_audio_frame(data, rate, max_frame_ms)
+                    except VoxError:
+                        session.rejected += 1
+                        raise
+                    await session.feed_audio(seq, pcm)
+                    continue
+                parsed = parse_text_message(
+                    message.get("text") or "", self.limits.max_message_bytes
+                )
+                if isinstance(parsed, TextMessage):
+                    await session.feed_text(parsed)
+                elif isinstance(parsed, EndMessage):
+                    await session.end_input()
+                elif isinstance(parsed, CancelMessage):
+                    await session.cancel()
+                elif isinstance(parsed, StartMessage):
+                    raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+            except VoxError as exc:
+                await session.outbox.event(exc.to_event())
+                if exc.fatal:
+                    await session.outbox.close()
+                    closing = True
+
+    async def _fail(self, error: VoxError) -> None:
+        """Refuse a connection that never became a session, with a code for the transport."""
+        code = (
+            CLOSE_TRY_AGAIN
+            if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY)
+            else CLOSE_POLICY
+        )
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            event = error.to_event()
+            if code == CLOSE_TRY_AGAIN:
+                event["retry_after_ms"] = 1000
+            await self.ws.send_text(encode_event(event))
+            await self.ws.close(code, reason=error.code.value)
