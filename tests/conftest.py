@@ -29,6 +29,7 @@ class LiveServer:
     settings: Settings
     runtime: Runtime
     server: uvicorn.Server
+    thread: threading.Thread
 
     @property
     def http_url(self) -> str:
@@ -39,13 +40,15 @@ class LiveServer:
         return f"ws://127.0.0.1:{self.settings.port}/v1/stream"
 
 
-def start_server(settings: Settings, runtime: Runtime | None = None, timeout: float = 90.0) -> LiveServer:
+def start_server(
+    settings: Settings, runtime: Runtime | None = None, timeout: float = 90.0
+) -> LiveServer:
     """Start uvicorn in a thread and wait until /readyz says the models are loaded."""
     runtime = runtime or Runtime(settings)
     server = uvicorn.Server(uvicorn_config(settings, runtime))
     thread = threading.Thread(target=server.run, name="voxserve-test-server", daemon=True)
     thread.start()
-    live = LiveServer(settings, runtime, server)
+    live = LiveServer(settings, runtime, server, thread)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -61,9 +64,7 @@ def start_server(settings: Settings, runtime: Runtime | None = None, timeout: fl
 
 def stop_server(live: LiveServer) -> None:
     live.server.should_exit = True
-    deadline = time.monotonic() + 10
-    while live.server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    live.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")

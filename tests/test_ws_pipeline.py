@@ -26,9 +26,7 @@ def fake_server() -> Iterator[LiveServer]:
 
 
 def two_utterances(f1: float, f2: float) -> np.ndarray:
-    return np.concatenate(
-        [silence(0.3), tone(f1, 1.0), silence(0.8), tone(f2, 1.0), silence(0.8)]
-    )
+    return np.concatenate([silence(0.3), tone(f1, 1.0), silence(0.8), tone(f2, 1.0), silence(0.8)])
 
 
 async def run_asr(url: str, audio: np.ndarray, *, speedup: float = 4.0, **config: object):
@@ -57,7 +55,11 @@ async def test_asr_mode_turns_partials_and_finals(fake_server: LiveServer) -> No
     # A partial of a segment never follows its final.
     for final in finals:
         idx = events.index(final)
-        assert not [p for p in of_type(events[idx:], "transcript.partial") if p["segment"] == final["segment"]]
+        assert not [
+            p
+            for p in of_type(events[idx:], "transcript.partial")
+            if p["segment"] == final["segment"]
+        ]
     ended = events[-1]
     assert ended["type"] == "session.ended"
     assert ended["received"] == frames and ended["processed"] == frames
@@ -95,7 +97,9 @@ async def test_gaps_and_reordering_are_counted(fake_server: LiveServer) -> None:
     assert ended["gaps"] == 1 and ended["reordered"] == 1 and ended["processed"] == 5
 
 
-async def test_twenty_concurrent_streams_keep_their_own_transcripts(fake_server: LiveServer) -> None:
+async def test_twenty_concurrent_streams_keep_their_own_transcripts(
+    fake_server: LiveServer,
+) -> None:
     freqs = [300 + 40 * i for i in range(20)]
 
     async def one(freq: int) -> list[str]:
@@ -307,3 +311,21 @@ async def test_client_leaving_withdraws_queued_model_work() -> None:
         assert runtime.active_sessions == 0
     finally:
         stop_server(live)
+
+
+async def test_metrics_show_sessions_frames_and_stage_latency(fake_server: LiveServer) -> None:
+    import httpx
+
+    await run_asr(fake_server.ws_url, two_utterances(440, 550), speedup=8.0)
+    async with httpx.AsyncClient() as client:
+        body = (await client.get(f"{fake_server.http_url}/metrics")).text
+    assert 'voxserve_sessions_total{mode="asr"}' in body
+    assert 'voxserve_stage_latency_seconds_count{stage="vad"}' in body
+    assert 'voxserve_stage_latency_seconds_count{stage="asr"}' in body
+    processed = [
+        line
+        for line in body.splitlines()
+        if line.startswith('voxserve_frames_total{outcome="processed"}')
+    ]
+    assert processed and float(processed[0].split()[-1]) > 0
+    assert "voxserve_executor_workers" in body and "voxserve_ready 1.0" in body

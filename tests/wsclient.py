@@ -48,12 +48,12 @@ async def start(ws: ClientConnection, **config: Any) -> dict[str, Any]:
 
 
 async def collect(
-    ws: ClientConnection, until: str = "session.ended", timeout: float = 30.0
+    ws: ClientConnection, until: str = "session.ended", limit_s: float = 30.0
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
     """Receive events (and audio) until an event of type `until` arrives."""
     events: list[dict[str, Any]] = []
     audio: list[bytes] = []
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(limit_s):
         async for message in ws:
             if isinstance(message, bytes):
                 audio.append(message)

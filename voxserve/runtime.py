@@ -16,6 +16,7 @@ from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.registry import engine_class
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.observe.metrics import Metrics
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.stage import EngineStage
 from voxserve.types import Voice
@@ -106,6 +107,8 @@ class Runtime:
             min_workers=ex.min_workers, max_workers=ex.max_workers, idle_release_s=ex.idle_release_s
         )
         self.stages: dict[str, EngineStage] = {}
+        self.metrics = Metrics()
+        self.metrics.watch(self)
         self.active_sessions = 0
         self.load_error: str | None = None
 
@@ -130,6 +133,7 @@ class Runtime:
         if found is None:
             cfg = getattr(self.settings.pipeline, name)
             found = EngineStage(name, cfg.concurrency, cfg.timeout_s, self.executor)
+            found.on_latency = self.metrics.observe_stage
             self.stages[name] = found
         return found
 

@@ -1,9 +1,11 @@
-"""Liveness and readiness: /healthz answers while models load, /readyz only once loaded."""
+"""Liveness, readiness and metrics: /healthz answers while models load, /readyz only once
+loaded, /metrics in the Prometheus text format."""
 
 from __future__ import annotations
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from voxserve.runtime import Runtime
@@ -21,4 +23,8 @@ def routes(runtime: Runtime) -> list[Route]:
             body = {"status": "failed", "error": runtime.load_error}
         return JSONResponse(body, status_code=503)
 
-    return [Route("/healthz", healthz), Route("/readyz", readyz)]
+    async def metrics(request: Request) -> Response:
+        body = generate_latest(runtime.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]

@@ -57,15 +57,25 @@ class StreamConnection:
         try:
             session = await self._open_session()
         except VoxError as exc:
+            metrics = self.runtime.metrics
+            metrics.errors.labels(exc.code.value, "ws").inc()
+            metrics.refused.labels(exc.code.value).inc()
             await self._fail(exc)
             return
         except WebSocketDisconnect:
             return
+        mode = session.config.mode
+        metrics = self.runtime.metrics
+        metrics.sessions_total.labels(mode).inc()
+        active = metrics.sessions_active.labels(mode)
+        active.inc()
         self.runtime.active_sessions += 1
         try:
             await self._run(session)
         finally:
             self.runtime.active_sessions -= 1
+            active.dec()
+            metrics.session_counts(session.ended_event())
 
     async def _open_session(self) -> Session:
         if not self.runtime.ready:
@@ -197,6 +207,7 @@ class StreamConnection:
                 elif isinstance(parsed, StartMessage):
                     raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
             except VoxError as exc:
+                self.runtime.metrics.errors.labels(exc.code.value, "ws").inc()
                 await session.outbox.event(exc.to_event())
                 if exc.fatal:
                     await session.outbox.close()

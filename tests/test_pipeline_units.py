@@ -1,0 +1,171 @@
+"""Pure pipeline pieces: turn detection, sentence splitting, the wire parser, stage limits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from voxserve.config import VadConfig
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.executor import AdaptiveExecutor
+from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.text import SentenceBuffer, split_sentences
+from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector
+from voxserve.server.ws_protocol import (
+    CancelMessage,
+    EndMessage,
+    StartMessage,
+    TextMessage,
+    parse_audio_frame,
+    parse_text_message,
+)
+
+W = 512  # samples per VAD window (32 ms)
+
+
+def detector(**kw: object) -> TurnDetector:
+    return TurnDetector(VadConfig(**kw), W)  # type: ignore[arg-type]
+
+
+def test_speech_is_confirmed_after_min_speech_and_back_dated() -> None:
+    turns = detector(min_speech_ms=200, hangover_ms=500)
+    assert turns.feed([0.0] * 5) == []
+    events = turns.feed([0.9] * 7)  # 224 ms of speech
+    assert events == [SpeechStart(5 * W)]
+    events = turns.feed([0.1] * 16)  # 512 ms of silence ends it
+    assert events == [SpeechEnd(5 * W, 12 * W)]
+
+
+def test_a_cough_is_not_speech() -> None:
+    turns = detector(min_speech_ms=200)
+    assert turns.feed([0.9, 0.9, 0.1, 0.1, 0.1, 0.1] + [0.0] * 20) == []
+    assert not turns.speaking
+
+
+def test_short_dips_do_not_end_speech() -> None:
+    turns = detector(min_speech_ms=64, hangover_ms=500)
+    turns.feed([0.9] * 5)
+    assert turns.feed(([0.1] * 5 + [0.9] * 3) * 4) == []
+    assert turns.speaking
+
+
+def test_max_utterance_cuts_and_continues() -> None:
+    turns = detector(min_speech_ms=64, max_utterance_s=1.0)
+    events = turns.feed([0.9] * 40)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["SpeechStart", "SpeechEnd", "SpeechStart"]
+    assert isinstance(events[1], SpeechEnd) and events[1].forced
+
+
+def test_flush_closes_open_speech() -> None:
+    turns = detector(min_speech_ms=64)
+    turns.feed([0.9] * 5)
+    assert turns.flush() == [SpeechEnd(0, 5 * W, forced=True)]
+
+
+def test_sentences_split_as_text_streams() -> None:
+    assert split_sentences("Hello there. How are") == (["Hello there."], "How are")
+    assert split_sentences("Dr. Smith is in. Yes!") == (["Dr. Smith is in."], "Yes!")
+    buffer = SentenceBuffer()
+    assert buffer.push("It is ten") == []
+    assert buffer.push(" past three. And") == ["It is ten past three."]
+    assert buffer.flush() == "And" and buffer.flush() is None
+
+
+def test_wire_parser_messages() -> None:
+    start = parse_text_message(
+        '{"type":"session.start","mode":"asr","sample_rate":48000,"trace_id":"abc-1"}', 4096
+    )
+    assert isinstance(start, StartMessage)
+    assert start.config.sample_rate == 48000 and start.config.trace_id == "abc-1"
+    assert parse_text_message('{"type":"text","text":"hi","flush":true}', 4096) == TextMessage(
+        "hi", True
+    )
+    assert isinstance(parse_text_message('{"type":"audio.end"}', 4096), EndMessage)
+    assert isinstance(parse_text_message('{"type":"cancel"}', 4096), CancelMessage)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ("nope", ErrorCode.INVALID_JSON),
+        ("42", ErrorCode.INVALID_JSON),
+        ('{"text":"x"}', ErrorCode.INVALID_MESSAGE),
+        ('{"type":"text","text":5}', ErrorCode.INVALID_MESSAGE),
+        ('{"type":"text","text":"x","flush":"yes"}', ErrorCode.INVALID_MESSAGE),
+        ('{"type":"session.start","mode":"asr","speed":true}', ErrorCode.INVALID_MESSAGE),
+        ('{"type":"session.start","mode":"asr","trace_id":"bad id!"}', ErrorCode.INVALID_MESSAGE),
+        (
+            '{"type":"session.start","mode":"asr","output_sample_rate":11025}',
+            ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+        ),
+        ('{"type":"session.start"}', ErrorCode.UNKNOWN_MODE),
+        ('{"type":"text","text":"' + "x" * 100 + '"}', ErrorCode.MESSAGE_TOO_LARGE),
+    ],
+)
+def test_wire_parser_errors(raw: str, code: ErrorCode) -> None:
+    with pytest.raises(VoxError) as err:
+        parse_text_message(raw, 64)
+    assert err.value.code is code and err.value.message
+
+
+def test_audio_frame_header() -> None:
+    seq, pcm = parse_audio_frame(b"\x00\x00\x01\x02" + b"\x01\x00" * 320, 16000, 200)
+    assert seq == 258 and len(pcm) == 640
+    for data, code in [
+        (b"\x00", ErrorCode.FRAME_TOO_SHORT),
+        (b"\x00" * 4, ErrorCode.EMPTY_AUDIO),
+        (b"\x00" * 5, ErrorCode.ODD_LENGTH_PCM),
+        (b"\x00" * (4 + 6402), ErrorCode.FRAME_TOO_LARGE),
+    ]:
+        with pytest.raises(VoxError) as err:
+            parse_audio_frame(data, 16000, 200)
+        assert err.value.code is code
+
+
+async def test_stage_limits_concurrency_and_names_its_errors() -> None:
+    executor = AdaptiveExecutor(min_workers=1, max_workers=8, idle_release_s=30)
+    stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work() -> int:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return 1
+
+    results = await asyncio.gather(*(stage.run(work) for _ in range(8)))
+    assert results == [1] * 8 and peak == 2
+
+    def boom() -> None:
+        raise RuntimeError("model exploded")
+
+    with pytest.raises(VoxError) as err:
+        await stage.run(boom)
+    assert err.value.code is ErrorCode.ENGINE_ERROR and err.value.stage == "asr"
+    executor.shutdown()
+
+
+async def test_stage_timeout_keeps_the_slot_until_work_really_ends() -> None:
+    executor = AdaptiveExecutor(min_workers=1, max_workers=4, idle_release_s=30)
+    stage = EngineStage("tts", concurrency=1, timeout_s=0.05, executor=executor)
+    with pytest.raises(VoxError) as err:
+        await stage.run(time.sleep, 0.3)
+    assert err.value.code is ErrorCode.STAGE_TIMEOUT and err.value.stage == "tts"
+    assert stage.running == 1  # the abandoned call still occupies its slot
+    # A queued call behind it is withdrawn when its own deadline passes: it never runs.
+    ran = threading.Event()
+    with pytest.raises(VoxError):
+        await stage.run(ran.set)
+    await asyncio.sleep(0.4)
+    assert stage.running == 0 and not ran.is_set()
+    executor.shutdown()
