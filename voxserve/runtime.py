@@ -148,6 +148,14 @@ class Runtime:
             log.error("engine loading failed", extra={"error": self.load_error})
             raise
 
+    async def aclose(self) -> None:
+        """Close engines holding async resources (the OpenAI responder's HTTP client)."""
+        if self._engines is not None:
+            aclose = getattr(self._engines.responder, "aclose", None)
+            if callable(aclose):
+                await aclose()
+        self.close()
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._engines is not None:

@@ -29,7 +29,7 @@ def create_app(runtime: Runtime) -> Starlette:
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
-            runtime.close()
+            await runtime.aclose()
 
     routes: list[BaseRoute] = [
         *health.routes(runtime),

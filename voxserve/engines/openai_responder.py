@@ -1,0 +1,324 @@
+"""A responder that streams from any OpenAI-compatible chat-completions endpoint
+(OpenAI, llama.cpp server, vLLM, Ollama, LM Studio, ...).
+
+Tokens are regrouped into clauses before they are yielded: TTS voices whole clauses far
+better than single tokens, and the first clause still arrives well before the full reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+import httpx
+
+from voxserve import __version__
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.types import EngineInfo
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Your replies are spoken aloud, so answer in one to "
+    "three short sentences of plain conversational English, without lists, markdown, code "
+    "or emoji."
+)
+
+_STAGE = "responder"
+# A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by whitespace,
+# or at a line break; a clause at , ; : or a dash followed by whitespace.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*\s+|\n+")
+_CLAUSE_END = re.compile(r"[,;:—–]\s+")
+_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}|[A-Za-z])[.)]\s*")
+_SSE_FIELDS = ("data", "event", "id", "retry")
+
+
+class ClauseBuffer:
+    """Regroups streamed text into sentence/clause chunks.
+
+    Chunks are exact consecutive substrings of the input (trailing whitespace included), so
+    joining them gives back the text. A sentence end always cuts; a clause end cuts once the
+    chunk has `min_clause_chars`; with no boundary, a chunk is cut at a space once it
+    reaches `max_chunk_chars`, so a run-on reply cannot stall TTS.
+    """
+
+    def __init__(self, *, min_clause_chars: int = 24, max_chunk_chars: int = 200) -> None:
+        self.min_clause_chars = min_clause_chars
+        self.max_chunk_chars = max(1, max_chunk_chars)
+        self._buf = ""
+
+    def feed(self, piece: str) -> list[str]:
+        """Add streamed text; return the chunks it completed (often none)."""
+        self._buf += piece
+        chunks: list[str] = []
+        while (cut := self._find_cut()) is not None:
+            chunks.append(self._buf[:cut])
+            self._buf = self._buf[cut:]
+        return chunks
+
+    def flush(self) -> str:
+        """Whatever is left at the end of the stream ("" if only whitespace)."""
+        rest, self._buf = self._buf, ""
+        return rest if rest.strip() else ""
+
+    def _find_cut(self) -> int | None:
+        buf = self._buf
+        start = len(buf) - len(buf.lstrip())
+        best: int | None = None
+        for match in _SENTENCE_END.finditer(buf, start):
+            if not _LIST_MARKER.fullmatch(buf[: match.end()]):  # "1. " is not a sentence
+                best = match.end()
+                break
+        for match in _CLAUSE_END.finditer(buf, start):
+            if best is not None and match.end() >= best:
+                break
+            if match.end() - start >= self.min_clause_chars:
+                best = match.end()
+                break
+        if best is None and len(buf) - start >= self.max_chunk_chars:
+            limit = start + self.max_chunk_chars
+            space = buf.rfind(" ", start, limit)
+            best = space + 1 if space > start else limit
+        return best
+
+
+def _engine_error(message: str) -> VoxError:
+    return VoxError(ErrorCode.ENGINE_ERROR, message, stage=_STAGE)
+
+
+class OpenAIResponder:
+    """Streams replies from an OpenAI-compatible `/chat/completions` endpoint.
+
+    `api_key` is sent as a Bearer token only when given (local servers need none).
+    `timeout_s` bounds connecting and each wait for the next bytes, not the whole reply.
+    The HTTP client is created on first use, in the event loop that uses it; call
+    `aclose()` at shutdown.
+    """
+
+    info: EngineInfo
+
+    def __init__(
+        self,
+        *,
+        base_url: str = "http://127.0.0.1:8080/v1",
+        model: str = "default",
+        api_key: str | None = None,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        temperature: float = 0.7,
+        max_tokens: int | None = 256,
+        timeout_s: float = 30.0,
+        max_history_turns: int = 8,
+        min_clause_chars: int = 24,
+        max_chunk_chars: int = 200,
+        max_connections: int = 256,
+        trust_env: bool = True,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self._api_key = api_key
+        self.system_prompt = system_prompt
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.max_history_turns = max(0, max_history_turns)
+        self.min_clause_chars = min_clause_chars
+        self.max_chunk_chars = max_chunk_chars
+        self.max_connections = max_connections
+        self.trust_env = trust_env
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self.info = EngineInfo(
+            kind="responder",
+            name="openai",
+            package="voxserve",
+            version=__version__,
+            license="Apache-2.0",
+            model=model,
+        )
+
+    def __repr__(self) -> str:  # never show the API key
+        return f"OpenAIResponder(base_url={self.base_url!r}, model={self.model!r})"
+
+    def messages(self, text: str, history: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+        """System prompt, the last `max_history_turns` turns, then the new user text."""
+        messages: list[dict[str, str]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        turns = history[-self.max_history_turns :] if self.max_history_turns else ()
+        for user, assistant in turns:
+            messages.append({"role": "user", "content": user})
+            messages.append({"role": "assistant", "content": assistant})
+        messages.append({"role": "user", "content": text})
+        return messages
+
+    def request_body(self, text: str, history: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self.messages(text, history),
+            "stream": True,
+            "temperature": self.temperature,
+        }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        return body
+
+    async def respond(
+        self, text: str, history: Sequence[tuple[str, str]]
+    ) -> AsyncGenerator[str, None]:
+        """Stream the reply in clause-sized pieces.
+
+        Raises VoxError(ENGINE_ERROR) on any transport, HTTP or protocol failure. Closing
+        this generator early (barge-in) closes the HTTP stream with it.
+        """
+        client = self._get_client()
+        chunker = ClauseBuffer(
+            min_clause_chars=self.min_clause_chars, max_chunk_chars=self.max_chunk_chars
+        )
+        try:
+            async with client.stream(
+                "POST", self.url, json=self.request_body(text, history)
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    raise _engine_error(
+                        f"responder server answered HTTP {response.status_code} for POST {self.url}"
+                    )
+                parser = _SseParser()
+                async for line in response.aiter_lines():
+                    if parser.done:
+                        if line.strip():  # more after [DONE]: stop; the close drops it
+                            break
+                        continue  # drain the tail so the connection can be reused
+                    payload = parser.feed(line)
+                    if payload is None:
+                        continue
+                    content = _delta_content(payload)
+                    if content:
+                        for chunk in chunker.feed(content):
+                            yield chunk
+                payload = parser.end()
+                if payload is not None:
+                    content = _delta_content(payload)
+                    if content:
+                        for chunk in chunker.feed(content):
+                            yield chunk
+                if not parser.done and not parser.events:
+                    raise _engine_error("responder server sent no server-sent events")
+        except httpx.TimeoutException as exc:
+            raise _engine_error(
+                f"responder server at {self.base_url} did not answer within {self.timeout_s} s"
+            ) from exc
+        except httpx.ConnectError as exc:
+            raise _engine_error(f"cannot connect to responder server at {self.base_url}") from exc
+        except httpx.HTTPError as exc:
+            raise _engine_error(
+                f"connection to responder server at {self.base_url} failed ({type(exc).__name__})"
+            ) from exc
+        rest = chunker.flush()
+        if rest:
+            yield rest
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (and its pooled connections); a later call reopens one."""
+        client, self._client = self._client, None
+        loop, self._client_loop = self._client_loop, None
+        if client is None or client.is_closed:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - aclose is always awaited
+            running = None
+        if loop is running:
+            await client.aclose()
+        # A client from another (finished) loop cannot be closed from here; dropping it is
+        # all that is left, its sockets went with that loop.
+
+    def _get_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client.is_closed or self._client_loop is not loop:
+            headers = {"Accept": "text/event-stream"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._client = httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=min(self.max_connections, 32),
+                ),
+                trust_env=self.trust_env,
+            )
+            self._client_loop = loop
+        return self._client
+
+
+class _SseParser:
+    """Just enough of the server-sent-events format: `data:` lines joined until a blank
+    line; comments and event/id/retry fields ignored; anything else is a protocol error."""
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+        self.events = 0
+        self.done = False
+
+    def feed(self, line: str) -> str | None:
+        """One line (without its ending); returns an event's data when one completes."""
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        field, sep, value = line.partition(":")
+        if field not in _SSE_FIELDS or not sep:
+            raise _engine_error("responder server sent a malformed event stream")
+        if field == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None
+
+    def end(self) -> str | None:
+        """End of the body: an unterminated last event still counts."""
+        return self._dispatch()
+
+    def _dispatch(self) -> str | None:
+        if not self._data:
+            return None
+        data, self._data = "\n".join(self._data), []
+        self.events += 1
+        if data.strip() == "[DONE]":
+            self.done = True
+            return None
+        return data
+
+
+def _delta_content(payload: str) -> str:
+    """The text of one chat-completion chunk ("" for role-only, usage or final chunks)."""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise _engine_error("responder server sent an event that is not JSON") from None
+    if not isinstance(chunk, dict):
+        raise _engine_error("responder server sent an event that is not a JSON object")
+    error = chunk.get("error")
+    if error is not None:
+        kind = (error.get("type") or error.get("code")) if isinstance(error, dict) else None
+        detail = f" ({kind})" if isinstance(kind, str) and len(kind) <= 64 else ""
+        raise _engine_error(f"responder server reported an error in the stream{detail}")
+    choices = chunk.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise _engine_error("responder server sent a chunk with malformed 'choices'")
+    if not choices:
+        return ""
+    first = choices[0]
+    delta = first.get("delta") if isinstance(first, dict) else None
+    if delta is None:
+        return ""
+    if not isinstance(delta, dict):
+        raise _engine_error("responder server sent a chunk with a malformed 'delta'")
+    content = delta.get("content")
+    return content if isinstance(content, str) else ""
