@@ -329,3 +329,32 @@ async def test_metrics_show_sessions_frames_and_stage_latency(fake_server: LiveS
     ]
     assert processed and float(processed[0].split()[-1]) > 0
     assert "voxserve_executor_workers" in body and "voxserve_ready 1.0" in body
+
+
+async def test_marks_are_echoed_after_earlier_audio_is_handled(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr")
+        seq = await send_audio(ws, silence(0.1), realtime=False)
+        await ws.send(json.dumps({"type": "mark", "id": 1}))
+        event = json.loads(await asyncio.wait_for(ws.recv(), 2))
+        assert event == {"type": "mark", "id": 1}
+        await send_audio(ws, silence(0.04), realtime=False, first_seq=seq)
+        await ws.send(json.dumps({"type": "mark", "id": "two"}))
+        await ws.send(json.dumps({"type": "mark", "id": True}))
+        events = [json.loads(await asyncio.wait_for(ws.recv(), 2)) for _ in range(2)]
+        codes = {e.get("code") for e in events}
+        assert {"type": "mark", "id": "two"} in events and "invalid_message" in codes
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert events[-1]["processed"] == 7
+
+
+async def test_tts_marks_follow_the_audio_before_them(fake_server: LiveServer) -> None:
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="tts")
+        await ws.send(json.dumps({"type": "text", "text": "one two.", "flush": True}))
+        await ws.send(json.dumps({"type": "mark", "id": "after"}))
+        await ws.send(json.dumps({"type": "session.end"}))
+        events, _ = await collect(ws)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("mark") > kinds.index("tts.end")

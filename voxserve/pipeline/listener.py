@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -84,6 +85,7 @@ class Listener:
         self._partial_task: asyncio.Task[None] | None = None
         self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
         self.batch_samples = VAD_BATCH_WINDOWS * self.window
+        self._marks: deque[tuple[int, object]] = deque()  # (ring position, client's mark id)
 
     def close_input(self) -> None:
         self.closed = True
@@ -94,16 +96,32 @@ class Listener:
         if len(self.ring) >= self.batch_samples:
             self.wake.set()
 
+    def mark(self, mark_id: object) -> None:
+        """Echo `mark_id` once every sample received before it has been through VAD: the
+        client's measure of frame-handling lag."""
+        self._marks.append((self.ring.write_total, mark_id))
+        self.wake.set()
+
+    async def _echo_marks(self) -> None:
+        done = self.ring.read_total
+        while self._marks and self._marks[0][0] <= done:
+            _, mark_id = self._marks.popleft()
+            await self.outbox.event({"type": "mark", "id": mark_id})
+
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._final_worker(), name="voxserve-asr-final")
             while True:
                 await self.wake.wait()
                 self.wake.clear()
-                while len(self.ring) >= self.batch_samples or (self.closed and len(self.ring)):
+                while len(self.ring) >= self.batch_samples or (
+                    (self.closed or self._marks) and len(self.ring)
+                ):
                     samples = self.ring.read()
                     self.space.set()
                     await self._process(samples, group)
+                    await self._echo_marks()
+                await self._echo_marks()
                 if self.closed and not len(self.ring):
                     break
             await self._flush(group)

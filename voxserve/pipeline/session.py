@@ -37,6 +37,13 @@ HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
 _FLUSH = object()  # end of one tts-mode utterance
 
 
+class _Mark:
+    __slots__ = ("id",)
+
+    def __init__(self, mark_id: str | int) -> None:
+        self.id = mark_id
+
+
 class Session:
     def __init__(self, runtime: Runtime, config: StreamConfig, outbox: Outbox) -> None:
         self.runtime = runtime
@@ -171,11 +178,23 @@ class Session:
             await self._flush_text()
             await self._text_queue.put(None)
 
+    async def mark(self, mark_id: str | int) -> None:
+        """Audio modes: echoed once prior audio went through VAD. tts mode: once prior text
+        has been spoken (synthesised and queued for sending)."""
+        if self.listener is not None and not self.input_closed:
+            self.listener.mark(mark_id)
+        elif self.listener is None:
+            await self._text_queue.put(_Mark(mark_id))
+        else:
+            await self.outbox.event({"type": "mark", "id": mark_id})
+
     async def cancel(self) -> None:
         """Client barge-in: stop the current reply and forget text not yet spoken."""
         self._texts.clear()
         while not self._text_queue.empty():
             item = self._text_queue.get_nowait()
+            if isinstance(item, _Mark):  # marks are answered, never lost
+                await self.outbox.event({"type": "mark", "id": item.id})
             if item is None:  # keep the end-of-input marker
                 await self._text_queue.put(None)
                 break
@@ -225,6 +244,9 @@ class Session:
                 return
             if item is _FLUSH:
                 continue
+            if isinstance(item, _Mark):
+                await self.outbox.event({"type": "mark", "id": item.id})
+                continue
             assert self._group is not None
             task = self._group.create_task(self._speak_utterance(str(item), reply))
             self._reply_task = task
@@ -241,6 +263,9 @@ class Session:
                 if item is None:  # end of input also ends the utterance
                     await self._text_queue.put(None)
                     return
+                if isinstance(item, _Mark):
+                    await self.outbox.event({"type": "mark", "id": item.id})
+                    continue
                 yield str(item)
 
         try:

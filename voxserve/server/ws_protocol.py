@@ -63,7 +63,14 @@ class CancelMessage:
     """Barge-in from the client: stop the reply now."""
 
 
-ClientMessage = StartMessage | TextMessage | EndMessage | CancelMessage
+@dataclass(frozen=True, slots=True)
+class MarkMessage:
+    """Echoed back as `mark` once everything sent before it has been handled."""
+
+    id: str | int
+
+
+ClientMessage = StartMessage | TextMessage | EndMessage | CancelMessage | MarkMessage
 
 
 def _invalid(message: str) -> VoxError:
@@ -169,6 +176,13 @@ def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
         return EndMessage(kind)
     if kind == "cancel":
         return CancelMessage()
+    if kind == "mark":
+        mark_id = data.get("id")
+        if isinstance(mark_id, bool) or not isinstance(mark_id, str | int):
+            raise _invalid("field 'id' of a mark must be a string or an integer")
+        if isinstance(mark_id, str) and len(mark_id) > 64:
+            raise _invalid("a mark id is at most 64 characters")
+        return MarkMessage(mark_id)
     if not isinstance(kind, str):
         raise _invalid("control message needs a string field 'type'")
     raise _invalid(f"unknown message type {kind!r}")

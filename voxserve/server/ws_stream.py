@@ -23,6 +23,7 @@ from voxserve.runtime import Runtime
 from voxserve.server.ws_protocol import (
     CancelMessage,
     EndMessage,
+    MarkMessage,
     StartMessage,
     TextMessage,
     encode_event,
@@ -204,6 +205,8 @@ class StreamConnection:
                     await session.end_input()
                 elif isinstance(parsed, CancelMessage):
                     await session.cancel()
+                elif isinstance(parsed, MarkMessage):
+                    await session.mark(parsed.id)
                 elif isinstance(parsed, StartMessage):
                     raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
             except VoxError as exc:
