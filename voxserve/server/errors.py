@@ -13,8 +13,6 @@ _STATUS = {
     ErrorCode.NOT_READY: 503,
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
-    ErrorCode.UNSUPPORTED_ENCODING: 415,
-    ErrorCode.INVALID_AUDIO: 415,
 }
 
 
