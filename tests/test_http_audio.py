@@ -240,8 +240,15 @@ def test_voices(live_server: LiveServer) -> None:
     assert body["default"] == "joe" and "joe" in ids
     assert {v["engine"] for v in body["voices"]} >= {"piper", "espeak"}
     for voice in body["voices"]:
-        assert set(voice) == {"id", "engine", "language", "sample_rate", "description"}
+        assert set(voice) == {"id", "engine", "language", "sample_rate", "description", "aliases"}
         assert voice["sample_rate"] > 0
+    joe = next(v for v in body["voices"] if v["id"] == "joe")
+    assert joe["aliases"] == ["en_US-joe-medium"]
+    by_alias = httpx.post(
+        live_server.http_url + "/v1/audio/speech",
+        json={"model": "tts-1", "voice": "en_US-joe-medium", "input": "Hi."},
+    )
+    assert by_alias.status_code == 200 and by_alias.headers["X-Voxserve-Voice"] == "joe"
 
 
 def test_models_via_sdk(client: openai.OpenAI) -> None:

@@ -37,11 +37,15 @@ class Engines:
     default_voice: str
     load_seconds: dict[str, float] = field(default_factory=dict)
     _voices: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
+    _aliases: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for engine in self.tts:
             for voice in engine.voices():
                 self._voices.setdefault(voice.id, (voice, engine))
+        for voice, engine in list(self._voices.values()):
+            for alias in voice.aliases:
+                self._aliases.setdefault(alias, (voice, engine))
         if self.default_voice not in self._voices and self._voices:
             self.default_voice = next(iter(self._voices))
 
@@ -51,7 +55,7 @@ class Engines:
     def voice(self, voice_id: str | None) -> tuple[Voice, TtsEngine]:
         """Resolve a voice id (None = default) or raise UNKNOWN_VOICE listing the valid ids."""
         key = voice_id or self.default_voice
-        found = self._voices.get(key)
+        found = self._voices.get(key) or self._aliases.get(key)
         if found is None:
             valid = ", ".join(sorted(self._voices))
             raise VoxError(ErrorCode.UNKNOWN_VOICE, f"unknown voice {key!r}; valid voices: {valid}")

@@ -36,6 +36,7 @@ class Voice:
     language: str
     sample_rate: int
     description: str = ""
+    aliases: tuple[str, ...] = ()  # other ids that select this voice (e.g. a full model name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,7 @@
 """The engine protocols. Engines are loaded once per process and shared by every session.
 
+Constructors take keyword options only, all with defaults; the runtime passes `threads`
+(the engine's intra-op thread count) to every VAD/ASR/TTS engine unless the config sets it.
 Model calls are blocking and run on the adaptive executor; per-stream state lives in small
 objects the pipeline owns (VAD state) or in the pipeline itself (the growing ASR utterance),
 never inside the shared engine. Every engine must be safe to call from several executor
@@ -55,7 +57,8 @@ class AsrEngine(Protocol):
         self, audio: Float32Array, *, language: str | None = None, partial: bool = False
     ) -> AsrResult:
         """Recognise 16 kHz mono float32 audio. `partial=True` asks for the cheap path used
-        for interim results while the user is still speaking. Blocking."""
+        for interim results while the user is still speaking. Blocking. Raises ValueError for
+        a language it does not serve."""
         ...
 
 
@@ -71,7 +74,8 @@ class TtsEngine(Protocol):
     def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
         """Blocking generator; the caller pulls one chunk per executor call, so a cancelled
         request stops between chunks. The first chunk should come as early as the engine
-        allows (first clause)."""
+        allows (first clause). Calling it must be cheap (it runs on the event loop): validate
+        and raise ValueError at once, and do the model work inside the generator."""
         ...
 
 

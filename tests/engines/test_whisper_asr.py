@@ -1,0 +1,114 @@
+"""WhisperAsr on the fixtures: accuracy, bucketed windows, silence, languages, threads."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tests.engines.conftest import FIXTURE_TEXTS, load_fixture, normalise, wer
+from voxserve.engines.base import AsrEngine
+from voxserve.engines.whisper_asr import WhisperAsr, compression_ratio
+from voxserve.types import SAMPLE_RATE
+
+MAX_WER = 0.15
+
+
+def test_is_an_asr_engine(asr: WhisperAsr) -> None:
+    assert isinstance(asr, AsrEngine)
+    assert asr.languages == ("en",)
+    assert asr.info.kind == "asr" and asr.info.model == "tiny.en"
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_TEXTS))
+def test_fixture_transcripts(name: str, asr: WhisperAsr, asr_full_window: WhisperAsr) -> None:
+    audio = load_fixture(name)
+    text = FIXTURE_TEXTS[name]
+    bucketed = asr.transcribe(audio)
+    full = asr_full_window.transcribe(audio)
+    assert wer(text, bucketed.text) <= MAX_WER, bucketed.text
+    assert wer(text, full.text) <= MAX_WER, full.text
+    # the short window must not be worse than Whisper's 30 s one
+    assert wer(text, bucketed.text) <= wer(text, full.text)
+    assert bucketed.language == "en"
+
+
+def test_partial_path(asr: WhisperAsr) -> None:
+    audio = load_fixture("long.wav")
+    result = asr.transcribe(audio, partial=True)
+    assert wer(FIXTURE_TEXTS["long.wav"], result.text) <= MAX_WER
+    assert len(result.segments) == 1
+
+
+def test_segments_are_relative_to_the_buffer(asr: WhisperAsr) -> None:
+    audio = load_fixture("two_turns.wav")
+    result = asr.transcribe(audio)
+    duration_ms = round(audio.size * 1000 / SAMPLE_RATE)
+    assert len(result.segments) >= 1
+    previous_end = 0
+    for seg in result.segments:
+        assert 0 <= seg.start_ms <= seg.end_ms <= duration_ms
+        assert seg.start_ms >= previous_end
+        previous_end = seg.end_ms
+    assert normalise(" ".join(s.text for s in result.segments)) == normalise(result.text)
+
+
+def test_window_buckets(asr: WhisperAsr, asr_full_window: WhisperAsr) -> None:
+    assert asr.window_for(2.0) == 10
+    assert asr.window_for(6.0) == 10
+    assert asr.window_for(8.0) == 20
+    assert asr.window_for(25.0) == 30
+    assert asr_full_window.window_for(2.0) == 30
+
+
+def test_silence_is_empty(asr: WhisperAsr) -> None:
+    assert asr.transcribe(np.zeros(2 * SAMPLE_RATE, dtype=np.float32)).text == ""
+    assert asr.transcribe(np.zeros(0, dtype=np.float32)).text == ""
+    rng = np.random.default_rng(3)
+    for level in (0.001, 0.01):  # about -60 and -40 dBFS white noise
+        noise = (rng.standard_normal(2 * SAMPLE_RATE) * level).astype(np.float32)
+        for partial in (False, True):
+            result = asr.transcribe(noise, partial=partial)
+            assert result.text == "" and result.segments == (), (level, partial)
+
+
+def test_very_short_audio(asr: WhisperAsr) -> None:
+    rng = np.random.default_rng(4)
+    for n in (1, 100, 1000):
+        noise = (rng.standard_normal(n) * 0.3).astype(np.float32)
+        result = asr.transcribe(noise)  # shorter than one STFT frame must not crash
+        assert all(seg.end_ms <= max(1, n * 1000 // SAMPLE_RATE) for seg in result.segments)
+
+
+def test_languages(asr: WhisperAsr) -> None:
+    audio = load_fixture("command.wav")
+    assert wer(FIXTURE_TEXTS["command.wav"], asr.transcribe(audio, language="en").text) == 0
+    with pytest.raises(ValueError, match="fr"):
+        asr.transcribe(audio, language="fr")
+
+
+def test_concurrent_calls_keep_their_own_audio(asr: WhisperAsr) -> None:
+    names = ["lights.wav", "reminder.wav", "lights.wav", "reminder.wav"]
+    audio = {n: load_fixture(n) for n in set(names)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda n: asr.transcribe(audio[n]).text, names))
+    for name, text in zip(names, results, strict=True):
+        assert wer(FIXTURE_TEXTS[name], text) <= MAX_WER, (name, text)
+
+
+def test_longer_than_30_s(asr: WhisperAsr) -> None:
+    """Falls back to faster-whisper's sliding 30 s windows."""
+    names = ["long.wav", "weather.wav"] * 3
+    gap = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    audio = np.concatenate([x for n in names for x in (load_fixture(n), gap)])
+    assert audio.size > 30 * SAMPLE_RATE
+    result = asr.transcribe(audio, partial=True)
+    reference = " ".join(FIXTURE_TEXTS[n] for n in names)
+    assert wer(reference, result.text) <= MAX_WER, result.text
+
+
+def test_compression_ratio() -> None:
+    assert compression_ratio("") == 0.0
+    assert compression_ratio("hello there " * 20) > 2.4
+    assert compression_ratio("What time is it?") < 2.4

