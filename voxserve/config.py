@@ -91,7 +91,6 @@ class LimitsConfig(BaseModel):
     max_message_bytes: int = 256 * 1024
     max_frame_ms: int = 200  # one binary message may carry up to 10 frames of audio
     max_upload_bytes: int = 25 * 1024 * 1024
-    max_session_s: float = 3600.0
 
 
 class Settings(BaseSettings):

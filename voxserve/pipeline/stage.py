@@ -58,21 +58,24 @@ class EngineStage:
             if self.on_latency is not None:
                 self.on_latency(self.name, time.perf_counter() - started)
 
+    def _release_slot(self) -> None:
+        self.running -= 1
+        self._slots.release()
+
     async def _run_in_slot(self, fn: Callable[..., T], args: tuple[object, ...]) -> T:
         loop = asyncio.get_running_loop()
         self.running += 1
         try:
             future = self._executor.submit(fn, *args)
         except BaseException:
-            self.running -= 1
-            self._slots.release()
+            self._release_slot()
             raise
 
         def release(_: object) -> None:
-            # Runs when the work is really over (done, failed or withdrawn before start).
-            self.running -= 1
+            # Runs (on a worker thread) when the work is really over: done, failed or
+            # withdrawn before it started. Counters are only touched on the loop's thread.
             try:
-                loop.call_soon_threadsafe(self._slots.release)
+                loop.call_soon_threadsafe(self._release_slot)
             except RuntimeError:  # the loop has closed: nobody is waiting any more
                 pass
 
