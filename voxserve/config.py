@@ -100,7 +100,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     engines: EnginesConfig = EnginesConfig()
     pipeline: PipelineConfig = PipelineConfig()
     vad: VadConfig = VadConfig()
@@ -146,6 +146,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Defaults < config file < VOXSERVE_* env vars < explicit overrides (CLI flags)."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     data = read_config_file(path) if path else {}
     try:
@@ -158,4 +159,6 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"invalid setting {where}: {first['msg']}") from exc
+    except SettingsError as exc:  # e.g. a VOXSERVE_* variable that must be JSON and is not
+        raise ConfigError(f"invalid environment setting: {exc}") from exc
     return settings

@@ -145,8 +145,18 @@ class Runtime:
         """Load the configured engines off the event loop, so /healthz answers meanwhile."""
         if self._engines is not None:
             return
+        started = time.perf_counter()
         try:
             self._engines = await asyncio.to_thread(load_engines, self.settings)
+            log.info(
+                "models loaded; ready",
+                extra={
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "load_seconds": {
+                        name: round(took, 3) for name, took in self._engines.load_seconds.items()
+                    },
+                },
+            )
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("engine loading failed", extra={"error": self.load_error})

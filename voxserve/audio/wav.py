@@ -22,7 +22,8 @@ def read_wav(data: bytes) -> tuple[Int16Array, int]:
             rate = wav.getframerate()
             frames = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError) as exc:
-        raise VoxError(ErrorCode.INVALID_AUDIO, f"not a readable WAV file: {exc}") from exc
+        reason = str(exc) or "the file ends before its WAV header does"
+        raise VoxError(ErrorCode.INVALID_AUDIO, f"not a readable WAV file: {reason}") from exc
     if width != 2:
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,

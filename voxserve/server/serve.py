@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import uvicorn
 
 from voxserve.config import Settings
@@ -16,6 +18,7 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # logging is voxserve's (observe/logs.py), uvicorn's loggers included
         ws="websockets-sansio",
         ws_max_size=settings.limits.max_message_bytes,
         ws_ping_interval=20.0,
@@ -26,5 +29,11 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
     )
 
 
-def serve(settings: Settings) -> None:
-    uvicorn.Server(uvicorn_config(settings)).run()
+def serve(
+    settings: Settings,
+    runtime: Runtime | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Serve until stopped; `sockets` may be bound beforehand (so a busy port is reported
+    before anything loads, and port 0 works)."""
+    uvicorn.Server(uvicorn_config(settings, runtime)).run(sockets=sockets)

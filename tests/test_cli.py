@@ -1,0 +1,344 @@
+"""The `voxserve` command line, run as a real subprocess with the real engines.
+
+Every error case must end as exactly one `voxserve: error: ...` line on stderr, a non-zero
+exit code and no traceback; `serve` must say where to connect, become ready, and exit 0 on
+SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import jiwer
+import numpy as np
+import pytest
+
+from voxserve.audio.wav import read_wav
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TEXT = "The weather today is sunny with a light breeze."
+ENGINE_NAMES = ("silero", "whisper", "piper", "espeak", "echo", "rules", "openai")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without VOXSERVE_* settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXSERVE_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "voxserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env if env is not None else clean_env(),
+        cwd=cwd,
+        input=stdin,
+        check=False,
+    )
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("voxserve: error: "), line
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def normalise(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# --- help -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["say"], ["transcribe"], ["engines"]])
+def test_help_for_every_command(command: list[str]) -> None:
+    proc = run_cli(*command, "--help", timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: voxserve {' '.join(command)}".rstrip())
+    assert proc.stderr == ""
+    if not command:
+        for name in ("serve", "say", "transcribe", "engines"):
+            assert name in proc.stdout
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "voxserve"
+    proc = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=20, check=False
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.strip().startswith("voxserve ")
+
+
+def test_no_command_is_a_usage_error() -> None:
+    proc = run_cli(timeout=20)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "required" in proc.stderr
+
+
+# --- say and transcribe ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spoken(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`voxserve say` once with real piper; later tests transcribe what it wrote."""
+    out = tmp_path_factory.mktemp("say") / "out.wav"
+    proc = run_cli("say", TEXT, "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def test_say_writes_a_wav_with_speech(spoken: tuple[Path, str]) -> None:
+    path, stdout = spoken
+    samples, rate = read_wav(path.read_bytes())
+    assert rate == 16_000
+    duration = samples.size / rate
+    assert 1.5 < duration < 8.0
+    rms = float(np.sqrt(np.mean(samples.astype(np.float64) ** 2)))
+    assert rms > 300, "the WAV is (nearly) silent"
+    assert str(path) in stdout
+    assert f"{duration:.2f} s" in stdout
+    assert re.search(r"first chunk after \d+ ms", stdout)
+
+
+def test_say_from_stdin_with_rate_and_speed(tmp_path: Path, spoken: tuple[Path, str]) -> None:
+    out = tmp_path / "fast.wav"
+    proc = run_cli(
+        "say", "-", "-o", str(out), "--sample-rate", "24000", "--speed", "1.5", stdin=TEXT
+    )
+    assert proc.returncode == 0, proc.stderr
+    fast, rate = read_wav(out.read_bytes())
+    normal, normal_rate = read_wav(spoken[0].read_bytes())
+    assert rate == 24_000
+    assert fast.size / rate < 0.85 * normal.size / normal_rate
+
+
+def test_transcribe_recovers_the_spoken_words(spoken: tuple[Path, str]) -> None:
+    path, _ = spoken
+    proc = run_cli("transcribe", str(path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert jiwer.wer(normalise(TEXT), normalise(body["text"])) <= 0.2, body["text"]
+    assert body["segments"], body
+    for seg in body["segments"]:
+        assert 0 <= seg["start"] < seg["end"] <= body["duration_s"] + 0.5
+        assert isinstance(seg["text"], str)
+
+
+def test_transcribe_text_format_on_a_recording() -> None:
+    expected = json.loads((FIXTURES / "fixtures.json").read_text())["lights.wav"]
+    proc = run_cli("transcribe", str(FIXTURES / "lights.wav"), "--language", "en")
+    assert proc.returncode == 0, proc.stderr
+    assert jiwer.wer(normalise(expected), normalise(proc.stdout)) <= 0.25, proc.stdout
+    assert len(proc.stdout.strip().splitlines()) == 1
+
+
+# --- engines --------------------------------------------------------------------------------
+
+
+def test_engines_lists_everything_with_versions_and_the_gpl_note() -> None:
+    proc = run_cli("engines", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for kind in ("vad:", "asr:", "tts:", "responder:"):
+        assert kind in out
+    for name in ENGINE_NAMES:
+        assert re.search(rf"^  {name}\s+voxserve \d+\.\d+", out, re.M), name
+    assert "loaded in" not in out  # no model was loaded
+    assert re.search(r"piper-tts \d[\w.]* \(GPL-3\.0", out)
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert any("piper-tts" in n and "GPL-3.0" in n for n in notes), notes
+    assert out.count("[selected]") == 5  # silero, whisper, piper, espeak, rules
+
+
+def test_engines_load_json() -> None:
+    proc = run_cli("engines", "--load", "--json")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    engines = body["engines"]
+    assert set(engines) == {"vad", "asr", "tts", "responder"}
+    names = {row["name"] for rows in engines.values() for row in rows}
+    assert set(ENGINE_NAMES) <= names
+    assert body["selected"]["tts"] == ["piper", "espeak"]
+    for rows in engines.values():
+        for row in rows:
+            assert row["version"] and row["license"]
+            if row["selected"]:
+                loaded = row["loaded"]
+                assert "error" not in loaded, loaded
+                assert loaded["seconds"] >= 0 and loaded["version"]
+    [piper] = [row for row in engines["tts"] if row["name"] == "piper"]
+    assert "joe" in [voice["id"] for voice in piper["loaded"]["voices"]]
+    assert "GPL-3.0" in piper["loaded"]["license"]
+    [whisper] = [row for row in engines["asr"] if row["name"] == "whisper"]
+    assert whisper["loaded"]["model"]
+    assert any("piper-tts" in note and "GPL-3.0" in note for note in body["notes"])
+
+
+# --- errors: one line, non-zero exit, no traceback ------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    proc = run_cli("transcribe", str(tmp_path / "nope.wav"))
+    assert_one_error_line(proc, "nope.wav", "No such file")
+
+
+def test_not_a_wav_file(tmp_path: Path) -> None:
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio, just some text\n" * 4)
+    proc = run_cli("transcribe", str(text))
+    assert_one_error_line(proc, "invalid_audio")
+
+
+def test_unknown_voice(tmp_path: Path) -> None:
+    proc = run_cli("say", "hello", "-o", str(tmp_path / "x.wav"), "--voice", "nobody")
+    assert_one_error_line(proc, "unknown_voice", "nobody", "joe")
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[engines\nvad = ")
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "x.wav"), "--config", str(broken))
+    assert_one_error_line(proc, "broken.toml", "not valid")
+    assert proc.returncode == 2
+
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"no_such_setting": 1}')
+    proc = run_cli("engines", "--config", str(unknown))
+    assert_one_error_line(proc, "no_such_setting")
+
+    proc = run_cli("serve", "--config", str(tmp_path / "absent.toml"))
+    assert_one_error_line(proc, "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("VOXSERVE_PORT", "abc", "port"),
+        ("VOXSERVE_LOG_LEVEL", "loud", "log_level"),
+        ("VOXSERVE_ENGINES", "not json", "engines"),
+    ],
+)
+def test_invalid_env_values(variable: str, value: str, needle: str) -> None:
+    proc = run_cli("serve", env=clean_env(**{variable: value}), timeout=30)
+    assert_one_error_line(proc, needle)
+    assert proc.returncode == 2
+
+
+def test_bad_say_options_fail_before_loading_models(tmp_path: Path) -> None:
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "x.wav"), "--speed", "9", timeout=20)
+    assert_one_error_line(proc, "invalid_parameter", "speed")
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "x.wav"), "--sample-rate", "1234")
+    assert_one_error_line(proc, "unsupported_sample_rate")
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "missing-dir" / "x.wav"))
+    assert_one_error_line(proc, "missing-dir")
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("serve", "--port", str(port), timeout=30)
+    assert_one_error_line(proc, f"port {port}", "already in use")
+
+
+def test_engine_import_failure_names_the_extra(tmp_path: Path) -> None:
+    """A missing optional package (here piper, shadowed by one that fails to import)."""
+    fake = tmp_path / "shadow" / "piper"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'piper'\", name='piper')\n"
+    )
+    env = clean_env(PYTHONPATH=str(tmp_path / "shadow"))
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "x.wav"), env=env, timeout=30)
+    assert_one_error_line(proc, "piper", "pip install -e '.[default]'")
+
+
+def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
+    proc = run_cli("transcribe", str(tmp_path / "nope.wav"), "--verbose", timeout=20)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("voxserve: error: ")
+
+
+# --- serve ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int) -> None:
+    port = free_port()
+    out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "voxserve", "serve", "--port", str(port)],
+            stdout=out,
+            stderr=err,
+            env=clean_env(),
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    ready = True
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert ready, err_path.read_text()
+        assert httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        proc.send_signal(stop_signal)
+        assert proc.wait(timeout=15) == 0, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    stdout = out_path.read_text()
+    assert stdout.splitlines()[0] == (
+        f"voxserve listening on {base} (WebSocket ws://127.0.0.1:{port}/v1/stream, "
+        f"OpenAI base_url {base}/v1); models loading, /readyz turns 200 when ready"
+    )
+    records = [json.loads(line) for line in err_path.read_text().splitlines() if line.strip()]
+    assert records, "no log lines"
+    for record in records:
+        assert {"ts", "level", "logger", "msg"} <= set(record)
+    ready_lines = [r for r in records if r["msg"] == "models loaded; ready"]
+    assert len(ready_lines) == 1 and ready_lines[0]["seconds"] > 0
+    assert "tts.piper" in ready_lines[0]["load_seconds"]
+    assert any(r["logger"].startswith("uvicorn") for r in records)  # routed through ours

@@ -1,0 +1,1 @@
+"""Observability: structured logs carrying each session's trace and session ids."""
