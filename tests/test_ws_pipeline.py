@@ -358,3 +358,34 @@ async def test_tts_marks_follow_the_audio_before_them(fake_server: LiveServer) -
         events, _ = await collect(ws)
     kinds = [e["type"] for e in events]
     assert kinds.index("mark") > kinds.index("tts.end")
+
+
+async def test_session_logs_carry_trace_ids_and_no_content(fake_server: LiveServer) -> None:
+    import io
+    import logging
+
+    from voxserve.observe.logs import ContextFilter, JsonFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("voxserve")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        async with connect(fake_server.ws_url) as ws:
+            await start(ws, mode="tts", trace_id="trace-abc")
+            await ws.send(json.dumps({"type": "text", "text": "secret words.", "flush": True}))
+            await ws.send(json.dumps({"type": "session.end"}))
+            await collect(ws)
+        await asyncio.sleep(0.1)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    session_lines = [line for line in lines if line["msg"].startswith("session ")]
+    assert {line["msg"] for line in session_lines} >= {"session started", "session closed"}
+    assert all(line["trace_id"] == "trace-abc" and line["session_id"] for line in session_lines)
+    assert "secret" not in stream.getvalue()

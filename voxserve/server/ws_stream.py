@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
@@ -123,10 +124,11 @@ class StreamConnection:
             raise
 
     async def _run(self, session: Session) -> None:
+        # Every log line of this connection's tasks (created below, so they copy this
+        # context) carries the trace and session ids; never the audio or the text.
+        bind_session(session.trace_id, session.id)
         await self.ws.send_text(encode_event(session.started_event()))
-        log.info(
-            "session started", extra={"trace_id": session.trace_id, "mode": session.config.mode}
-        )
+        log.info("session started", extra={"mode": session.config.mode})
         pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-session")
         sender = asyncio.create_task(self._send(session.outbox), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(session), name="voxserve-receiver")
@@ -141,12 +143,8 @@ class StreamConnection:
             if isinstance(result, BaseException) and not isinstance(
                 result, asyncio.CancelledError | WebSocketDisconnect
             ):
-                log.error(
-                    "session task failed",
-                    exc_info=result,
-                    extra={"trace_id": session.trace_id},
-                )
-        log.info("session closed", extra={"trace_id": session.trace_id})
+                log.error("session task failed", exc_info=result)
+        log.info("session closed")
 
     async def _pipeline(self, session: Session) -> None:
         try:
@@ -157,7 +155,7 @@ class StreamConnection:
             await session.outbox.event(session.ended_event())
             await session.outbox.close()
         except Exception:
-            log.exception("session pipeline failed", extra={"trace_id": session.trace_id})
+            log.exception("session pipeline failed")
             error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
             error_event = error.to_event() | {"trace_id": session.trace_id}
             session.outbox.event_nowait(error_event)
