@@ -92,6 +92,35 @@ def test_help_for_every_command(command: list[str]) -> None:
             assert name in proc.stdout
 
 
+def test_bench_help_lists_its_subcommands() -> None:
+    proc = run_cli("bench", "--help", timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: voxserve bench")
+    for name in ("stream", "ramp", "tts", "sweep-chunk", "baseline", "engines"):
+        assert re.search(rf"^\s+{name}\b", proc.stdout, re.MULTILINE), name
+    assert "bench" in run_cli("--help", timeout=20).stdout
+
+
+def test_bench_without_its_optional_packages() -> None:
+    """Without matplotlib (blocked here), --help still works and bench names the extra."""
+    blocked = "import sys; sys.modules['matplotlib'] = None; from voxserve.cli import main; "
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", blocked + "sys.exit(main())", *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=clean_env(),
+            check=False,
+        )
+
+    proc = run("--help")
+    assert proc.returncode == 0 and "bench" in proc.stdout, proc.stderr
+    proc = run("bench", "stream", "--help")
+    assert_one_error_line(proc, "bench", "matplotlib", "pip install -e '.[dev]'")
+
+
 def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "voxserve"
     proc = subprocess.run(

@@ -12,7 +12,6 @@ from voxserve.config import VadConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.stage import EngineStage
-from voxserve.pipeline.text import SentenceBuffer, split_sentences
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector
 from voxserve.server.ws_protocol import (
     CancelMessage,
@@ -22,6 +21,7 @@ from voxserve.server.ws_protocol import (
     parse_audio_frame,
     parse_text_message,
 )
+from voxserve.text import SentenceBuffer, split_sentences
 
 W = 512  # samples per VAD window (32 ms)
 

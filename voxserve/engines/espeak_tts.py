@@ -9,7 +9,6 @@ is yielded before the next one starts: other sessions interleave between sentenc
 from __future__ import annotations
 
 import ctypes
-import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import numpy as np
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
+from voxserve.text import sentences
 from voxserve.types import EngineInfo, Voice
 
 # speak_lib.h
@@ -39,9 +39,6 @@ MAX_SPEED = 4.0
 _SynthCallback = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
 )
-
-# Sentence ends: . ! ? … before white space; CJK full stops need none.
-_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])\s*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +166,7 @@ class EspeakTts:
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise ValueError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}")
         rate = min(RATE_MAX, max(RATE_MIN, round(RATE_NORMAL * speed)))
-        pieces = [p.strip() for p in _SENTENCE_END.split(" ".join(text.split())) if p.strip()]
+        pieces = sentences(" ".join(text.split()))
         return self._generate(pieces, spec.espeak_name, rate)
 
     def _generate(self, pieces: list[str], espeak_voice: str, rate: int) -> Iterator[Int16Array]:

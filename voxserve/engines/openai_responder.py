@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ import httpx
 
 from voxserve import __version__
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.text import ClauseBuffer
 from voxserve.types import EngineInfo
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -26,61 +26,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 _STAGE = "responder"
-# A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by whitespace,
-# or at a line break; a clause at , ; : or a dash followed by whitespace.
-_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*\s+|\n+")
-_CLAUSE_END = re.compile(r"[,;:—–]\s+")
-_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}|[A-Za-z])[.)]\s*")
 _SSE_FIELDS = ("data", "event", "id", "retry")
-
-
-class ClauseBuffer:
-    """Regroups streamed text into sentence/clause chunks.
-
-    Chunks are exact consecutive substrings of the input (trailing whitespace included), so
-    joining them gives back the text. A sentence end always cuts; a clause end cuts once the
-    chunk has `min_clause_chars`; with no boundary, a chunk is cut at a space once it
-    reaches `max_chunk_chars`, so a run-on reply cannot stall TTS.
-    """
-
-    def __init__(self, *, min_clause_chars: int = 24, max_chunk_chars: int = 200) -> None:
-        self.min_clause_chars = min_clause_chars
-        self.max_chunk_chars = max(1, max_chunk_chars)
-        self._buf = ""
-
-    def feed(self, piece: str) -> list[str]:
-        """Add streamed text; return the chunks it completed (often none)."""
-        self._buf += piece
-        chunks: list[str] = []
-        while (cut := self._find_cut()) is not None:
-            chunks.append(self._buf[:cut])
-            self._buf = self._buf[cut:]
-        return chunks
-
-    def flush(self) -> str:
-        """Whatever is left at the end of the stream ("" if only whitespace)."""
-        rest, self._buf = self._buf, ""
-        return rest if rest.strip() else ""
-
-    def _find_cut(self) -> int | None:
-        buf = self._buf
-        start = len(buf) - len(buf.lstrip())
-        best: int | None = None
-        for match in _SENTENCE_END.finditer(buf, start):
-            if not _LIST_MARKER.fullmatch(buf[: match.end()]):  # "1. " is not a sentence
-                best = match.end()
-                break
-        for match in _CLAUSE_END.finditer(buf, start):
-            if best is not None and match.end() >= best:
-                break
-            if match.end() - start >= self.min_clause_chars:
-                best = match.end()
-                break
-        if best is None and len(buf) - start >= self.max_chunk_chars:
-            limit = start + self.max_chunk_chars
-            space = buf.rfind(" ", start, limit)
-            best = space + 1 if space > start else limit
-        return best
 
 
 def _engine_error(message: str) -> VoxError:

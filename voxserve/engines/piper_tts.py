@@ -8,7 +8,6 @@ clauses (at , ; : and dashes), and each piece is yielded as soon as it is ready.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from piper import PiperConfig, PiperVoice, SynthesisConfig
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
+from voxserve.text import sentences, split_clauses
 from voxserve.types import EngineInfo, Voice
 
 VOICE_ID = "joe"
@@ -27,61 +27,12 @@ VOICE_FULL_NAME = "en_US-joe-medium"
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 
-# A sentence ends at . ! ? … (maybe plus a closing quote/bracket) followed by white space.
-_SENTENCE_END = re.compile(r"(?<=[.!?…][\"'”’)\]])\s+|(?<=[.!?…])\s+")
-# ... but not after a title or abbreviation ("Dr. Smith").
-_ABBREVIATION = re.compile(r"(?:^|\s)(?:mr|mrs|ms|dr|prof|st|sr|jr|vs|etc|e\.g|i\.e)\.$", re.I)
-# A clause ends at , ; : (followed by white space) or at a dash used as punctuation.
-_CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s*[—–]\s*|\s+-\s+")
-
-
-def split_sentences(text: str) -> list[str]:
-    sentences: list[str] = []
-    for part in _SENTENCE_END.split(text):
-        part = part.strip()
-        if not part:
-            continue
-        if sentences and _ABBREVIATION.search(sentences[-1]):
-            sentences[-1] = f"{sentences[-1]} {part}"
-        else:
-            sentences.append(part)
-    return sentences
-
-
-def split_clauses(sentence: str, min_chars: int) -> list[str]:
-    """Clauses of one sentence; pieces shorter than `min_chars` join a neighbour.
-
-    Very short pieces ("Well," or "Yes, ...") sound clipped on their own, and each piece costs
-    a model call, so only reasonably sized clauses are synthesised separately.
-    """
-    pieces: list[str] = []
-    pos = 0
-    for match in _CLAUSE_END.finditer(sentence):
-        piece = sentence[pos : match.start()]
-        if "—" in match.group() or "–" in match.group() or "-" in match.group():
-            piece += ","  # a dash is a pause: let the voice hear it as one
-        pieces.append(piece.strip())
-        pos = match.end()
-    pieces.append(sentence[pos:].strip())
-    pieces = [p for p in pieces if p and p != ","]
-
-    merged: list[str] = []
-    for piece in pieces:
-        if merged and len(merged[-1]) < min_chars:
-            merged[-1] = f"{merged[-1]} {piece}"
-        else:
-            merged.append(piece)
-    if len(merged) > 1 and len(merged[-1]) < min_chars:
-        last = merged.pop()
-        merged[-1] = f"{merged[-1]} {last}"
-    return merged
-
 
 def split_text(text: str, min_chars: int = 20) -> list[str]:
     """Sentences, then clauses: the units synthesised (and yielded) one at a time."""
     # Piper reads [[ ... ]] as raw phonemes; user text must not reach that path.
     cleaned = " ".join(text.replace("[[", "[ [").replace("]]", "] ]").split())
-    return [c for s in split_sentences(cleaned) for c in split_clauses(s, min_chars)]
+    return [c for s in sentences(cleaned) for c in split_clauses(s, min_chars)]
 
 
 def check_speed(speed: float) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from voxserve import __version__
+from voxserve.text import sentence_pieces
 from voxserve.types import EngineInfo
 
 _PACKAGE = "voxserve"
@@ -189,7 +190,6 @@ BUILTIN_RULES: tuple[Rule, ...] = (
 DEFAULT_FALLBACK = "I heard: {text}."
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _TRAILING_PUNCT = re.compile(r"[\s.!?]+$")
 
 
@@ -222,13 +222,6 @@ def _fill(template: str, values: Mapping[str, str]) -> str:
     """Substitute {name} placeholders without str.format, so templates from a rules file
     cannot reach attributes or raise on stray braces."""
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split after . ! or ? followed by whitespace. Every piece but the last ends in one
-    space, so joining the pieces gives the reply back (as with the LLM responder)."""
-    parts = [part for part in _SENTENCE_END.split(text.strip()) if part]
-    return [f"{part} " for part in parts[:-1]] + parts[-1:]
 
 
 class RulesResponder:
@@ -280,8 +273,9 @@ class RulesResponder:
     async def respond(
         self, text: str, history: Sequence[tuple[str, str]]
     ) -> AsyncGenerator[str, None]:
-        """Yield the reply one sentence at a time; the pieces join to `reply(text)`."""
-        for sentence in split_sentences(self.reply(text)):
+        """Yield the reply one sentence at a time, each with the space after it, so the pieces
+        join to `reply(text)` (as with the LLM responder)."""
+        for sentence in sentence_pieces(self.reply(text)):
             yield sentence
 
     def _values(self, text: str) -> dict[str, str]:

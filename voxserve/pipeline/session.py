@@ -25,9 +25,9 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
-from voxserve.pipeline.text import SentenceBuffer
 from voxserve.runtime import Runtime
 from voxserve.server.ws_protocol import StreamConfig, TextMessage
+from voxserve.text import SentenceBuffer
 from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,188 @@
+"""`voxserve engines`: every registered engine per kind with its package, version, licence
+and what it imports; with --load, each engine constructed as the runtime would, then closed.
+
+Listing always succeeds; --load is a check of the install, so it fails (exit 1) when a
+configured engine does not load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import Distribution
+from typing import TYPE_CHECKING, Any
+
+from voxserve.cli.errors import EXIT_FAILURE, EXIT_OK, import_hint
+from voxserve.cli.licences import dist_license, licence_notes, module_distributions
+from voxserve.cli.settings import configure_cli_logging, load_cli_settings, selected_engines
+
+if TYPE_CHECKING:
+    from voxserve.config import Settings
+
+KINDS = ("vad", "asr", "tts", "responder")
+
+Report = dict[str, list[dict[str, Any]]]
+"""Rows per engine kind, as printed by --json."""
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from voxserve.engines.registry import engine_names, entry_point_of
+
+    settings = load_cli_settings(args)
+    configure_cli_logging(args)
+    selected = set(selected_engines(settings))
+    options = _engine_options(settings)
+    report: Report = {}
+    failed_selected: list[str] = []
+    for kind in KINDS:
+        rows = report.setdefault(kind, [])
+        for name in engine_names(kind):
+            ep = entry_point_of(kind, name)
+            if ep is None:
+                continue
+            row = _describe_entry_point(kind, name, ep)
+            row["selected"] = (kind, name) in selected
+            if args.load and row["imports"]:
+                row["loaded"] = _load_one(kind, name, options.get((kind, name), {}), settings)
+            ok = row["imports"] and "error" not in row.get("loaded", {})
+            if row["selected"] and not ok:
+                failed_selected.append(f"{kind}.{name}")
+            rows.append(row)
+    notes = licence_notes(report)
+    if args.json:
+        body = {
+            "engines": report,
+            "selected": {
+                "vad": settings.engines.vad.name,
+                "asr": settings.engines.asr.name,
+                "tts": [spec.name for spec in settings.engines.tts],
+                "responder": settings.engines.responder.name,
+            },
+            "notes": notes,
+        }
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+    else:
+        print(_engines_text(report, notes))
+    # Listing always succeeds; --load is a check of the install, so it fails when a
+    # configured engine does not load.
+    return EXIT_FAILURE if args.load and failed_selected else EXIT_OK
+
+
+def _engine_options(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+    cfg = settings.engines
+    found: dict[tuple[str, str], dict[str, Any]] = {
+        ("vad", cfg.vad.name): dict(cfg.vad.options),
+        ("asr", cfg.asr.name): dict(cfg.asr.options),
+        ("responder", cfg.responder.name): dict(cfg.responder.options),
+    }
+    for spec in cfg.tts:
+        found[("tts", spec.name)] = dict(spec.options)
+    return found
+
+
+def _describe_entry_point(kind: str, name: str, ep: Any) -> dict[str, Any]:
+    """Package, version and licence from metadata, and whether the class imports.
+
+    No model is loaded: `uses` comes from reading the engine module's imports."""
+    dist: Distribution | None = getattr(ep, "dist", None)
+    row: dict[str, Any] = {
+        "kind": kind,
+        "name": name,
+        "entry_point": ep.value,
+        "package": dist.name if dist is not None else "unknown",
+        "version": dist.version if dist is not None else "unknown",
+        "license": dist_license(dist) if dist is not None else "unknown",
+        "uses": module_distributions(ep.module, exclude=dist.name if dist else None),
+    }
+    try:
+        ep.load()
+    except Exception as exc:
+        row["imports"] = False
+        hint = f"; {import_hint(exc)}" if isinstance(exc, ImportError) else ""
+        row["import_error"] = " ".join(f"{type(exc).__name__}: {exc}{hint}".split())
+    else:
+        row["imports"] = True
+    return row
+
+
+def _load_one(kind: str, name: str, options: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Construct one engine as the runtime would, report what it says, then close it."""
+    from voxserve.engines.base import close_engine
+    from voxserve.engines.registry import engine_class
+
+    options = dict(options)
+    if kind != "responder":
+        options.setdefault("threads", settings.engines.default_threads)
+    started = time.perf_counter()
+    try:
+        engine = engine_class(kind, name)(**options)
+    except Exception as exc:
+        return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
+    seconds = time.perf_counter() - started
+    try:
+        info = engine.info
+        loaded: dict[str, Any] = {
+            "seconds": round(seconds, 3),
+            "package": info.package,
+            "version": info.version,
+            "license": info.license,
+            "model": info.model,
+        }
+        if kind == "tts":
+            loaded["sample_rate"] = engine.sample_rate
+            loaded["voices"] = [
+                {
+                    "id": v.id,
+                    "language": v.language,
+                    "sample_rate": v.sample_rate,
+                    "description": v.description,
+                }
+                for v in engine.voices()
+            ]
+        if kind == "asr":
+            loaded["languages"] = list(engine.languages)
+        return loaded
+    finally:
+        close_engine(engine)
+
+
+def _engines_text(report: Report, notes: list[str]) -> str:
+    lines: list[str] = []
+    for kind, rows in report.items():
+        lines.append(f"{kind}:")
+        if not rows:
+            lines.append("  (none registered)")
+        for row in rows:
+            mark = "  [selected]" if row["selected"] else ""
+            lines.append(
+                f"  {row['name']:<8} {row['package']} {row['version']} ({row['license']})"
+                f"  {row['entry_point']}{mark}"
+            )
+            if row["uses"]:
+                uses = ", ".join(
+                    f"{d['package']} {d['version']} ({d['license']})" for d in row["uses"]
+                )
+                lines.append(f"           uses: {uses}")
+            if row["imports"]:
+                lines.append("           imports: ok")
+            else:
+                lines.append(f"           imports: NO - {row['import_error']}")
+            loaded = row.get("loaded")
+            if loaded is None:
+                continue
+            if "error" in loaded:
+                lines.append(f"           load: FAILED - {loaded['error']}")
+                continue
+            model = f", model {loaded['model']}" if loaded["model"] else ""
+            lines.append(
+                f"           loaded in {loaded['seconds']:.2f} s: {loaded['package']} "
+                f"{loaded['version']} ({loaded['license']}){model}"
+            )
+            if loaded.get("voices"):
+                voices = ", ".join(f"{v['id']} ({v['language']})" for v in loaded["voices"])
+                lines.append(f"           voices: {voices}")
+            if loaded.get("languages"):
+                lines.append(f"           languages: {', '.join(loaded['languages'])}")
+    for note in notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

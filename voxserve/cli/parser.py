@@ -1,0 +1,121 @@
+"""The argparse tree: every command, flag and help text of `voxserve`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeAlias
+
+from voxserve import __version__
+from voxserve.cli.engines_report import cmd_engines
+from voxserve.cli.errors import PROG
+from voxserve.cli.serve import cmd_serve
+from voxserve.cli.speech import cmd_say, cmd_transcribe
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentParser:
+    """The whole command line; `add_bench` adds the bench command (see `voxserve.cli.bench`)."""
+    # Options every command takes; SUPPRESS keeps a subcommand from resetting a value
+    # given before the command name (`voxserve --verbose say ...`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks and info logs",
+    )
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="TOML or JSON config file (VOXSERVE_* env vars and flags override it)",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Serve speech models (VAD, ASR, responder, TTS) to live audio streams.",
+        epilog="Run 'voxserve COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+    parser.add_argument("--config", metavar="FILE", help="TOML or JSON config file")
+    commands = parser.add_subparsers(title="commands", dest="command", required=True)
+
+    def command(
+        name: str, handler: Handler, help_text: str, description: str
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=description)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    serve = command(
+        "serve",
+        cmd_serve,
+        "run the server (WebSocket /v1/stream and OpenAI-compatible HTTP)",
+        "Run the server. Models load in the background; /healthz answers at "
+        "once and /readyz turns 200 when every engine is loaded.",
+    )
+    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="log level (default info)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["json", "text"],
+        default="json",
+        help="JSON lines (default) or human-readable text on stderr",
+    )
+
+    say = command(
+        "say",
+        cmd_say,
+        "synthesise text to a WAV file",
+        "Synthesise TEXT with the configured TTS engines and write a WAV file.",
+    )
+    say.add_argument("text", metavar="TEXT", help="text to speak ('-' reads standard input)")
+    say.add_argument("-o", "--output", required=True, metavar="FILE", help="WAV file to write")
+    say.add_argument("--voice", help="voice id (default: the configured default voice)")
+    say.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25-4 (default 1)")
+    say.add_argument(
+        "--sample-rate",
+        type=int,
+        metavar="HZ",
+        help="output sample rate (default tts.output_sample_rate, 16000)",
+    )
+
+    transcribe = command(
+        "transcribe",
+        cmd_transcribe,
+        "transcribe a WAV file",
+        "Transcribe a 16-bit PCM WAV file with the configured ASR engine.",
+    )
+    transcribe.add_argument("file", metavar="FILE", help="WAV file (16-bit PCM, any rate)")
+    transcribe.add_argument("--language", help="language code (default: the engine decides)")
+    transcribe.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="plain text (default) or JSON with segments",
+    )
+
+    engines = command(
+        "engines",
+        cmd_engines,
+        "list the registered engines, their packages, versions and licences",
+        "List every registered engine per kind with its package, version and "
+        "licence, and which ones the config selects. Without --load no model is loaded.",
+    )
+    engines.add_argument(
+        "--load", action="store_true", help="load each engine; report load time, model, voices"
+    )
+    engines.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    add_bench(commands)
+    return parser

@@ -1,0 +1,115 @@
+"""What every /v1 audio route shares: the trace id header and the OpenAI error body for any
+failure (`guarded`), request bodies read under a byte cap (JSON or multipart form), and the
+check that a named value (a model) is one the route accepts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Message, Receive
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.server.errors import error_response
+
+log = logging.getLogger("voxserve.server.http_audio")
+"""One logger for all the /v1 audio routes (the name they had as one module)."""
+
+MAX_FORM_FIELDS = 32
+TRACE_HEADER = "X-Voxserve-Trace-Id"
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(handler: Handler) -> Endpoint:
+    """Turn every VoxError into the OpenAI error body, and anything else into a logged 500
+    whose trace id the client can quote (the log line carries no request content)."""
+
+    async def endpoint(request: Request) -> Response:
+        trace_id = uuid.uuid4().hex[:16]
+        try:
+            response = await handler(request, trace_id)
+        except VoxError as exc:
+            response = error_response(exc)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is listening any more
+        except Exception as exc:
+            log.error(
+                "http audio request failed",
+                extra={"trace_id": trace_id, "path": request.url.path, "error": type(exc).__name__},
+            )
+            response = error_response(
+                VoxError(ErrorCode.INTERNAL, f"internal error; trace id {trace_id}")
+            )
+        response.headers[TRACE_HEADER] = trace_id
+        return response
+
+    return endpoint
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """Count request body bytes as they arrive and stop at `limit`, so an oversized body is
+    refused after reading at most `limit` bytes instead of being buffered whole."""
+    received = 0
+
+    async def capped_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _too_large(limit)
+        return message
+
+    return capped_receive
+
+
+def _too_large(limit: int) -> VoxError:
+    return VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"request body is larger than {limit} bytes")
+
+
+def _check_declared_length(request: Request, limit: int) -> None:
+    """Refuse at once when Content-Length already says the body is too big."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, read under the byte cap."""
+    _check_declared_length(request, limit)
+    raw = await Request(request.scope, _capped(request.receive, limit)).body()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise VoxError(ErrorCode.INVALID_JSON, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise VoxError(ErrorCode.INVALID_JSON, "request body must be a JSON object")
+    return body
+
+
+async def read_form(request: Request, limit: int) -> FormData:
+    """The body as a multipart form (one file at most), read under the byte cap."""
+    _check_declared_length(request, limit)
+    capped = Request(request.scope, _capped(request.receive, limit))
+    try:
+        return await capped.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+    except HTTPException as exc:  # malformed multipart, too many parts
+        raise VoxError(ErrorCode.INVALID_PARAMETER, f"bad multipart form: {exc.detail}") from None
+
+
+def one_of(value: str | None, valid: Iterable[str], name: str) -> str | None:
+    """`value` unchanged if it is absent or valid; else an error that lists the valid ones."""
+    names = list(dict.fromkeys(valid))
+    if value is None or value in names:
+        return value
+    listed = ", ".join(names)
+    raise VoxError(ErrorCode.INVALID_PARAMETER, f"unknown {name} {value!r}; valid: {listed}")

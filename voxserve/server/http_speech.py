@@ -1,0 +1,183 @@
+"""POST /v1/audio/speech: OpenAI's speech request, validated in full, then audio streamed
+as it is synthesised (WAV or raw 16-bit PCM)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from voxserve.audio.pcm import Int16Array
+from voxserve.audio.resample import check_rate
+from voxserve.audio.wav import wav_header
+from voxserve.config import Settings
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
+from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
+from voxserve.server.http_requests import log, one_of, read_json
+from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
+
+SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
+OPENAI_PCM_RATE = 24_000
+"""OpenAI's `pcm` is 24 kHz 16-bit mono; clients decode it assuming that rate."""
+RATE_HEADER = "X-Voxserve-Sample-Rate"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechPlan:
+    """A fully validated speech request."""
+
+    text: str
+    voice: Voice
+    speed: float
+    sample_rate: int
+    response_format: str
+
+
+async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
+    engines = runtime.engines
+    body = await read_json(request, runtime.settings.limits.max_message_bytes)
+    plan = _speech_plan(body, engines, runtime.settings)
+    chunks = synthesize(
+        runtime, plan.text, voice=plan.voice.id, speed=plan.speed, sample_rate=plan.sample_rate
+    )
+    # Waiting for the first chunk before answering keeps a failing engine a JSON error,
+    # and the first byte the client sees is real audio (time-to-first-audio = the engine's).
+    first = await _first_chunk(chunks)
+    prefix = wav_header(plan.sample_rate) if plan.response_format == "wav" else b""
+    return _AudioStream(
+        _audio_bytes(chunks, first, prefix, trace_id),
+        media_type=SPEECH_MEDIA_TYPES[plan.response_format],
+        headers={
+            RATE_HEADER: str(plan.sample_rate),
+            "X-Voxserve-Voice": plan.voice.id,
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> SpeechPlan:
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
+    text = check_text(text, settings.limits.max_text_chars)
+    model = _str_field(body.get("model"), "model")
+    voice = _speech_voice(engines, model, _str_field(body.get("voice"), "voice"))
+    response_format = _speech_format(body)
+    speed = check_speed(_number(body.get("speed", 1.0), "speed"))
+    default_rate = OPENAI_PCM_RATE if response_format == "pcm" else settings.tts.output_sample_rate
+    rate = body.get("sample_rate")
+    if rate is None:
+        rate = default_rate
+    elif not isinstance(rate, int) or isinstance(rate, bool):
+        raise VoxError(ErrorCode.INVALID_PARAMETER, "sample_rate must be an integer (Hz)")
+    return SpeechPlan(text, voice, speed, check_rate(rate, SUPPORTED_OUTPUT_RATES), response_format)
+
+
+def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> Voice:
+    """OpenAI model names (or none) mean the default engines; an engine name ("piper",
+    "espeak") restricts the voice to that engine and picks its first voice by default."""
+    by_name = {engine.info.name: engine for engine in engines.tts}
+    one_of(model, (*OPENAI_TTS_MODELS, *by_name), "model")
+    engine = by_name.get(model or "")
+    if engine is None:
+        return engines.voice(voice_id)[0]
+    own = engine.voices()
+    if voice_id is None and own:
+        return own[0]
+    if voice_id is not None:
+        voice, owner = engines.voice(voice_id)
+        if owner is engine:
+            return voice
+    valid = ", ".join(v.id for v in own) or "none"
+    raise VoxError(
+        ErrorCode.UNKNOWN_VOICE, f"voice {voice_id!r} is not a {model} voice; valid voices: {valid}"
+    )
+
+
+def _speech_format(body: dict[str, Any]) -> str:
+    fmt = _str_field(body.get("response_format"), "response_format") or "wav"
+    if fmt not in SPEECH_MEDIA_TYPES:
+        supported = ", ".join(SPEECH_MEDIA_TYPES)
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_ENCODING,
+            f"response_format {fmt!r} is not supported; use one of {supported}",
+        )
+    stream_format = _str_field(body.get("stream_format"), "stream_format")
+    if stream_format not in (None, "audio"):
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            f"stream_format {stream_format!r} is not supported; audio is always streamed raw",
+        )
+    return fmt
+
+
+def _str_field(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a string")
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a number")
+    return float(value)
+
+
+async def _first_chunk(chunks: AsyncIterator[Int16Array]) -> Int16Array | None:
+    """The first chunk, closing the generator (and so the synthesis) if it fails."""
+    try:
+        return await anext(chunks, None)
+    except BaseException:
+        await _aclose(chunks)
+        raise
+
+
+async def _audio_bytes(
+    chunks: AsyncIterator[Int16Array], first: Int16Array | None, prefix: bytes, trace_id: str
+) -> AsyncIterator[bytes]:
+    """Little-endian PCM16 as it is made. An engine failure mid-stream can only end the
+    stream (the status line is gone), so it is logged with the trace id and the stream ends."""
+    try:
+        yield prefix + (_le_bytes(first) if first is not None else b"")
+        if first is None:
+            return
+        async for chunk in chunks:
+            yield _le_bytes(chunk)
+    except Exception as exc:
+        code = exc.code.value if isinstance(exc, VoxError) else type(exc).__name__
+        log.warning("speech stream ended early", extra={"trace_id": trace_id, "error": code})
+    finally:
+        await _aclose(chunks)
+
+
+def _le_bytes(samples: Int16Array) -> bytes:
+    return samples.astype("<i2", copy=False).tobytes()
+
+
+async def _aclose(iterator: object) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
+class _AudioStream(StreamingResponse):
+    """A streaming response that always closes its body generator when it ends: on a client
+    disconnect, Starlette may abandon the iterator suspended at a `yield`, and closing it
+    is what stops the synthesis between chunks rather than whenever it is garbage collected."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], *, media_type: str, headers: dict[str, str]
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._source = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _aclose(self._source)

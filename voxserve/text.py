@@ -1,0 +1,179 @@
+"""Where text may be cut for speech: the one definition of sentence and clause ends, used by
+every splitter that feeds TTS (the session's sentence buffer, the piper and espeak engines,
+the rules and LLM responders).
+
+TTS starts on the first complete piece, not the last, so text is cut as early as it can be
+without clipping words: a sentence ends at . ! ? … (then any closing quotes or brackets)
+followed by white space, never after a title or abbreviation ("Dr. Smith"); CJK full stops
+need no space after them. Requiring the space keeps "3.5" whole while it streams in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+_CLOSERS = "\"'”’)\\]"
+_ABBREVIATION = re.compile(r"\b(?:mr|mrs|ms|dr|prof|st|sr|jr|vs|etc|e\.g|i\.e)$", re.IGNORECASE)
+_FULL_STOP_AND_SPACE = re.compile(r"\.\s+")  # the only ending an abbreviation can take
+_LONGEST_ABBREVIATION = 5  # characters looked back over: "prof" and the one before it
+
+
+def _end_pattern(stops: str, cjk_stops: str, *others: str) -> re.Pattern[str]:
+    """Stops then closers then white space, or CJK stops (no space needed), or `others`."""
+    return re.compile(
+        "|".join((rf"[{stops}]+[{_CLOSERS}]*\s+", rf"[{cjk_stops}]+[{_CLOSERS}]*\s*", *others))
+    )
+
+
+_SENTENCE_END = _end_pattern(".!?…", "。！？")
+# A semicolon joins two independent clauses; streamed text is cut there too, so TTS can
+# start on the first before the full stop arrives.
+_STREAMED_SENTENCE_END = _end_pattern(".!?…;", "。！？；")
+# LLM replies put list items and headings on lines of their own.
+_SENTENCE_OR_LINE_END = _end_pattern(".!?…", "。！？", r"\n+")
+# A clause ends at , ; : followed by white space, or at a dash used as punctuation: an em or
+# en dash (spaced or not; not yet at the end of streamed text) or a hyphen between spaces.
+_CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s*[—–](?:\s+|(?=\S))|\s+-\s+")
+# "1. " or "a) " on its own: the start of a list item, not a sentence.
+_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}|[A-Za-z])[.)]\s*")
+
+
+def _ends(pattern: re.Pattern[str], text: str, start: int = 0) -> Iterator[int]:
+    """Offsets just past each end `pattern` finds from `start` (past the white space after
+    it), skipping a full stop that closes an abbreviation."""
+    for match in pattern.finditer(text, start):
+        if _FULL_STOP_AND_SPACE.fullmatch(match.group()) and _ABBREVIATION.search(
+            text, max(0, match.start() - _LONGEST_ABBREVIATION), match.start()
+        ):
+            continue
+        yield match.end()
+
+
+def split_sentences(text: str) -> tuple[list[str], str]:
+    """Complete sentences found in streamed `text` (stripped), and the unfinished rest."""
+    pieces: list[str] = []
+    start = 0
+    for end in _ends(_STREAMED_SENTENCE_END, text):
+        piece = text[start:end].strip()
+        if piece:
+            pieces.append(piece)
+        start = end
+    return pieces, text[start:]
+
+
+def sentence_pieces(text: str) -> list[str]:
+    """Every sentence of a whole text as written, the white space after it included, so the
+    pieces join back to `text` (unless it is only white space: no pieces)."""
+    pieces: list[str] = []
+    start = 0
+    for end in _ends(_SENTENCE_END, text):
+        pieces.append(text[start:end])
+        start = end
+    if text[start:].strip():  # an end takes the white space after it: the rest has words
+        pieces.append(text[start:])
+    return pieces
+
+
+def sentences(text: str) -> list[str]:
+    """Every sentence of a whole text, stripped; the last may lack its full stop."""
+    return [piece.strip() for piece in sentence_pieces(text) if piece.strip()]
+
+
+def split_clauses(sentence: str, min_chars: int) -> list[str]:
+    """Clauses of one sentence; pieces shorter than `min_chars` join a neighbour.
+
+    Very short pieces ("Well," or "Yes, ...") sound clipped on their own, and each piece costs
+    a model call, so only reasonably sized clauses are synthesised separately.
+    """
+    pieces: list[str] = []
+    pos = 0
+    for match in _CLAUSE_END.finditer(sentence):
+        piece = sentence[pos : match.start()]
+        if "—" in match.group() or "–" in match.group() or "-" in match.group():
+            piece += ","  # a dash is a pause: let the voice hear it as one
+        pieces.append(piece.strip())
+        pos = match.end()
+    pieces.append(sentence[pos:].strip())
+    pieces = [p for p in pieces if p and p != ","]
+
+    merged: list[str] = []
+    for piece in pieces:
+        if merged and len(merged[-1]) < min_chars:
+            merged[-1] = f"{merged[-1]} {piece}"
+        else:
+            merged.append(piece)
+    if len(merged) > 1 and len(merged[-1]) < min_chars:
+        last = merged.pop()
+        merged[-1] = f"{merged[-1]} {last}"
+    return merged
+
+
+class SentenceBuffer:
+    """Accumulates text pieces as they stream in and releases whole sentences."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def push(self, text: str) -> list[str]:
+        complete, self._pending = split_sentences(self._pending + text)
+        return complete
+
+    def flush(self) -> str | None:
+        rest, self._pending = self._pending.strip(), ""
+        return rest or None
+
+    def clear(self) -> None:
+        self._pending = ""
+
+
+class ClauseBuffer:
+    """Regroups streamed text into sentence/clause chunks.
+
+    Chunks are exact consecutive substrings of the input (trailing whitespace included), so
+    joining them gives back the text. A sentence or line end always cuts; a clause end cuts
+    once the chunk has `min_clause_chars`; with no boundary, a chunk is cut at a space once
+    it reaches `max_chunk_chars`, so a run-on reply cannot stall TTS.
+    """
+
+    def __init__(self, *, min_clause_chars: int = 24, max_chunk_chars: int = 200) -> None:
+        self.min_clause_chars = min_clause_chars
+        self.max_chunk_chars = max(1, max_chunk_chars)
+        self._buf = ""
+
+    def feed(self, piece: str) -> list[str]:
+        """Add streamed text; return the chunks it completed (often none)."""
+        self._buf += piece
+        chunks: list[str] = []
+        while (cut := self._find_cut()) is not None:
+            chunks.append(self._buf[:cut])
+            self._buf = self._buf[cut:]
+        return chunks
+
+    def flush(self) -> str:
+        """Whatever is left at the end of the stream ("" if only whitespace)."""
+        rest, self._buf = self._buf, ""
+        return rest if rest.strip() else ""
+
+    def _find_cut(self) -> int | None:
+        buf = self._buf
+        start = len(buf) - len(buf.lstrip())
+        best: int | None = None
+        for end in _ends(_SENTENCE_OR_LINE_END, buf, start):
+            if not _LIST_MARKER.fullmatch(buf[:end]):  # "1. " is not a sentence
+                best = end
+                break
+        for match in _CLAUSE_END.finditer(buf, start):
+            if best is not None and match.end() >= best:
+                break
+            if match.end() - start >= self.min_clause_chars:
+                best = match.end()
+                break
+        if best is None and len(buf) - start >= self.max_chunk_chars:
+            limit = start + self.max_chunk_chars
+            space = buf.rfind(" ", start, limit)
+            best = space + 1 if space > start else limit
+        return best
