@@ -1,16 +1,17 @@
 """What a session sends back, in order, through one bounded queue drained by the transport.
 
 Bounded (settings.pipeline.outbox_messages) so a client that stops reading makes the
-pipeline wait instead of growing server memory.
+pipeline wait instead of growing server memory. Events stay dicts here; each transport
+encodes them for its wire (JSON on the WebSocket, messages on gRPC, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-Outgoing = str | bytes
+Event = dict[str, Any]
+Outgoing = Event | bytes
 
 
 class Outbox:
@@ -21,12 +22,12 @@ class Outbox:
 
     async def event(self, event: dict[str, Any]) -> None:
         self.sent_events += 1
-        await self._queue.put(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+        await self._queue.put(event)
 
     def event_nowait(self, event: dict[str, Any]) -> bool:
         """For paths that must not wait (cancellation): False if the client is not reading."""
         try:
-            self._queue.put_nowait(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+            self._queue.put_nowait(event)
         except asyncio.QueueFull:
             return False
         self.sent_events += 1

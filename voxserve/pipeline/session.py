@@ -25,8 +25,8 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
+from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
-from voxserve.server.ws_protocol import StreamConfig, TextMessage
 from voxserve.text import SentenceBuffer
 from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -145,7 +145,7 @@ class Session:
             ends.popleft()
             self.processed += 1
 
-    async def feed_text(self, message: TextMessage) -> None:
+    async def feed_text(self, text: str, *, flush: bool = False) -> None:
         if self.config.mode != "tts":
             raise VoxError(
                 ErrorCode.WRONG_MODE, f"{self.config.mode} sessions take audio, not text"
@@ -153,11 +153,11 @@ class Session:
         if self.input_closed:
             raise VoxError(ErrorCode.INVALID_MESSAGE, "text after the end of input")
         limit = self.runtime.settings.limits.max_text_chars
-        if len(message.text) + len(self._texts) > limit:
+        if len(text) + len(self._texts) > limit:
             raise VoxError(ErrorCode.TEXT_TOO_LONG, f"pending text would exceed {limit} characters")
-        for sentence in self._texts.push(message.text):
+        for sentence in self._texts.push(text):
             await self._text_queue.put(sentence)
-        if message.flush:
+        if flush:
             await self._flush_text()
 
     async def _flush_text(self) -> None:

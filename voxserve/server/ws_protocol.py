@@ -10,34 +10,16 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.stream_config import MODES, StreamConfig
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
-Mode = Literal["asr", "tts", "assistant"]
-MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
 ENCODINGS = ("pcm_s16le",)
 ENCODING_ALIASES = {"pcm_s16le": "pcm_s16le", "pcm16": "pcm_s16le", "s16le": "pcm_s16le"}
 _TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _CHUNK_MS_RANGE = (160, 4000)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamConfig:
-    """What `session.start` asked for, validated (voice/language are checked against the
-    loaded engines by the session)."""
-
-    mode: Mode
-    sample_rate: int = 16_000
-    encoding: str = "pcm_s16le"
-    language: str | None = None
-    voice: str | None = None
-    output_sample_rate: int | None = None
-    speed: float = 1.0
-    partials: bool | None = None
-    chunk_ms: int | None = None  # how often a partial transcript is re-decoded
-    trace_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,7 +168,7 @@ class StreamConnection:
             if isinstance(item, bytes):
                 await self.ws.send_bytes(item)
             else:
-                await self.ws.send_text(item)
+                await self.ws.send_text(encode_event(item))
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await self.ws.close(CLOSE_NORMAL)
 
@@ -198,7 +198,7 @@ class StreamConnection:
                     message.get("text") or "", self.limits.max_message_bytes
                 )
                 if isinstance(parsed, TextMessage):
-                    await session.feed_text(parsed)
+                    await session.feed_text(parsed.text, flush=parsed.flush)
                 elif isinstance(parsed, EndMessage):
                     await session.end_input()
                 elif isinstance(parsed, CancelMessage):
