@@ -1,0 +1,74 @@
+"""A short real run: a server with the load engines in this process, `bench stream` with
+4 streams for 3 s from one load process, then the files it wrote."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from voxserve.bench.__main__ import main
+from voxserve.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def load_server() -> Iterator[LiveServer]:
+    settings = load_settings(
+        ROOT / "bench" / "load-engines.toml", port=free_port(), log_level="warning"
+    )
+    live = start_server(settings)
+    yield live
+    stop_server(live)
+
+
+def test_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code = main(
+        [
+            "stream",
+            "--url",
+            f"ws://127.0.0.1:{load_server.settings.port}",
+            "--streams",
+            "4",
+            "--duration",
+            "3",
+            "--mode",
+            "asr",
+            "--audio-dir",
+            str(ROOT / "tests" / "fixtures"),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for p in ("p50", "p90", "p99"):
+        assert summary[p]["mark_lag_ms"] > 0
+        assert summary[p]["final_ms"] > 0
+    (step,) = summary["steps"]
+    assert step["streams"] == 4 and step["valid"], step["invalid_reasons"]
+    assert step["errors"] == {} and step["error_rate"] == 0
+    assert step["counts"]["marks"] > 10 and step["counts"]["finals"] >= 1
+    assert step["counts"]["server_processed"] == step["counts"]["frames_sent"]
+    assert step["server"]["pid"] > 0 and step["server"]["cpu_percent"] is not None
+    assert step["loadgen"]["send_lateness_ms"]["p99"] is not None
+    assert (out / "latency_cdf.png").stat().st_size > 1000
+    assert len((out / "steps.jsonl").read_text().splitlines()) == 1
+    assert "| 4 streams | 4 | yes |" in (out / "summary.md").read_text()
+
+
+def test_http_speech_smoke(load_server: LiveServer, tmp_path: Path) -> None:
+    out = tmp_path / "tts"
+    url = f"ws://127.0.0.1:{load_server.settings.port}"
+    argv = ["tts", "--url", url, "--rate", "10", "--duration", "1.5", "--out", str(out)]
+    assert main([*argv, "--procs", "0", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (step,) = summary["steps"]
+    assert step["counts"]["requests_ok"] == step["counts"]["requests"] > 5
+    assert summary["p99"]["first_audio_ms"] > 0 and step["error_rate"] == 0

@@ -1,0 +1,244 @@
+"""argparse for `voxserve bench`: `add_bench_parser(subparsers)` adds the command with its
+sub-commands to the main CLI, `run_bench(args)` runs one. Heavy imports wait for the run."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from voxserve.bench.report import eprint
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers")
+    return values
+
+
+def _env_item(text: str) -> str:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("target and output")
+    g.add_argument(
+        "--url",
+        default="ws://127.0.0.1:8000",
+        help="server to load (default %(default)s); only this host is contacted",
+    )
+    g.add_argument(
+        "--out",
+        default="bench-results",
+        metavar="DIR",
+        help="summary.json, steps.jsonl, summary.md and PNG charts go here",
+    )
+    g.add_argument(
+        "--spawn",
+        action="store_true",
+        help="start a voxserve server of our own on a free loopback port (ignores --url)",
+    )
+    g.add_argument(
+        "--server-config",
+        metavar="FILE",
+        help="config file for --spawn (e.g. bench/load-engines.toml) and for standalone figures",
+    )
+    g.add_argument(
+        "--server-env",
+        action="append",
+        type=_env_item,
+        default=[],
+        metavar="KEY=VALUE",
+        help="env var for the spawned server (repeatable), e.g. "
+        'VOXSERVE_ENGINES__VAD=\'{"name":"silero"}\'',
+    )
+    g.add_argument(
+        "--server-pid", type=int, help="server process to sample (default: found by the URL's port)"
+    )
+    g.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="load processes (default 1; 0 = run the load in this process)",
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--drain",
+        type=float,
+        default=15.0,
+        help="seconds to wait for the last results after the load stops",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument("--voice", help="TTS voice (default: the server's)")
+    return p
+
+
+def _streams() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("streams")
+    g.add_argument(
+        "--streams", type=int, default=10, help="concurrent streams (default %(default)s)"
+    )
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        help="seconds every stream is connected, after the ramp (default %(default)s)",
+    )
+    g.add_argument("--mode", choices=["asr", "assistant", "tts"], default="asr")
+    g.add_argument(
+        "--ramp",
+        type=float,
+        help="spread stream starts over this many seconds (default min(5, duration/4))",
+    )
+    g.add_argument(
+        "--source",
+        choices=["fixtures", "tts", "silence"],
+        default="fixtures",
+        help="audio: WAVs with known text, the server's own TTS (closed loop), or quiet noise",
+    )
+    g.add_argument(
+        "--audio-dir", default="tests/fixtures", help="WAVs + fixtures.json for --source fixtures"
+    )
+    g.add_argument(
+        "--gap", type=float, help="silence after each recording, s (default 1; 3 in assistant mode)"
+    )
+    g.add_argument("--mark-every", type=float, default=0.5, help="seconds between marks per stream")
+    g.add_argument(
+        "--hangover-ms",
+        type=int,
+        default=500,
+        help="the server's vad.hangover_ms, subtracted for final_minus_hangover",
+    )
+    g.add_argument(
+        "--chunk-ms", type=int, help="session.start chunk_ms (partial re-decode interval)"
+    )
+    g.add_argument(
+        "--partials",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="session.start partials",
+    )
+    g.add_argument(
+        "--deflate",
+        action="store_true",
+        help="offer permessage-deflate (off: audio does not compress)",
+    )
+    g.add_argument("--cooldown", type=float, default=2.0, help="pause between steps, s")
+    return p
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `bench` and its sub-commands to a subparsers object (the main CLI's)."""
+    common, streams = _common(), _streams()
+    bench = subparsers.add_parser(
+        "bench",
+        help="load-test a server: latency, capacity, overhead",
+        description="Paced load against a voxserve server; JSON, Markdown, PNG in --out.",
+    )
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
+    bench.set_defaults(handler=run_bench)  # the main CLI calls args.handler(args)
+
+    def add(
+        name: str,
+        run: str,
+        help_text: str,
+        *parents: argparse.ArgumentParser,
+    ) -> argparse.ArgumentParser:
+        parser = sub.add_parser(
+            name, parents=[common, *parents], help=help_text, description=help_text
+        )
+        parser.set_defaults(bench_run=run)
+        return parser
+
+    add("stream", "cmd_stream", "N concurrent paced streams for T seconds", streams)
+    ramp = add(
+        "ramp",
+        "cmd_ramp",
+        "steps of concurrency until the P99 budget or 1 percent errors break; reports the knee",
+        streams,
+    )
+    ramp.add_argument(
+        "--steps",
+        type=_ints,
+        default=[50, 100, 200, 500, 1000, 2000],
+        help="stream counts, comma-separated",
+    )
+    ramp.add_argument(
+        "--budget-ms", type=float, default=20.0, help="P99 budget (default %(default)s)"
+    )
+    ramp.add_argument(
+        "--budget-metric",
+        default="mark_lag",
+        help="latency the budget applies to (default %(default)s)",
+    )
+    ramp.add_argument(
+        "--standalone",
+        action="store_true",
+        help="also measure the --server-config engines directly in this process",
+    )
+    tts = add("tts", "cmd_tts", "HTTP speech requests at a target rate with a hot-sentence mix")
+    tts.add_argument(
+        "--rate", type=float, default=5.0, help="requests per second (default %(default)s)"
+    )
+    tts.add_argument("--duration", type=float, default=20.0)
+    tts.add_argument(
+        "--hot-fraction", type=float, default=0.5, help="share of requests for the hot sentences"
+    )
+    tts.add_argument("--hot-sentences", type=int, default=3, help="how many hot sentences")
+    tts.add_argument(
+        "--uniform", action="store_true", help="evenly spaced requests (default: Poisson arrivals)"
+    )
+    tts.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        help="requests open at once before new ones are refused (counted)",
+    )
+    sweep = add(
+        "sweep-chunk",
+        "cmd_sweep",
+        "ASR latency and WER per chunk_ms, and with partials off",
+        streams,
+    )
+    sweep.add_argument("--chunks", type=_ints, default=[160, 320, 480, 640], help="chunk_ms values")
+    sweep.add_argument("--skip-off", action="store_true", help="leave out the partials-off row")
+    base = add(
+        "baseline",
+        "cmd_baseline",
+        "voxserve vs a bare websockets echo server under the same load",
+        streams,
+    )
+    base.add_argument(
+        "--rounds", type=int, default=2, help="alternations voxserve/echo (default %(default)s)"
+    )
+    eng = add(
+        "engines",
+        "cmd_engines",
+        "the --server-config engines called directly: cost per audio second",
+        streams,
+    )
+    eng.set_defaults(spawn=False)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the chosen sub-command; a problem the user can fix is one line and exit 2."""
+    import httpx
+
+    try:
+        from voxserve.bench import commands  # matplotlib and friends: only when running
+
+        run: Callable[[argparse.Namespace], int] = getattr(commands, args.bench_run)
+        code = run(args)
+        return code
+    except (OSError, ValueError, TimeoutError, RuntimeError, httpx.HTTPError) as exc:
+        eprint(f"voxserve bench: error: {exc}")
+        return 2

@@ -1,0 +1,317 @@
+"""One runner per sub-command. Each returns an exit code and writes DIR/summary.json,
+DIR/steps.jsonl, DIR/summary.md and its charts; every run is bounded by its flags."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from voxserve.bench import charts, http_tts, loadgen
+from voxserve.bench.program import Program
+from voxserve.bench.report import Report, eprint
+from voxserve.bench.schedule import split_evenly
+from voxserve.bench.servers import spawn_echo
+from voxserve.bench.step import Plan, Step, run_step
+from voxserve.bench.target import SENTENCES, Target, audio_program, target
+from voxserve.bench.verdict import budget_problems, knee
+
+
+def ramp_seconds(args: argparse.Namespace) -> float:
+    return float(args.ramp) if args.ramp is not None else min(5.0, args.duration / 4)
+
+
+def session_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if args.voice:
+        fields["voice"] = args.voice
+    if args.chunk_ms is not None:
+        fields["chunk_ms"] = args.chunk_ms
+    if args.partials is not None:
+        fields["partials"] = args.partials
+    return fields
+
+
+def stream_step(
+    args: argparse.Namespace,
+    tgt: Target,
+    program: Program | None,
+    streams: int,
+    label: str,
+    *,
+    session: dict[str, Any] | None = None,
+    mode: str | None = None,
+) -> Step:
+    """N paced WebSocket streams against tgt for --duration seconds (+ ramp and drain)."""
+    mode = mode or args.mode
+    spec = loadgen.StepSpec(
+        url=tgt.url,
+        mode=mode,
+        streams=streams,
+        duration_s=args.duration,
+        ramp_s=ramp_seconds(args),
+        program=program if mode != "tts" else None,
+        texts=SENTENCES,
+        session={**session_fields(args), **(session or {})},
+        mark_every_s=args.mark_every,
+        hangover_s=args.hangover_ms / 1000,
+        drain_s=args.drain,
+        deflate=args.deflate,
+    )
+    parts = split_evenly(streams, max(1, min(args.procs, streams)))
+    specs = [dataclasses.replace(spec, first=first, count=count) for first, count in parts]
+    params = {"mode": mode, "procs": len(specs), **spec.session}
+    plan = Plan(label, streams, args.duration, spec.ramp_s, args.drain, params)
+    eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {tgt.url}")
+    return run_step(
+        plan,
+        loadgen.run,
+        specs,
+        server_pid=tgt.pid,
+        inline=args.procs == 0,
+        progress=not args.quiet,
+    )
+
+
+@contextlib.contextmanager
+def _report(args: argparse.Namespace, command: str) -> Iterator[Report]:
+    report = Report(Path(args.out), command, sys.argv)
+    yield report
+
+
+def _cdf(report: Report, steps: list[Step], name: str = "latency_cdf.png") -> None:
+    charts.latency_cdf(report.out / name, [(s.record["label"], s.raw.samples) for s in steps])
+
+
+def _done(report: Report, head: dict[str, Any] | None, extra: dict[str, Any], url: str) -> int:
+    path = report.write(head, extra, url)
+    eprint(f"bench: wrote {path} and {report.out / 'summary.md'}")
+    print((report.out / "summary.md").read_text())
+    return 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    with _report(args, "stream") as report, target(args, report.out) as tgt:
+        program = audio_program(args, tgt) if args.mode != "tts" else None
+        step = stream_step(args, tgt, program, args.streams, f"{args.streams} streams")
+        report.add(step.record)
+        _cdf(report, [step])
+        return _done(report, step.record, {}, tgt.url)
+
+
+def cmd_ramp(args: argparse.Namespace) -> int:
+    with _report(args, "ramp") as report, target(args, report.out) as tgt:
+        program = audio_program(args, tgt) if args.mode != "tts" else None
+        extra: dict[str, Any] = {"budget": {"metric": args.budget_metric, "p99_ms": args.budget_ms}}
+        if args.standalone:
+            extra["standalone"] = standalone_figures(args, program)
+        steps: list[Step] = []
+        for n in args.steps:
+            step = stream_step(args, tgt, program, n, f"{n} streams")
+            problems = budget_problems(step.record, args.budget_metric, args.budget_ms)
+            step.record |= {"within_budget": not problems, "budget_problems": problems}
+            report.add(step.record)
+            steps.append(step)
+            if problems or not step.record["valid"]:
+                break
+            time.sleep(args.cooldown)
+        records = [s.record for s in steps]
+        extra["knee"] = knee(records) | per_core(records)
+        charts.ramp(report.out / "ramp.png", records, args.budget_metric, args.budget_ms)
+        _cdf(report, steps)
+        good = [s.record for s in steps if s.record["streams"] == extra["knee"]["streams"]]
+        return _done(report, good[0] if good else records[-1], extra, tgt.url)
+
+
+def per_core(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Streams per server core at the knee: streams / (server CPU % / 100)."""
+    good = [r for r in records if r.get("within_budget") and r.get("valid")]
+    if not good or not (good[-1].get("server") or {}).get("cpu_percent"):
+        return {"streams_per_core": None}
+    last = good[-1]
+    cpu = last["server"]["cpu_percent"]
+    return {"server_cpu_percent": cpu, "streams_per_core": round(last["streams"] / (cpu / 100), 1)}
+
+
+def standalone_figures(args: argparse.Namespace, program: Program | None) -> dict[str, Any]:
+    """The server's engines (same config and env) measured in this process."""
+    import os
+
+    from voxserve.bench import standalone
+    from voxserve.config import load_settings
+
+    env = dict(item.split("=", 1) for item in args.server_env)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        settings = load_settings(args.server_config)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    eprint("bench: measuring the engines standalone in this process")
+    chunk = args.chunk_ms or settings.asr.partial_interval_ms
+    partials = settings.asr.partials if args.partials is None else args.partials
+    return standalone.measure(settings, program, SENTENCES, chunk, partials)
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    with _report(args, "engines") as report:
+        program = audio_program(args, Target(args.url, None)) if args.source != "tts" else None
+        extra = {"standalone": standalone_figures(args, program)}
+        return _done(report, None, extra, "")
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    """voxserve and a bare websockets echo server under the same load, alternated."""
+    with _report(args, "baseline") as report, target(args, report.out) as tgt:
+        program = audio_program(args, tgt)
+        with spawn_echo(report.out / "echo.log") as echo:
+            steps: dict[str, list[Step]] = {"voxserve": [], "echo": []}
+            for r in range(args.rounds):
+                for name, t in (("voxserve", tgt), ("echo", Target(echo.url, echo.pid))):
+                    step = stream_step(
+                        args, t, program, args.streams, f"{name} r{r + 1}", mode="asr"
+                    )
+                    report.add(step.record)
+                    steps[name].append(step)
+                    time.sleep(args.cooldown)
+        extra = {"overhead": overhead(steps)}
+        _cdf(report, steps["voxserve"] + steps["echo"])
+        return _done(report, steps["voxserve"][-1].record, extra, tgt.url)
+
+
+def overhead(steps: dict[str, list[Step]]) -> dict[str, Any]:
+    """Medians over rounds for each server, and voxserve / echo ratios."""
+
+    def med(name: str, get: Any) -> float | None:
+        values = [v for s in steps[name] if (v := get(s.record)) is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    figures = {
+        "server_cpu_percent": lambda r: (r.get("server") or {}).get("cpu_percent"),
+        "rss_mb_max": lambda r: (r.get("server") or {}).get("rss_mb_max"),
+        "ctx_switches_per_s": lambda r: _ctx(r),
+        "mark_lag_p50_ms": lambda r: (r["latency_ms"].get("mark_lag") or {}).get("p50"),
+        "mark_lag_p99_ms": lambda r: (r["latency_ms"].get("mark_lag") or {}).get("p99"),
+    }
+    out: dict[str, Any] = {}
+    for key, get in figures.items():
+        vox, echo = med("voxserve", get), med("echo", get)
+        out[key] = {
+            "voxserve": vox,
+            "echo": echo,
+            "ratio": round(vox / echo, 2) if vox and echo else None,
+        }
+    out["valid"] = all(s.record["valid"] for group in steps.values() for s in group)
+    return out
+
+
+def _ctx(record: dict[str, Any]) -> float | None:
+    server = record.get("server") or {}
+    if "ctx_voluntary_per_s" not in server:
+        return None
+    return float(server["ctx_voluntary_per_s"] + server["ctx_involuntary_per_s"])
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """ASR latency and WER per chunk size (partials on), and partials off."""
+    configs = [(c, True) for c in args.chunks] + (
+        [] if args.skip_off else [(max(args.chunks), False)]
+    )
+    with _report(args, "sweep-chunk") as report, target(args, report.out) as tgt:
+        program = audio_program(args, tgt)
+        steps, rows = [], []
+        for chunk, partials in configs:
+            label = f"chunk {chunk} ms" if partials else "partials off"
+            step = stream_step(
+                args,
+                tgt,
+                program,
+                args.streams,
+                label,
+                session={"chunk_ms": chunk, "partials": partials},
+                mode="asr",
+            )
+            report.add(step.record)
+            steps.append(step)
+            rows.append(sweep_row(step.record, chunk, partials))
+            time.sleep(args.cooldown)
+        charts.sweep(report.out / "sweep_chunk.png", rows)
+        _cdf(report, steps)
+        return _done(report, steps[-1].record, {"sweep": rows}, tgt.url)
+
+
+def sweep_row(record: dict[str, Any], chunk: int, partials: bool) -> dict[str, Any]:
+    lat = record["latency_ms"]
+    counts = record["counts"]
+    utterances = counts.get("utterances") or 0
+    return {
+        "chunk_ms": chunk,
+        "partials": partials,
+        "ttfp_p50_ms": (lat.get("ttfp") or {}).get("p50"),
+        "ttfp_p99_ms": (lat.get("ttfp") or {}).get("p99"),
+        "final_p50_ms": (lat.get("final") or {}).get("p50"),
+        "final_p99_ms": (lat.get("final") or {}).get("p99"),
+        "wer": record.get("wer"),
+        "partials_per_utterance": round(counts.get("partials", 0) / utterances, 2)
+        if utterances
+        else None,
+        "server_cpu_percent": (record.get("server") or {}).get("cpu_percent"),
+        "valid": record["valid"],
+    }
+
+
+def cmd_tts(args: argparse.Namespace) -> int:
+    """Open-loop HTTP speech requests at --rate for --duration seconds."""
+    with _report(args, "tts") as report, target(args, report.out) as tgt:
+        hot = SENTENCES[: args.hot_sentences]
+        procs = max(1, args.procs)
+        specs = [
+            http_tts.SpeechSpec(
+                base_url=tgt.http,
+                rate=args.rate / procs,
+                duration_s=args.duration,
+                hot_texts=hot,
+                cold_texts=SENTENCES,
+                hot_fraction=args.hot_fraction,
+                voice=args.voice,
+                poisson=not args.uniform,
+                seed=args.seed + i,
+                max_inflight=args.max_inflight,
+                drain_s=args.drain,
+            )
+            for i in range(procs)
+        ]
+        expected = max(1, round(args.rate * args.duration))
+        params = {
+            "mode": "http-speech",
+            "rate": args.rate,
+            "hot_fraction": args.hot_fraction,
+            "procs": procs,
+            "unit": "requests",
+        }
+        plan = Plan(f"{args.rate:g} req/s", expected, args.duration, 0.0, args.drain, params)
+        eprint(f"bench: {args.rate:g} speech requests/s for {args.duration:g} s against {tgt.http}")
+        step = run_step(
+            plan,
+            http_tts.run,
+            specs,
+            server_pid=tgt.pid,
+            inline=args.procs == 0,
+            progress=not args.quiet,
+        )
+        step.record["error_rate"] = round(
+            step.raw.failed_streams / max(1, step.raw.counts["requests"]), 4
+        )
+        report.add(step.record)
+        _cdf(report, [step])
+        return _done(report, step.record, {}, tgt.url)

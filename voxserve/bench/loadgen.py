@@ -1,0 +1,134 @@
+"""One load process: the streams of a step that this process drives, on one event loop.
+
+It measures itself while it drives the load: how late each frame went out against its
+schedule, how late its event loop wakes (a 10 ms ticker), and its own CPU over the steady
+window, so a step where the load generator was the bottleneck can be refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from voxserve.bench.audio_client import AudioStream
+from voxserve.bench.program import Program, scripts
+from voxserve.bench.records import Raw
+from voxserve.bench.schedule import start_offsets
+from voxserve.bench.stats import percentile
+from voxserve.bench.text_client import TextStream
+from voxserve.bench.wsbase import WsStream
+
+TICK_S = 0.010
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """Everything a load process needs to run its share of a step (pickled to workers)."""
+
+    url: str
+    mode: str  # asr | assistant | tts
+    streams: int
+    duration_s: float
+    ramp_s: float
+    program: Program | None = None
+    texts: tuple[str, ...] = ()
+    session: dict[str, Any] = field(default_factory=dict)  # extra session.start fields
+    mark_every_s: float = 0.5
+    hangover_s: float = 0.5
+    drain_s: float = 15.0
+    deflate: bool = False
+    first: int = 0  # this process drives streams first .. first + count - 1
+    count: int = -1  # -1: all
+
+    @property
+    def indices(self) -> range:
+        count = self.streams - self.first if self.count < 0 else self.count
+        return range(self.first, self.first + count)
+
+
+def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream:
+    start = {"mode": spec.mode, "trace_id": f"bench-{index}", **spec.session}
+    if spec.mode == "tts":
+        return TextStream(
+            spec.url,
+            start,
+            raw,
+            texts=spec.texts or ("Hello there.",),
+            first_text=index,
+            end_at=end_at,
+            drain_s=spec.drain_s,
+            deflate=spec.deflate,
+        )
+    if spec.program is None:
+        raise ValueError(f"mode {spec.mode} needs an audio program")
+    (script,) = scripts(spec.program, [index])
+    return AudioStream(
+        spec.url,
+        start,
+        raw,
+        script=script,
+        end_at=end_at,
+        drain_s=spec.drain_s,
+        mark_every_s=spec.mark_every_s,
+        mark_phase=index,
+        hangover_s=spec.hangover_s,
+        lateness=raw.lateness,
+        deflate=spec.deflate,
+    )
+
+
+async def _at(when: float, work: Coroutine[Any, Any, None]) -> None:
+    await asyncio.sleep(max(0.0, when - time.monotonic()))
+    await work
+
+
+async def watch(raw: Raw, steady_from: float, end_at: float) -> tuple[float, float]:
+    """Tick every 10 ms until end_at, recording oversleep; return (cpu s, wall s) of this
+    process over [steady_from, end_at]."""
+    cpu0 = wall0 = None
+    while (now := time.monotonic()) < end_at:
+        if cpu0 is None and now >= steady_from:
+            cpu0, wall0 = _cpu(), now
+        await asyncio.sleep(TICK_S)
+        raw.loop_lag.append(max(0.0, time.monotonic() - now - TICK_S))
+    if cpu0 is None or wall0 is None:
+        return 0.0, 0.0
+    return _cpu() - cpu0, time.monotonic() - wall0
+
+
+def _cpu() -> float:
+    """CPU time of this process, all threads (ns resolution; os.times() ticks at 10 ms)."""
+    return time.process_time()
+
+
+async def drive(spec: StepSpec, start_at: float) -> Raw:
+    """Run this process's streams of the step, starting at monotonic time start_at."""
+    raw = Raw()
+    offsets = start_offsets(spec.streams, spec.ramp_s)
+    end_at = start_at + spec.ramp_s + spec.duration_s
+    watcher = asyncio.create_task(watch(raw, start_at + spec.ramp_s, end_at))
+    streams = [make_stream(spec, i, raw, end_at) for i in spec.indices]
+    await asyncio.gather(
+        *(_at(start_at + offsets[i], s.run()) for i, s in zip(spec.indices, streams, strict=True))
+    )
+    cpu_s, wall_s = await watcher
+    raw.procs.append(
+        {
+            "pid": os.getpid(),
+            "streams": len(streams),
+            "cpu_percent": round(100 * cpu_s / wall_s, 1) if wall_s else None,
+            "lateness_p99_ms": round(percentile(raw.lateness, 99) * 1000, 3)
+            if raw.lateness
+            else None,
+        }
+    )
+    return raw
+
+
+def run(spec: StepSpec, start_at: float) -> Raw:
+    """Process entry point (picklable): a fresh event loop for the step."""
+    return asyncio.run(drive(spec, start_at))

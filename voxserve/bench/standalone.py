@@ -1,0 +1,127 @@
+"""The same engines the server runs, called directly in this process: what they cost
+without the server, for capacity "in the server" vs "standalone" in one run.
+
+Each figure is CPU seconds of this process per second of stream audio (all calls run on
+this thread, with the engine's configured threads), and its inverse, the streams one core
+could carry if the engine were all there was. ASR replays the pipeline's calls for each
+utterance: a partial every chunk_ms once max(min_partial_ms, chunk_ms) of speech are in,
+until the hangover ends (an upper bound: under load the server skips partials), then the
+final.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from voxserve.bench.program import Program
+from voxserve.bench.stats import summarize
+from voxserve.config import Settings
+from voxserve.runtime import load_engines
+from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
+
+VAD_BATCH = 1024  # the listener judges two 512-sample windows per call
+
+
+def _cpu() -> float:
+    """CPU time of this process, all threads (ns resolution; os.times() ticks at 10 ms)."""
+    return time.process_time()
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float, float]:
+    cpu0, wall0 = _cpu(), time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, _cpu() - cpu0, time.perf_counter() - wall0
+
+
+def _per_audio(cpu_s: float, audio_s: float) -> dict[str, float | None]:
+    per = cpu_s / audio_s if audio_s else None
+    return {
+        "audio_s": round(audio_s, 2),
+        "cpu_s": round(cpu_s, 3),
+        "cpu_s_per_audio_s": round(per, 5) if per else None,
+        "streams_per_core": round(1 / per, 1) if per else None,
+    }
+
+
+def measure_vad(engines: Any, audio: np.ndarray) -> dict[str, Any]:
+    vad = engines.vad
+    state = vad.new_state()
+    x = audio[: audio.size // VAD_BATCH * VAD_BATCH].astype(np.float32) / 32768
+
+    def run() -> None:
+        for i in range(0, x.size, VAD_BATCH):
+            vad.speech_probs(state, x[i : i + VAD_BATCH])
+
+    _, cpu, _ = _timed(run)
+    return {"engine": vad.info.name, **_per_audio(cpu, x.size / SAMPLE_RATE)}
+
+
+def measure_asr(
+    engines: Any, program: Program, settings: Settings, chunk_ms: int, partials: bool
+) -> dict[str, Any]:
+    asr = engines.asr
+    pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768
+    pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+    hang = settings.vad.hangover_ms * SAMPLE_RATE // 1000
+    every = chunk_ms * SAMPLE_RATE // 1000
+    first_partial = max(settings.asr.min_partial_ms * SAMPLE_RATE // 1000, every)
+    cpu_total, finals, partial_calls = 0.0, [], 0
+    for u in program.utterances:
+        start, end = u.first * FRAME_SAMPLES, (u.last + 1) * FRAME_SAMPLES
+        if partials:
+            for now in range(start + first_partial, end + hang, every):
+                audio = pcm[max(0, start - pad) : now]
+                _, cpu, _ = _timed(asr.transcribe, audio, partial=True)
+                cpu_total += cpu
+                partial_calls += 1
+        audio = pcm[max(0, start - pad) : end + pad]
+        _, cpu, wall = _timed(asr.transcribe, audio)
+        cpu_total += cpu
+        finals.append(wall)
+    return {
+        "engine": asr.info.name,
+        "chunk_ms": chunk_ms if partials else None,
+        "partial_calls": partial_calls,
+        "final_decode_ms": summarize(finals),
+        **_per_audio(cpu_total, program.frames * FRAME_SAMPLES / SAMPLE_RATE),
+    }
+
+
+def measure_tts(engines: Any, texts: Sequence[str]) -> dict[str, Any]:
+    voice, engine = engines.voice(None)
+    firsts, cpu_total, audio_s = [], 0.0, 0.0
+    for text in texts:
+        cpu0, wall0 = _cpu(), time.perf_counter()
+        for i, chunk in enumerate(engine.synthesize(text, voice=voice.id)):
+            if i == 0:
+                firsts.append(time.perf_counter() - wall0)
+            audio_s += chunk.size / engine.sample_rate
+        cpu_total += _cpu() - cpu0
+    return {
+        "engine": engine.info.name,
+        "voice": voice.id,
+        "first_audio_ms": summarize(firsts),
+        **_per_audio(cpu_total, audio_s),
+    }
+
+
+def measure(
+    settings: Settings, program: Program | None, texts: Sequence[str], chunk_ms: int, partials: bool
+) -> dict[str, Any]:
+    """Load the engines of `settings` here and measure each on the same audio and texts."""
+    engines = load_engines(settings)
+    try:
+        out: dict[str, Any] = {"threads_per_engine": settings.engines.default_threads}
+        if program is not None:
+            pcm = np.frombuffer(program.pcm, dtype="<i2")
+            out["vad"] = measure_vad(engines, pcm)
+            if program.utterances:
+                out["asr"] = measure_asr(engines, program, settings, chunk_ms, partials)
+        out["tts"] = measure_tts(engines, texts)
+        return out
+    finally:
+        engines.close()
