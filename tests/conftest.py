@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -15,6 +16,29 @@ import uvicorn
 from voxserve.config import Settings, load_settings
 from voxserve.runtime import Runtime
 from voxserve.server.serve import uvicorn_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers and CLI subprocesses keep their TTS cache under a temporary $XDG_CACHE_HOME,
+    never in the user's ~/.cache (and every test session starts with an empty one)."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_tts_load_shedding() -> Iterator[None]:
+    """Test servers never refuse uncached speech as degraded: on a busy shared machine real
+    engines can be slow for seconds, and tests about engines are not about load shedding.
+    Tests of degradation configure it explicitly (tests/cache)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VOXSERVE_TTS__DEGRADE__ENABLED", "false")
+        yield
 
 
 def free_port() -> int:
@@ -33,17 +57,34 @@ class LiveServer:
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.settings.port}"
+        scheme = "https" if self.settings.tls_cert_file else "http"
+        return f"{scheme}://127.0.0.1:{self.settings.port}"
 
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.settings.port}/v1/stream"
 
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.settings.grpc_port}"
+
 
 def start_server(
-    settings: Settings, runtime: Runtime | None = None, timeout: float = 90.0
+    settings: Settings,
+    runtime: Runtime | None = None,
+    timeout: float = 90.0,
+    *,
+    grpc_port: int = 0,
+    wyoming_port: int = 0,
 ) -> LiveServer:
-    """Start uvicorn in a thread and wait until /readyz says the models are loaded."""
+    """Start uvicorn in a thread and wait until /readyz says the models are loaded.
+
+    gRPC and Wyoming are off unless a port is given (their defaults would make every test
+    server share 50051 and 10300); a runtime passed in gets the same ports."""
+    ports = {"grpc_port": grpc_port, "wyoming_port": wyoming_port}
+    settings = settings.model_copy(update=ports)
+    if runtime is not None:
+        runtime.settings = settings
     runtime = runtime or Runtime(settings)
     server = uvicorn.Server(uvicorn_config(settings, runtime))
     thread = threading.Thread(target=server.run, name="voxserve-test-server", daemon=True)
@@ -52,7 +93,8 @@ def start_server(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{live.http_url}/readyz", timeout=1.0).status_code == 200:
+            ready = httpx.get(f"{live.http_url}/readyz", timeout=1.0, verify=False)
+            if ready.status_code == 200:
                 return live
         except httpx.HTTPError:
             pass
@@ -69,8 +111,9 @@ def stop_server(live: LiveServer) -> None:
 
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
-    """One real server with the default engines for the whole test session."""
+    """One real server with the default engines for the whole test session; its gRPC and
+    Wyoming transports are on (tests/transports)."""
     settings = load_settings(port=free_port(), log_level="warning")
-    live = start_server(settings)
+    live = start_server(settings, grpc_port=free_port(), wyoming_port=free_port())
     yield live
     stop_server(live)

@@ -87,13 +87,21 @@ class FakeTts:
         self.chunk_delay_s = chunk_delay_s
         self.seconds_per_word = seconds_per_word
         self.chunks_made = 0
+        self.calls: list[str] = []  # the text of every synthesis started
+        self.fail_at_word: int | None = None  # raise RuntimeError at this word
 
     def voices(self) -> tuple[Voice, ...]:
         return (Voice("fake", "fake", "en", SR),)
 
     def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
-        for _word in text.split():
+        self.calls.append(text)
+        return self._words(text, speed, self.fail_at_word)
+
+    def _words(self, text: str, speed: float, fail_at: int | None) -> Iterator[np.ndarray]:
+        for i, _word in enumerate(text.split()):
             time.sleep(self.chunk_delay_s)
+            if fail_at is not None and i >= fail_at:
+                raise RuntimeError("fake engine failure")
             self.chunks_made += 1
             yield tone(300.0, self.seconds_per_word / speed)
 

@@ -118,6 +118,9 @@ def test_bench_without_its_optional_packages() -> None:
     proc = run("--help")
     assert proc.returncode == 0 and "bench" in proc.stdout, proc.stderr
     proc = run("bench", "stream", "--help")
+    assert proc.returncode == 0 and "--streams" in proc.stdout, proc.stderr
+    # A run is refused before it starts, not after minutes of load at report time.
+    proc = run("bench", "stream", "--url", "ws://127.0.0.1:9/v1/stream", "--duration", "1")
     assert_one_error_line(proc, "bench", "matplotlib", "pip install -e '.[dev]'")
 
 
@@ -328,11 +331,12 @@ def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
 def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int) -> None:
-    port = free_port()
+    port, grpc_port, wyoming_port = free_port(), free_port(), free_port()
+    transports = ["--grpc-port", str(grpc_port), "--wyoming-port", str(wyoming_port)]
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with out_path.open("w") as out, err_path.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "voxserve", "serve", "--port", str(port)],
+            [sys.executable, "-m", "voxserve", "serve", "--port", str(port), *transports],
             stdout=out,
             stderr=err,
             env=clean_env(),
@@ -351,6 +355,8 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
             time.sleep(0.2)
         assert ready, err_path.read_text()
         assert httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        assert grpc_serving(f"127.0.0.1:{grpc_port}")
+        socket.create_connection(("127.0.0.1", wyoming_port), timeout=2).close()
         proc.send_signal(stop_signal)
         assert proc.wait(timeout=15) == 0, err_path.read_text()
     finally:
@@ -363,6 +369,11 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
         f"voxserve listening on {base} (WebSocket ws://127.0.0.1:{port}/v1/stream, "
         f"OpenAI base_url {base}/v1); models loading, /readyz turns 200 when ready"
     )
+    assert stdout.splitlines()[1:3] == [
+        f"voxserve gRPC voxserve.v1 on 127.0.0.1:{grpc_port} (plaintext; health and "
+        "reflection included)",
+        f"voxserve Wyoming on tcp://127.0.0.1:{wyoming_port} (plain TCP)",
+    ]
     records = [json.loads(line) for line in err_path.read_text().splitlines() if line.strip()]
     assert records, "no log lines"
     for record in records:
@@ -371,3 +382,69 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
     assert len(ready_lines) == 1 and ready_lines[0]["seconds"] > 0
     assert "tts.piper" in ready_lines[0]["load_seconds"]
     assert any(r["logger"].startswith("uvicorn") for r in records)  # routed through ours
+
+
+def grpc_serving(target: str) -> bool:
+    """The standard health check of a voxserve gRPC port says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def test_grpc_port_in_use() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("serve", "--port", str(free_port()), "--grpc-port", str(port), timeout=30)
+    assert_one_error_line(proc, f"gRPC port {port}", "--grpc-port 0")
+
+
+def test_tls_needs_both_files(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not used")
+    proc = run_cli("serve", "--port", str(free_port()), "--tls-cert", str(cert), timeout=30)
+    assert_one_error_line(proc, "TLS needs both")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("package", "name", "flag"),
+    [("grpc", "gRPC", "--grpc-port"), ("wyoming", "Wyoming", "--wyoming-port")],
+)
+def test_transport_without_its_extra_names_what_to_install(
+    tmp_path: Path, package: str, name: str, flag: str
+) -> None:
+    fake = tmp_path / "shadow" / package
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{package}'\", name='{package}')\n"
+    )
+    env = clean_env(PYTHONPATH=str(tmp_path / "shadow"))
+    ports = ["--grpc-port", str(free_port()), "--wyoming-port", str(free_port())]
+    proc = run_cli("serve", "--port", str(free_port()), *ports, env=env, timeout=30)
+    assert_one_error_line(proc, f"the {name} transport", "pip install -e '.[grpc]'", f"{flag} 0")
+
+
+def test_transports_off_need_no_grpc_packages() -> None:
+    """`pip install -e .` without the extra: ports 0 import nothing of gRPC or Wyoming."""
+    script = (
+        "import sys\n"
+        "for name in ('grpc', 'wyoming', 'google.protobuf'): sys.modules[name] = None\n"
+        "from voxserve.config import load_settings\n"
+        "from voxserve.server.app import create_app\n"
+        "from voxserve.server.transports import check_transport_packages\n"
+        "from voxserve.cli.app import main\n"
+        "settings = load_settings(grpc_port=0, wyoming_port=0)\n"
+        "check_transport_packages(settings)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -169,3 +169,35 @@ async def test_stage_timeout_keeps_the_slot_until_work_really_ends() -> None:
     await asyncio.sleep(0.4)
     assert stage.running == 0 and not ran.is_set()
     executor.shutdown()
+
+
+async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
+    import numpy as np
+
+    from tests.fakes import FakeVad
+    from voxserve.pipeline.vad_batch import VadBatcher
+
+    class CountingVad(FakeVad):
+        def __init__(self) -> None:
+            super().__init__()
+            self.many_calls: list[int] = []
+
+        def speech_probs_many(self, states: list[object], audios: list[np.ndarray]) -> list[object]:
+            self.many_calls.append(len(audios))
+            return [self.speech_probs(s, a) for s, a in zip(states, audios, strict=True)]
+
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    vad = CountingVad()
+    stage = EngineStage("vad", concurrency=1, timeout_s=2.0, executor=executor)
+    batcher = VadBatcher(vad, stage, max_wait_ms=20, max_batch=64)
+    loud = np.full(1024, 0.5, dtype=np.float32)
+    quiet = np.zeros(1024, dtype=np.float32)
+    calls = [batcher.speech_probs({}, loud if i % 2 else quiet) for i in range(10)]
+    doomed = asyncio.ensure_future(batcher.speech_probs({}, loud))
+    await asyncio.sleep(0)
+    doomed.cancel()  # a session that left before its batch ran: skipped, others unaffected
+    results = await asyncio.gather(*calls)
+    assert vad.many_calls == [10]
+    assert [r.tolist() for r in results] == [[0.0, 0.0], [1.0, 1.0]] * 5
+    batcher.close()
+    executor.shutdown()

@@ -7,11 +7,12 @@ Every bound written here is a decision; docs/architecture.md says why each defau
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -60,6 +61,10 @@ class PipelineConfig(BaseModel):
     # "drop_oldest": oldest unprocessed audio is dropped and counted in session.ended.
     ring_full_policy: Literal["wait", "drop_oldest"] = "wait"
     dedup_window_ms: int = 500
+    # VAD work of all sessions is gathered for up to this long and run as one executor call
+    # (one batched model call per window step): hops cost more than silero's windows.
+    vad_batch_wait_ms: float = 8.0
+    vad_max_batch: int = 64
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
     outbox_messages: int = 256
@@ -80,9 +85,58 @@ class AsrConfig(BaseModel):
     min_partial_ms: int = 480  # no partial until this much speech
 
 
+class DegradeConfig(BaseModel):
+    """When TTS cannot keep up, answer from the cache instead of queueing without bound:
+    uncached speech gets the fallback phrase (WebSocket) or 503 + Retry-After (HTTP)."""
+
+    enabled: bool = True
+    # Degraded when every miss for `sustained_s` (at least `min_slow` of them) waited longer
+    # than this for its first audio. Set it well above what the engine takes unloaded (the
+    # voxserve_tts_first_audio_seconds{source="miss"} histogram of an idle server): piper's
+    # first clause takes 70-330 ms on an idle 2-vCPU box, so 200 ms would degrade it idle.
+    first_audio_budget_ms: int = Field(default=800, ge=1)
+    sustained_s: float = Field(default=2.0, ge=0)
+    min_slow: int = Field(default=3, ge=1)
+    # ...or at once when this many syntheses already wait for a TTS slot: the queue never
+    # grows past it (2 slots: the 8th in line waits for ~4 others' chunks first).
+    max_waiting: int = Field(default=8, ge=1)
+    # HTTP Retry-After, and how long degraded lasts after the last slow miss: then uncached
+    # speech is tried again, and one more slow miss degrades at once (a circuit breaker).
+    retry_after_s: int = Field(default=2, ge=1)
+    fallback_text: str | None = "Sorry, I'm a little busy right now. Please try again in a moment."
+
+
 class TtsConfig(BaseModel):
     output_sample_rate: int = 16_000
     max_chunk_ms: int = 200  # audio is sent in chunks of at most this length
+    degrade: DegradeConfig = DegradeConfig()
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/voxserve, else ~/.cache/voxserve (read when the cache opens)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "voxserve"
+
+
+class CacheConfig(BaseModel):
+    """The TTS cache: finished replies by text, voice, speed, rate and engine version, held
+    in memory (hits never touch disk) and in sqlite on local disk (restarts keep it)."""
+
+    enabled: bool = True
+    dir: Path | None = None  # None: default_cache_dir(); `voxserve serve --cache-dir DIR`
+    # Bound on the audio held, in memory and on disk alike. 256 MiB is ~2.3 h of 16 kHz
+    # audio, some 3,000 sentences of 3 s: room for the hot replies of most services.
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    max_entry_bytes: int = Field(default=4 * 1024 * 1024, ge=0)  # ~2 min at 16 kHz: longer not kept
+    ttl_s: float = Field(default=7 * 24 * 3600, gt=0)
+    jitter: float = Field(default=0.2, ge=0, lt=1)  # each TTL is ttl_s x (1 +- jitter), at random
+    prewarm_file: Path | None = None  # sentences, one a line, cached at start-up
+    # Disk writes waiting for the writer thread; beyond this, new entries stay in memory
+    # only (counted as disk_dropped) rather than letting the backlog grow.
+    write_queue_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+
+    def path(self) -> Path:
+        return Path(self.dir or default_cache_dir()) / "tts-cache.sqlite3"
 
 
 class LimitsConfig(BaseModel):
@@ -106,7 +160,18 @@ class Settings(BaseSettings):
     vad: VadConfig = VadConfig()
     asr: AsrConfig = AsrConfig()
     tts: TtsConfig = TtsConfig()
+    cache: CacheConfig = CacheConfig()
     limits: LimitsConfig = LimitsConfig()
+    # Bearer key for /admin routes (VOXSERVE_ADMIN_KEY); unset, they answer 403.
+    admin_key: SecretStr | None = None
+    # The gRPC (voxserve.v1) and Wyoming transports: own ports on `host`, served by the
+    # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
+    wyoming_port: int = Field(default=10300, ge=0, le=65535)
+    # TLS for HTTP/WebSocket and gRPC alike (PEM files); both set or neither. Wyoming stays
+    # plain TCP (Home Assistant's client does not speak TLS).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -32,21 +32,32 @@ class ErrorCode(StrEnum):
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
     OVERLOADED = "overloaded"
+    TTS_DEGRADED = "tts_degraded"  # TTS is saturated: only cached speech is served
     NOT_READY = "not_ready"
     INTERNAL = "internal"
+    # admin routes
+    UNAUTHORIZED = "unauthorized"  # missing or wrong admin key
+    ADMIN_DISABLED = "admin_disabled"  # no admin key configured
 
 
 class VoxError(Exception):
     """An error with a stable code; `stage` names the pipeline stage it came from, if any."""
 
     def __init__(
-        self, code: ErrorCode, message: str, *, fatal: bool = False, stage: str | None = None
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        fatal: bool = False,
+        stage: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.fatal = fatal
         self.stage = stage
+        self.retry_after_s = retry_after_s  # when to try again (HTTP Retry-After)
 
     def to_event(self) -> dict[str, object]:
         event: dict[str, object] = {
@@ -57,7 +68,21 @@ class VoxError(Exception):
         }
         if self.stage is not None:
             event["stage"] = self.stage
+        if self.retry_after_s is not None:
+            event["retry_after_ms"] = self.retry_after_s * 1000
         return event
 
     def __repr__(self) -> str:
         return f"VoxError({self.code.value!r}, {self.message!r}, stage={self.stage!r})"
+
+
+def first_vox_error(errors: BaseExceptionGroup[BaseException]) -> VoxError | None:
+    """The first VoxError in a (nested) exception group, if any: what a client is told."""
+    for error in errors.exceptions:
+        if isinstance(error, VoxError):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            found = first_vox_error(error)
+            if found is not None:
+                return found
+    return None

@@ -12,13 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from voxserve.cache.key import EngineFingerprint
+from voxserve.cache.prewarm import Prewarmer, PrewarmItem, read_sentences
+from voxserve.cache.tts_cache import TtsCache
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.registry import engine_class
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.metrics import Metrics
 from voxserve.pipeline.executor import AdaptiveExecutor
+from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.tts_health import TtsHealth
+from voxserve.pipeline.vad_batch import VadBatcher
 from voxserve.types import Voice
 
 log = logging.getLogger(__name__)
@@ -100,6 +106,12 @@ def load_engines(settings: Settings) -> Engines:
     return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds)
 
 
+def _log_prewarm(done: int, total: int) -> None:
+    """Prewarm progress in the log: every 100 sentences and at the end."""
+    if done == total or done % 100 == 0:
+        log.info("tts cache prewarm", extra={"done": done, "total": total})
+
+
 class Runtime:
     """Owns the engines, the executor and the stages for one server process."""
 
@@ -111,6 +123,16 @@ class Runtime:
             min_workers=ex.min_workers, max_workers=ex.max_workers, idle_release_s=ex.idle_release_s
         )
         self.stages: dict[str, EngineStage] = {}
+        self._vad_batcher: VadBatcher | None = None
+        self.cache = TtsCache(settings.cache) if settings.cache.enabled else None
+        self.prewarmer = (
+            Prewarmer(self.cache, self._prewarm_one, _log_prewarm) if self.cache else None
+        )
+        degrade = settings.tts.degrade
+        self.tts_health = TtsHealth(degrade)
+        self.fallback = FallbackPhrase(degrade.fallback_text if degrade.enabled else None)
+        self._fingerprints: dict[int, EngineFingerprint] = {}
+        self._ready = False
         self.metrics = Metrics()
         self.metrics.watch(self)
         self.active_sessions = 0
@@ -123,7 +145,8 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self._engines is not None
+        """Engines loaded, the cache read from disk, the fallback phrase made."""
+        return self._ready
 
     @property
     def engines(self) -> Engines:
@@ -141,29 +164,123 @@ class Runtime:
             self.stages[name] = found
         return found
 
+    def vad_batcher(self) -> VadBatcher:
+        """The one VAD batcher of this process (all sessions' VAD work goes through it)."""
+        if self._vad_batcher is None:
+            cfg = self.settings.pipeline
+            self._vad_batcher = VadBatcher(
+                self.engines.vad,
+                self.stage("vad"),
+                max_wait_ms=cfg.vad_batch_wait_ms,
+                max_batch=cfg.vad_max_batch,
+            )
+        return self._vad_batcher
+
+    def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
+        """What of `engine` goes into cache keys: its info, the options it was built with
+        (from the config), and an optional `cache_fingerprint` string it declares."""
+        found = self._fingerprints.get(id(engine))
+        if found is None:
+            options: dict[str, Any] = {}
+            for spec in self.settings.engines.tts:
+                if spec.name == engine.info.name:
+                    options = spec.options
+                    break
+            extra = str(getattr(engine, "cache_fingerprint", ""))
+            found = self._fingerprints[id(engine)] = EngineFingerprint.of(
+                engine.info, options, extra
+            )
+        return found
+
     async def load(self) -> None:
-        """Load the configured engines off the event loop, so /healthz answers meanwhile."""
-        if self._engines is not None:
+        """Load the engines and read the TTS cache from disk, both off the event loop (so
+        /healthz answers meanwhile) and at the same time; then make the fallback phrase.
+        Ready after that; a prewarm file is then worked through in the background."""
+        if self._ready:
             return
         started = time.perf_counter()
+        cache = self.cache
+        reading = asyncio.create_task(cache.load(), name="voxserve-load-cache") if cache else None
         try:
-            self._engines = await asyncio.to_thread(load_engines, self.settings)
-            log.info(
-                "models loaded; ready",
-                extra={
-                    "seconds": round(time.perf_counter() - started, 3),
-                    "load_seconds": {
-                        name: round(took, 3) for name, took in self._engines.load_seconds.items()
-                    },
-                },
-            )
+            if self._engines is None:
+                self._engines = await asyncio.to_thread(load_engines, self.settings)
+            if reading is not None:
+                await reading
+            await self._make_fallback()
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("engine loading failed", extra={"error": self.load_error})
             raise
+        finally:
+            if reading is not None and not reading.done():
+                reading.cancel()
+        self._ready = True
+        log.info(
+            "models loaded; ready",
+            extra={
+                "seconds": round(time.perf_counter() - started, 3),
+                "load_seconds": {
+                    name: round(took, 3) for name, took in self.engines.load_seconds.items()
+                },
+            },
+        )
+        self._start_prewarm_file()
+
+    async def _make_fallback(self) -> None:
+        """The fallback phrase in every voice, from the cache or made now (before ready:
+        a degraded server must always have it)."""
+        from voxserve.pipeline.synthesis import cache_speech  # imports this module
+
+        text = self.fallback.text
+        if text is None:
+            return
+        rate = self.settings.tts.output_sample_rate
+        for voice in self.engines.voices():
+            try:
+                samples, _ = await cache_speech(self, text, voice=voice.id, sample_rate=rate)
+            except VoxError as exc:
+                log.warning(
+                    "fallback phrase failed", extra={"voice": voice.id, "error": exc.code.value}
+                )
+                continue
+            if samples.size:
+                self.fallback.add(voice.id, rate, samples)
+
+    def _start_prewarm_file(self) -> None:
+        path = self.settings.cache.prewarm_file
+        if path is None or self.prewarmer is None:
+            return
+        try:
+            texts = read_sentences(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("prewarm file unreadable", extra={"path": str(path), "error": str(exc)})
+            return
+        log.info("prewarming the tts cache", extra={"sentences": len(texts)})
+        try:
+            self.prewarmer.submit([PrewarmItem(text) for text in texts])
+        except ValueError as exc:
+            log.warning("prewarm file too long", extra={"error": str(exc)})
+
+    async def _prewarm_one(self, item: PrewarmItem) -> bool:
+        from voxserve.pipeline.synthesis import cache_speech  # imports this module
+
+        _, made = await cache_speech(
+            self,
+            item.text,
+            voice=item.voice,
+            speed=item.speed,
+            sample_rate=item.sample_rate,
+            polite=True,
+        )
+        return made
 
     async def aclose(self) -> None:
-        """Close engines holding async resources (the OpenAI responder's HTTP client)."""
+        """Stop prewarming and syntheses in progress, write the cache out, and close engines
+        holding async resources (the OpenAI responder's HTTP client)."""
+        if self.prewarmer is not None:
+            await self.prewarmer.aclose()
+        if self.cache is not None:
+            await self.cache.aclose()
         if self._engines is not None:
             aclose = getattr(self._engines.responder, "aclose", None)
             if callable(aclose):

@@ -142,3 +142,21 @@ def test_webrtc_gate_carries_partial_frames() -> None:
     assert state.carry.size == W % 160
     gate.reset_state(state)
     assert state.carry.size == 0
+
+
+def test_batched_streams_match_one_at_a_time(vad: SileroVad) -> None:
+    """Window k of every stream in one model call gives each stream its own probabilities."""
+    names = ["command.wav", "lights.wav", "weather.wav", "long.wav"]
+    clips = [load_fixture(n)[: 48_000 - 512 * i] for i, n in enumerate(names)]
+    alone = [vad.speech_probs(vad.new_state(), clip) for clip in clips]
+    states = [vad.new_state() for _ in clips]
+    pieces: list[list[np.ndarray]] = [[] for _ in clips]
+    for offset in range(0, 48_000, 1024):  # two windows per call, as the pipeline sends
+        for i, probs in enumerate(
+            vad.speech_probs_many(states, [c[offset : offset + 1024] for c in clips])
+        ):
+            pieces[i].append(probs)
+    for i, clip in enumerate(clips):
+        batched = np.concatenate(pieces[i])
+        assert batched.size == alone[i].size == clip.size // 512
+        np.testing.assert_allclose(batched, alone[i], atol=1e-5)

@@ -90,6 +90,9 @@ def spawn_voxserve(
     port = free_port()
     cmd = [sys.executable, "-m", "voxserve", "serve", "--host", HOST, "--port", str(port)]
     cmd += ["--log-level", "warning"] + (["--config", config] if config else [])
+    # Only the WebSocket/HTTP port is measured; other transports stay off unless the run's
+    # --server-env turns them on (their default ports would clash between spawned servers).
+    env = {"VOXSERVE_GRPC_PORT": "0", "VOXSERVE_WYOMING_PORT": "0", **(env or {})}
     with _running(cmd, log, env) as proc:
         base = f"http://{HOST}:{port}"
         _wait(

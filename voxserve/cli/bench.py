@@ -38,10 +38,18 @@ def add_bench(commands: Subparsers) -> None:
     commands.choices[COMMAND].set_defaults(handler=cmd_bench)
 
 
+# Imported only while a run reports (charts, WER): checked before the run, not after it.
+RUN_NEEDS = ("matplotlib", "jiwer")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
     from voxserve.bench.cli import run_bench
 
     try:
+        for module in RUN_NEEDS:
+            importlib.import_module(module)
         return run_bench(args)
     except ImportError as exc:  # e.g. jiwer, imported when WER is first computed
         raise missing_extra(exc) from exc

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from voxserve import __version__
+from voxserve.cli.cache import add_cache_parser
 from voxserve.cli.engines_report import cmd_engines
 from voxserve.cli.errors import PROG
 from voxserve.cli.serve import cmd_serve
@@ -14,6 +15,17 @@ from voxserve.cli.speech import cmd_say, cmd_transcribe
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
+
+
+def port_number(text: str) -> int:
+    """A TCP port for argparse: 0-65535 (0 disables the transports that allow it)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0-65535")
+    return port
 
 
 def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentParser:
@@ -55,12 +67,36 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
     serve = command(
         "serve",
         cmd_serve,
-        "run the server (WebSocket /v1/stream and OpenAI-compatible HTTP)",
+        "run the server (WebSocket /v1/stream, OpenAI-compatible HTTP, gRPC, Wyoming)",
         "Run the server. Models load in the background; /healthz answers at "
         "once and /readyz turns 200 when every engine is loaded.",
     )
     serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
+    serve.add_argument(
+        "--grpc-port",
+        type=port_number,
+        metavar="PORT",
+        help="gRPC (voxserve.v1) port (default 50051; 0 disables gRPC)",
+    )
+    serve.add_argument(
+        "--wyoming-port",
+        type=port_number,
+        metavar="PORT",
+        help="Wyoming (Home Assistant) port (default 10300; 0 disables Wyoming)",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate: serve HTTPS/WSS and gRPC over TLS (needs --tls-key)",
+    )
+    serve.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where the persistent TTS cache lives (default $XDG_CACHE_HOME/voxserve, "
+        "else ~/.cache/voxserve)",
+    )
     serve.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -117,5 +153,6 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
     )
     engines.add_argument("--json", action="store_true", help="print JSON instead of text")
 
+    add_cache_parser(commands, common)
     add_bench(commands)
     return parser

@@ -9,11 +9,16 @@ import errno
 import signal
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.cache import with_cache_dir
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import check_engines_import, load_cli_settings
+
+if TYPE_CHECKING:
+    from voxserve.config import Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -31,14 +36,29 @@ def _serve(args: argparse.Namespace) -> int:
     from voxserve.runtime import Runtime
     from voxserve.server.serve import serve
 
-    settings = load_cli_settings(args, host=args.host, port=args.port, log_level=args.log_level)
+    settings = load_cli_settings(
+        args,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        grpc_port=getattr(args, "grpc_port", None),
+        wyoming_port=getattr(args, "wyoming_port", None),
+        tls_cert_file=_path(getattr(args, "tls_cert", None)),
+        tls_key_file=_path(getattr(args, "tls_key", None)),
+    )
+    settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
     json_logs = args.log_format == "json"
     configure_logging(settings.log_level, json_format=json_logs)
     check_engines_import(settings)
+    check_transports(settings)
     sockets = bind_sockets(settings.host, settings.port)
     try:
+        check_transport_ports(settings)
         port = sockets[0].getsockname()[1]
-        print(connect_line(settings.host, port), flush=True)
+        tls = settings.tls_cert_file is not None
+        print(connect_line(settings.host, port, tls=tls), flush=True)
+        for line in transport_lines(settings, tls=tls):
+            print(line, flush=True)
         serve(settings, Runtime(settings), sockets)
     except SystemExit as exc:  # uvicorn exits with 1 when startup fails (logged above)
         if exc.code in (0, None):
@@ -93,17 +113,77 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def connect_line(host: str, port: int) -> str:
-    """Where a client connects: a wildcard host is shown as the loopback address."""
+def _shown_host(host: str) -> str:
+    """A wildcard host is shown as the loopback address; IPv6 in brackets."""
     shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in shown:
-        shown = f"[{shown}]"
-    base = f"http://{shown}:{port}"
-    also = "" if shown == host else f" (all interfaces: {host or '*'})"
+    return f"[{shown}]" if ":" in shown else shown
+
+
+def connect_line(host: str, port: int, *, tls: bool = False) -> str:
+    """Where a client connects."""
+    shown = _shown_host(host)
+    base = f"{'https' if tls else 'http'}://{shown}:{port}"
+    ws = "wss" if tls else "ws"
+    also = "" if shown.strip("[]") == host else f" (all interfaces: {host or '*'})"
     return (
-        f"{PROG} listening on {base}{also} (WebSocket ws://{shown}:{port}/v1/stream, "
+        f"{PROG} listening on {base}{also} (WebSocket {ws}://{shown}:{port}/v1/stream, "
         f"OpenAI base_url {base}/v1); models loading, /readyz turns 200 when ready"
     )
+
+
+def transport_lines(settings: Settings, *, tls: bool = False) -> list[str]:
+    """One line per extra transport that is on."""
+    shown = _shown_host(settings.host)
+    lines = []
+    if settings.grpc_port:
+        security = "TLS" if tls else "plaintext"
+        lines.append(
+            f"{PROG} gRPC voxserve.v1 on {shown}:{settings.grpc_port} ({security}; "
+            "health and reflection included)"
+        )
+    if settings.wyoming_port:
+        lines.append(f"{PROG} Wyoming on tcp://{shown}:{settings.wyoming_port} (plain TCP)")
+    return lines
+
+
+def check_transports(settings: Settings) -> None:
+    """Before anything binds or loads: TLS files, and the gRPC/Wyoming packages when their
+    port is on (one clear line each, not a failed start-up)."""
+    from voxserve.server.transports import check_tls, check_transport_packages
+
+    check_tls(settings)
+    check_transport_packages(settings)
+
+
+def check_transport_ports(settings: Settings) -> None:
+    """The gRPC and Wyoming ports are free now (the servers bind them at start-up, in the
+    lifespan, where a busy port would only be a log line and exit code 1)."""
+    for name, flag, port in (
+        ("gRPC", "--grpc-port", settings.grpc_port),
+        ("Wyoming", "--wyoming-port", settings.wyoming_port),
+    ):
+        if not port:
+            continue
+        if port == settings.port:
+            raise CliError(
+                f"the {name} port {port} is the HTTP port too; choose another with {flag}",
+                EXIT_USAGE,
+            )
+        try:
+            probes = bind_sockets(settings.host, port)
+        except CliError as exc:
+            cause = exc.__cause__
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else exc
+            raise CliError(
+                f"the {name} port {port} cannot be used on {settings.host} ({reason}); "
+                f"choose another with {flag}, or {flag} 0 to disable {name}"
+            ) from exc
+        for sock in probes:
+            sock.close()
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 @contextlib.contextmanager

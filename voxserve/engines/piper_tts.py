@@ -90,6 +90,8 @@ class PiperTts:
             license="GPL-3.0-or-later (piper-tts); voice MIT, dataset CC0",
             model=VOICE_FULL_NAME,
         )
+        # The audio also depends on the piper runtime, not only on the voice package.
+        self.cache_fingerprint = f"piper-tts {dist_version('piper-tts')}"
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
 

@@ -7,6 +7,7 @@ lives in a small per-stream `SileroState` the pipeline owns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,50 @@ class SileroVad:
                 probs[i] = self._run(state, window)
             state.context = window[-CONTEXT_SAMPLES:].copy()
         return probs
+
+    def speech_probs_many(
+        self, states: Sequence[SileroState], audios: Sequence[Float32Array]
+    ) -> list[Float32Array]:
+        """`speech_probs` for several streams in one go: window k of every stream runs as one
+        batched model call, so N streams cost about one call's overhead, not N."""
+        clips = [np.asarray(a, dtype=np.float32).reshape(-1) for a in audios]
+        counts = [clip.size // WINDOW_SAMPLES for clip in clips]
+        results = [np.zeros(n, dtype=np.float32) for n in counts]
+        for k in range(max(counts, default=0)):
+            due: list[tuple[int, Float32Array]] = []
+            for j, clip in enumerate(clips):
+                if k >= counts[j]:
+                    continue
+                window = clip[k * WINDOW_SAMPLES : (k + 1) * WINDOW_SAMPLES]
+                state = states[j]
+                if (
+                    self._gate is not None
+                    and state.gate is not None
+                    and not self._gate.may_be_speech(state.gate, window)
+                ):
+                    state.gated_windows += 1
+                    state.context = window[-CONTEXT_SAMPLES:].copy()
+                else:
+                    due.append((j, window))
+            if due:
+                probs = self._run_batch([states[j] for j, _ in due], [w for _, w in due])
+                for (j, _), prob in zip(due, probs, strict=True):
+                    results[j][k] = prob
+        return results
+
+    def _run_batch(self, states: list[SileroState], windows: list[Float32Array]) -> list[float]:
+        x = np.stack(
+            [np.concatenate((st.context, w)) for st, w in zip(states, windows, strict=True)]
+        )
+        rnn = np.concatenate([st.rnn for st in states], axis=1)
+        out, new_rnn = self._session.run(
+            ["output", "stateN"], {"input": x, "state": rnn, "sr": self._sr}
+        )
+        new_rnn = np.asarray(new_rnn, dtype=np.float32)
+        for b, (state, window) in enumerate(zip(states, windows, strict=True)):
+            state.rnn = new_rnn[:, b : b + 1, :].copy()
+            state.context = window[-CONTEXT_SAMPLES:].copy()
+        return [float(p) for p in out[:, 0]]
 
     def _run(self, state: SileroState, window: Float32Array) -> float:
         x = np.concatenate((state.context, window))[np.newaxis, :]

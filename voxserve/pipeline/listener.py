@@ -137,12 +137,12 @@ class Listener:
             await self._judge(audio[:usable], group)
 
     async def _judge(self, audio: Float32Array, group: asyncio.TaskGroup) -> None:
-        stage = self.runtime.stage("vad")
-        probs = await stage.run(self.vad.speech_probs, self.vad_state, audio)
+        probs = await self.runtime.vad_batcher().speech_probs(self.vad_state, audio)
         for event in self.turns.feed([float(p) for p in probs]):
             await self._on_turn(event)
         if self.turns.speaking:
-            self._maybe_partial(group)
+            if not self.turns.trailing_silence:  # a partial of the hangover adds nothing
+                self._maybe_partial(group)
         else:
             self.audio.trim(self.turns.position - self.pad)
 

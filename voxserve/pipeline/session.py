@@ -21,7 +21,7 @@ from voxserve.audio.dedup import SeqDedup
 from voxserve.audio.pcm import Int16Array, int16_from_bytes
 from voxserve.audio.resample import StreamResampler
 from voxserve.audio.ring import SampleRing
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
@@ -203,14 +203,19 @@ class Session:
     # -- running ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            if self.listener is not None:
-                await self.listener.run()
-            else:
-                await self._speak_texts()
-            if self._reply_task is not None:
-                await asyncio.wait([self._reply_task])
+        """Run the session to its end. A failure that ends it surfaces as one VoxError (the
+        first), not as the task groups' nested exception groups, so transports can map it."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                if self.listener is not None:
+                    await self.listener.run()
+                else:
+                    await self._speak_texts()
+                if self._reply_task is not None:
+                    await asyncio.wait([self._reply_task])
+        except BaseExceptionGroup as errors:
+            raise first_vox_error(errors) or errors from None
         self._count_processed()
         await self.outbox.event(self.ended_event())
         await self.outbox.close()

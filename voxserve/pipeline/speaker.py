@@ -4,17 +4,24 @@ Every reply is framed by `tts.start` and `tts.end`; a cancelled reply (barge-in,
 still gets its `tts.end` with `interrupted: true`, and its pending synthesis is withdrawn.
 `playback_until` estimates when the client will have played what was sent (real-time clock),
 so speech that starts while the reply is still audible counts as barge-in.
+
+While TTS is degraded, a sentence that is not cached is not synthesised: the reply speaks
+the fallback phrase instead (after a `tts.fallback` event) and ends; the rest of its text is
+read and dropped, so the responder still finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from voxserve.audio.pcm import Int16Array
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.synthesis import synthesize
+from voxserve.pipeline.synthesis import split_chunk, synthesize
+from voxserve.pipeline.tts_health import TtsDegraded
 from voxserve.runtime import Runtime
 
 
@@ -25,6 +32,7 @@ class ReplyStats:
     samples: int = 0
     first_audio_s: float | None = None  # seconds from the reply's start to its first chunk
     interrupted: bool = False
+    fallback: bool = False  # the fallback phrase was spoken (TTS degraded)
 
 
 class Speaker:
@@ -59,34 +67,51 @@ class Speaker:
         began = time.monotonic()
         started: float | None = None
         self.replies += 1
+
+        async def send(chunk: Int16Array) -> None:
+            nonlocal started
+            if started is None:
+                started = time.monotonic()
+                stats.first_audio_s = started - began
+                self.playback_until = started
+                await self.outbox.event(
+                    {
+                        "type": "tts.start",
+                        "reply": reply,
+                        "voice": self.voice,
+                        "sample_rate": self.sample_rate,
+                        "encoding": "pcm_s16le",
+                    }
+                )
+            await self.outbox.audio(chunk.tobytes())
+            stats.chunks += 1
+            stats.samples += chunk.size
+            self.playback_until = max(time.monotonic(), self.playback_until) + (
+                chunk.size / self.sample_rate
+            )
+
         try:
             async for sentence in sentences:
-                async for chunk in synthesize(
-                    self.runtime,
-                    sentence,
-                    voice=self.voice,
-                    speed=self.speed,
-                    sample_rate=self.sample_rate,
-                ):
-                    if started is None:
-                        started = time.monotonic()
-                        stats.first_audio_s = started - began
-                        self.playback_until = started
-                        await self.outbox.event(
-                            {
-                                "type": "tts.start",
-                                "reply": reply,
-                                "voice": self.voice,
-                                "sample_rate": self.sample_rate,
-                                "encoding": "pcm_s16le",
-                            }
-                        )
-                    await self.outbox.audio(chunk.tobytes())
-                    stats.chunks += 1
-                    stats.samples += chunk.size
-                    self.playback_until = max(time.monotonic(), self.playback_until) + (
-                        chunk.size / self.sample_rate
+                try:
+                    chunks = synthesize(
+                        self.runtime,
+                        sentence,
+                        voice=self.voice,
+                        speed=self.speed,
+                        sample_rate=self.sample_rate,
                     )
+                    async with contextlib.aclosing(chunks):
+                        async for chunk in chunks:
+                            await send(chunk)
+                except TtsDegraded as exc:
+                    fallback = self._fallback_audio()
+                    if fallback is None:
+                        raise
+                    await self._announce_fallback(reply, exc.reason)
+                    stats.fallback = True
+                    for piece in split_chunk(fallback, self._max_chunk_samples()):
+                        await send(piece)
+                    break
         except asyncio.CancelledError:
             stats.interrupted = True
             self.interrupted += 1
@@ -102,7 +127,27 @@ class Speaker:
             raise
         if started is not None:
             await self.outbox.event(self._end_event(stats, started))
+        if stats.fallback:
+            async for _ in sentences:  # unspoken: let the text's producer finish
+                pass
         return stats
+
+    def _fallback_audio(self) -> Int16Array | None:
+        return self.runtime.fallback.audio(self.voice, self.sample_rate)
+
+    async def _announce_fallback(self, reply: int, reason: str) -> None:
+        self.runtime.tts_health.fallbacks += 1
+        await self.outbox.event(
+            {
+                "type": "tts.fallback",
+                "reply": reply,
+                "reason": reason,
+                "text": self.runtime.fallback.text,
+            }
+        )
+
+    def _max_chunk_samples(self) -> int:
+        return max(1, self.sample_rate * self.runtime.settings.tts.max_chunk_ms // 1000)
 
     def _end_event(self, stats: ReplyStats, started: float) -> dict[str, object]:
         event: dict[str, object] = {

@@ -1,4 +1,11 @@
-"""Text to audio chunks through the shared TTS stage; used by every transport.
+"""Text to audio chunks: the one TTS path of every transport (WebSocket replies through
+speaker.py, HTTP speech, gRPC, `voxserve say`).
+
+A validated request is looked up in the TTS cache: a hit streams from memory, cut into the
+same `tts.max_chunk_ms` chunks as a miss. A miss joins the synthesis of that text already in
+progress, or starts one (single flight, cache/flight.py), which is cached once complete.
+While TTS is degraded (tts_health.py), text that needs a new synthesis raises TtsDegraded
+before any audio, instead of queueing.
 
 The engine's blocking generator is pulled one chunk per executor call, so other sessions'
 first chunks interleave with a long reply, and a cancelled request stops between chunks.
@@ -6,19 +13,29 @@ first chunks interleave with a long reply, and a cancelled request stops between
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import StreamResampler, check_rate
+from voxserve.cache.flight import Flight
+from voxserve.cache.key import CacheKey, make_key, round_speed
+from voxserve.cache.tts_cache import TtsCache
+from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.stage import EngineStage
 from voxserve.runtime import Runtime
-from voxserve.types import SUPPORTED_OUTPUT_RATES
+from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
 
 
 class _LockedGenerator:
@@ -64,6 +81,40 @@ def split_chunk(samples: Int16Array, max_samples: int) -> Iterator[Int16Array]:
         yield samples[start : start + max_samples]
 
 
+@dataclass(frozen=True, slots=True)
+class SpeechRequest:
+    """A validated synthesis: what to say, with which engine, in what chunks."""
+
+    text: str
+    voice: Voice
+    engine: TtsEngine
+    speed: float  # rounded to 0.01, as in the cache key
+    sample_rate: int
+    max_samples: int  # per chunk: tts.max_chunk_ms at sample_rate
+
+
+def plan(
+    runtime: Runtime, text: str, voice: str | None, speed: float, sample_rate: int | None
+) -> SpeechRequest:
+    settings = runtime.settings
+    out_rate = check_rate(sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
+    text = check_text(text, settings.limits.max_text_chars)
+    check_speed(speed)
+    voice_info, engine = runtime.engines.voice(voice)
+    max_samples = max(1, out_rate * settings.tts.max_chunk_ms // 1000)
+    return SpeechRequest(text, voice_info, engine, round_speed(speed), out_rate, max_samples)
+
+
+def cache_key(runtime: Runtime, request: SpeechRequest) -> CacheKey:
+    return make_key(
+        request.text,
+        voice=request.voice.id,
+        speed=request.speed,
+        sample_rate=request.sample_rate,
+        engine=runtime.fingerprint(request.engine),
+    )
+
+
 async def synthesize(
     runtime: Runtime,
     text: str,
@@ -71,30 +122,48 @@ async def synthesize(
     voice: str | None = None,
     speed: float = 1.0,
     sample_rate: int | None = None,
-) -> AsyncIterator[Int16Array]:
-    """Yield int16 chunks (at most `tts.max_chunk_ms` each) at `sample_rate` as they are made."""
-    settings = runtime.settings
-    out_rate = check_rate(sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
-    text = check_text(text, settings.limits.max_text_chars)
-    check_speed(speed)
-    voice_info, engine = runtime.engines.voice(voice)
-    stage = runtime.stage("tts")
-    max_samples = max(1, out_rate * settings.tts.max_chunk_ms // 1000)
-    resampler = StreamResampler(engine.sample_rate, out_rate)
-    source = _LockedGenerator(engine.synthesize(text, voice=voice_info.id, speed=speed))
-    try:
-        while True:
-            chunk = await stage.run(source.next_chunk)
-            if chunk is None:
-                break
-            out = resampler.process(np.asarray(chunk, dtype=np.int16))
-            for piece in split_chunk(out, max_samples):
+) -> AsyncGenerator[Int16Array, None]:
+    """Yield int16 chunks (at most `tts.max_chunk_ms` each) at `sample_rate` as they are made
+    (or at once, from the cache). Raises TtsDegraded, before any chunk, for uncached text
+    while TTS is degraded."""
+    request = plan(runtime, text, voice, speed, sample_rate)
+    started = time.perf_counter()
+    cache = runtime.cache
+    chunks: AsyncGenerator[Int16Array, None]
+    if cache is None:
+        runtime.tts_health.check(runtime.stage("tts").waiting)
+        source = "miss"
+        chunks = _observed(runtime, _engine_chunks(runtime, request))
+    else:
+        key = cache_key(runtime, request)
+        entry = cache.lookup(key)
+        if entry is not None:
+            runtime.metrics.observe_first_audio("hit", time.perf_counter() - started)
+            for piece in split_chunk(entry.samples(), request.max_samples):
                 yield piece
-        for piece in split_chunk(resampler.flush(), max_samples):
+            return
+        flight = cache.flights.get(key)
+        if flight is None:
+            runtime.tts_health.check(runtime.stage("tts").waiting)
+            cache.misses += 1
+            source = "miss"
+            flight = cache.flights.start(
+                key,
+                _producer(runtime, request),
+                lambda done: _store(cache, done),
+                max_bytes=runtime.settings.cache.max_entry_bytes,
+            )
+        else:
+            cache.coalesced += 1
+            source = "joined"
+        chunks = flight.join()
+    async with contextlib.aclosing(chunks):
+        first = True
+        async for piece in chunks:
+            if first:
+                runtime.metrics.observe_first_audio(source, time.perf_counter() - started)
+                first = False
             yield piece
-    finally:
-        # Closing waits for a chunk still being made, so do it on the executor.
-        runtime.executor.submit(source.close)
 
 
 async def synthesize_all(
@@ -112,3 +181,98 @@ async def synthesize_all(
         )
     ]
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+
+
+async def cache_speech(
+    runtime: Runtime,
+    text: str,
+    *,
+    voice: str | None = None,
+    speed: float = 1.0,
+    sample_rate: int | None = None,
+    polite: bool = False,
+) -> tuple[Int16Array, bool]:
+    """Make sure a reply is cached, for prewarming and the fallback phrase (not live
+    traffic: no degradation check, no latency accounting, no hit counted). Returns its audio
+    and whether it had to be synthesised. `polite`: take a TTS slot only when the stage has
+    one to spare, so live requests never wait behind this."""
+    request = plan(runtime, text, voice, speed, sample_rate)
+    cache = runtime.cache
+    key = cache_key(runtime, request) if cache is not None else None
+    if cache is not None and key is not None:
+        entry = cache.lru.get(key.digest)
+        if entry is not None and entry.expires > cache.clock():
+            return entry.samples(), False
+    stage = runtime.stage("tts")
+    before = (lambda: _spare_slot(stage)) if polite else None
+    async with contextlib.aclosing(_engine_chunks(runtime, request, before)) as chunks:
+        pieces = [piece async for piece in chunks]
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
+    if cache is not None and key is not None:
+        cache.store(key, samples.astype("<i2", copy=False).tobytes())
+    return samples, True
+
+
+async def _spare_slot(stage: EngineStage) -> None:
+    """Wait until nobody queues for the stage and a slot would be left for a live arrival.
+    Polled: the stage has no idle event, and 20 looks a second while busy cost nothing."""
+    while stage.waiting or stage.running >= max(1, stage.concurrency - 1):  # noqa: ASYNC110
+        await asyncio.sleep(POLITE_POLL_S)
+
+
+def _store(cache: TtsCache, flight: Flight) -> None:
+    cache.store(flight.key, flight.pcm())
+
+
+def _producer(runtime: Runtime, request: SpeechRequest) -> Callable[[Flight], Awaitable[None]]:
+    """The task body of a miss's flight: engine chunks into the flight."""
+
+    async def produce(flight: Flight) -> None:
+        async with contextlib.aclosing(_observed(runtime, _engine_chunks(runtime, request))) as it:
+            async for piece in it:
+                await flight.push(piece)
+
+    return produce
+
+
+async def _observed(
+    runtime: Runtime, chunks: AsyncGenerator[Int16Array, None]
+) -> AsyncGenerator[Int16Array, None]:
+    """Pass chunks through, telling TTS health how long a live miss waited for its first."""
+    started = time.perf_counter()
+    first = True
+    async with contextlib.aclosing(chunks):
+        async for piece in chunks:
+            if first:
+                runtime.tts_health.observe_first_audio(time.perf_counter() - started)
+                first = False
+            yield piece
+
+
+async def _engine_chunks(
+    runtime: Runtime,
+    request: SpeechRequest,
+    before_chunk: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncGenerator[Int16Array, None]:
+    """The engine's audio at the output rate, in chunks of at most `max_samples`."""
+    engine = request.engine
+    stage = runtime.stage("tts")
+    resampler = StreamResampler(engine.sample_rate, request.sample_rate)
+    source = _LockedGenerator(
+        engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
+    )
+    try:
+        while True:
+            if before_chunk is not None:
+                await before_chunk()
+            chunk = await stage.run(source.next_chunk)
+            if chunk is None:
+                break
+            out = resampler.process(np.asarray(chunk, dtype=np.int16))
+            for piece in split_chunk(out, request.max_samples):
+                yield piece
+        for piece in split_chunk(resampler.flush(), request.max_samples):
+            yield piece
+    finally:
+        # Closing waits for a chunk still being made, so do it on the executor.
+        runtime.executor.submit(source.close)

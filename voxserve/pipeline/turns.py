@@ -53,6 +53,11 @@ class TurnDetector:
         return self._start is not None
 
     @property
+    def trailing_silence(self) -> bool:
+        """Speaking, but the last windows were silence (the hangover is running)."""
+        return self._start is not None and self._silence_from is not None
+
+    @property
     def speech_start(self) -> int | None:
         return self._start
 

@@ -1,4 +1,5 @@
-"""The ASGI application: health, OpenAI-compatible HTTP audio, voices, and /v1/stream."""
+"""The ASGI application: health, OpenAI-compatible HTTP audio, voices, /v1/stream, and the
+admin routes of the TTS cache."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from voxserve.runtime import Runtime
-from voxserve.server import health, http_audio, ws_stream
+from voxserve.server import health, http_admin, http_audio, ws_stream
+from voxserve.server.transports import Transports
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +25,14 @@ def create_app(runtime: Runtime) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load(runtime), name="voxserve-load-engines")
+        # gRPC and Wyoming (ports in the settings; 0 = off) share this loop and runtime,
+        # and stop before the engines close.
+        transports = app.state.transports = Transports(runtime)
         try:
+            await transports.start()
             yield
         finally:
+            await transports.stop()
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
@@ -34,6 +41,7 @@ def create_app(runtime: Runtime) -> Starlette:
     routes: list[BaseRoute] = [
         *health.routes(runtime),
         *http_audio.routes(runtime),
+        *http_admin.routes(runtime),
         *ws_stream.routes(runtime),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

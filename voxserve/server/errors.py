@@ -10,7 +10,10 @@ _STATUS = {
     ErrorCode.STAGE_TIMEOUT: 504,
     ErrorCode.ENGINE_ERROR: 502,
     ErrorCode.OVERLOADED: 503,
+    ErrorCode.TTS_DEGRADED: 503,
     ErrorCode.NOT_READY: 503,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.ADMIN_DISABLED: 403,
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
 }
@@ -32,7 +35,11 @@ def error_response(error: VoxError) -> JSONResponse:
     }
     if error.stage:
         body["error"]["stage"] = error.stage
-    headers = (
-        {"Retry-After": "1"} if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY) else None
-    )
-    return JSONResponse(body, status_code=http_status(error.code), headers=headers)
+    headers: dict[str, str] = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    elif error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY):
+        headers["Retry-After"] = "1"
+    if error.code is ErrorCode.UNAUTHORIZED:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=http_status(error.code), headers=headers or None)

@@ -21,11 +21,16 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
         log_config=None,  # logging is voxserve's (observe/logs.py), uvicorn's loggers included
         ws="websockets-sansio",
         ws_max_size=settings.limits.max_message_bytes,
+        # PCM does not compress; deflate would only cost CPU on both ends.
+        ws_per_message_deflate=False,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # TLS is shared with gRPC (settings.tls_*): HTTPS and WSS on the same port.
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
 
 

@@ -1,0 +1,38 @@
+"""What the cache reports: GET /admin/cache, `voxserve cache stats`, the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    coalesced: int  # requests that joined a synthesis already in progress
+    hit_ratio: float  # hits / lookups
+    evictions: int
+    expirations: int
+    invalidated: int
+    not_cached: int  # replies not stored: over max_entry_bytes, empty, invalidated meanwhile
+    in_flight: int
+    loaded: bool
+    persistent: bool
+    path: str
+    disk_bytes: int
+    disk_written: int
+    disk_dropped: int
+    disk_errors: int
+    load_seconds: float
+    loaded_entries: int
+    corrupt_dropped: int
+    prewarm_total: int
+    prewarm_done: int
+    prewarm_failed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

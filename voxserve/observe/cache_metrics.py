@@ -1,0 +1,68 @@
+"""The TTS cache and TTS health as Prometheus metrics, read from their counters at scrape
+time: the hot path only bumps plain ints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from voxserve.runtime import Runtime
+
+_COUNTERS = (
+    ("hits", "Synthesis requests served from the cache"),
+    ("misses", "Synthesis requests that started a synthesis"),
+    ("coalesced", "Synthesis requests that joined a synthesis already in progress"),
+    ("evictions", "Entries evicted to stay under max_bytes"),
+    ("expirations", "Entries dropped at the end of their TTL"),
+    ("invalidated", "Entries dropped by an invalidation or a clear"),
+    ("not_cached", "Complete replies not stored (empty, too big, invalidated meanwhile)"),
+    ("disk_dropped", "Entries not written to disk because the write queue was full"),
+    ("disk_errors", "Failed disk write batches"),
+)
+_PREWARM = (
+    ("prewarm_total", "voxserve_tts_cache_prewarm_submitted", "Sentences submitted to prewarm"),
+    ("prewarm_done", "voxserve_tts_cache_prewarm_done", "Prewarm sentences processed"),
+    ("prewarm_failed", "voxserve_tts_cache_prewarm_failed", "Prewarm sentences that failed"),
+)
+
+
+class TtsCacheCollector(Collector):
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = self.runtime
+        health = runtime.tts_health
+        stage = runtime.stages.get("tts")
+        degraded = health.reason(stage.waiting if stage else 0) is not None
+        yield GaugeMetricFamily(
+            "voxserve_tts_degraded", "1 while TTS is degraded (only cached speech)", degraded
+        )
+        yield CounterMetricFamily(
+            "voxserve_tts_fallbacks", "Replies that spoke the fallback phrase", health.fallbacks
+        )
+        yield CounterMetricFamily(
+            "voxserve_tts_refused", "Syntheses refused while degraded", health.refused
+        )
+        cache = runtime.cache
+        if cache is None:
+            return
+        stats = cache.stats().as_dict()
+        for name, doc in _COUNTERS:
+            yield CounterMetricFamily(f"voxserve_tts_cache_{name}", doc, stats[name])
+        for field, name, doc in _PREWARM:
+            yield CounterMetricFamily(name, doc, stats[field])
+        gauges = (
+            ("hit_ratio", "Hits / lookups since start"),
+            ("bytes", "Audio bytes held (memory; the disk holds the same)"),
+            ("max_bytes", "The cache's bound in bytes"),
+            ("entries", "Entries held"),
+            ("disk_bytes", "Size of the cache file and its WAL"),
+            ("in_flight", "Syntheses in progress (single flight)"),
+        )
+        for name, doc in gauges:
+            yield GaugeMetricFamily(f"voxserve_tts_cache_{name}", doc, stats[name])

@@ -1,0 +1,87 @@
+"""Is TTS keeping up? Degraded means: serve only what is cached, refuse new syntheses.
+
+Two signals, both about live requests: the first-audio latency of misses (slow for
+`sustained_s` in a row, at least `min_slow` of them: degraded) and the TTS stage's queue
+(`max_waiting` callers already waiting: degraded at once, so it never grows past that).
+A miss under budget recovers at once. Degraded syntheses are refused, so no new latencies
+arrive; degraded therefore lasts `retry_after_s` after the last slow miss, then lets uncached
+speech through again, and the next slow miss (the streak is still open) degrades at once:
+a half-open circuit breaker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from voxserve.config import DegradeConfig
+from voxserve.errors import ErrorCode, VoxError
+
+log = logging.getLogger(__name__)
+
+
+class TtsDegraded(VoxError):
+    """Raised by synthesis, before any audio, for uncached text while TTS is degraded."""
+
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        why = "its queue is full" if reason == "queue" else "first audio is over its budget"
+        super().__init__(
+            ErrorCode.TTS_DEGRADED,
+            f"text-to-speech is saturated ({why}); only cached speech is served now",
+            stage="tts",
+            retry_after_s=retry_after_s,
+        )
+        self.reason = reason
+
+
+class TtsHealth:
+    def __init__(self, config: DegradeConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self._budget_s = config.first_audio_budget_ms / 1000
+        self._streak_start: float | None = None  # first slow miss of the current run
+        self._streak = 0
+        self._last_slow = 0.0
+        self._degraded = False
+        self.fallbacks = 0  # replies that spoke the fallback phrase
+        self.refused = 0  # syntheses refused while degraded
+
+    def observe_first_audio(self, seconds: float) -> None:
+        """A live miss's time to its first chunk (queueing for the stage included)."""
+        now = self.clock()
+        if seconds > self._budget_s:
+            if self._streak_start is None:
+                self._streak_start = now
+            self._streak += 1
+            self._last_slow = now
+        else:
+            self._streak_start = None
+            self._streak = 0
+
+    def reason(self, waiting: int) -> str | None:
+        """Why TTS is degraded now ("queue" or "slow"), None if it is not."""
+        cfg = self.config
+        found: str | None = None
+        if cfg.enabled:
+            now = self.clock()
+            if waiting >= cfg.max_waiting:
+                found = "queue"
+            elif (
+                self._streak_start is not None
+                and self._streak >= cfg.min_slow
+                and self._last_slow - self._streak_start >= cfg.sustained_s
+                and now - self._last_slow < cfg.retry_after_s
+            ):
+                found = "slow"
+        if (found is not None) != self._degraded:
+            self._degraded = found is not None
+            log.warning("tts degraded" if found else "tts recovered", extra={"reason": found})
+        return found
+
+    def check(self, waiting: int) -> None:
+        """Raise TtsDegraded when a new synthesis should not start."""
+        found = self.reason(waiting)
+        if found is not None:
+            self.refused += 1
+            raise TtsDegraded(found, self.config.retry_after_s)

@@ -1,0 +1,116 @@
+"""The gRPC server: voxserve.v1.Voxserve, the standard health service and server reflection,
+on its own port, in the event loop (and with the Runtime) of the HTTP server.
+
+Health follows /readyz: NOT_SERVING while the models load (or failed to), SERVING once
+they are loaded, for the whole server ("") and for voxserve.v1.Voxserve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from voxserve.config import Settings
+from voxserve.runtime import Runtime
+from voxserve.server.grpc_service import VoxserveServicer
+from voxserve.v1 import voxserve_pb2 as pb
+from voxserve.v1 import voxserve_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Voxserve"].full_name  # voxserve.v1.Voxserve
+READY_POLL_S = 0.1
+KEEPALIVE_MS = 20_000  # as the WebSocket's ping interval and timeout
+
+
+class GrpcBindError(OSError):
+    """The gRPC port could not be bound (in use, or no such address)."""
+
+
+def server_options(settings: Settings) -> list[tuple[str, Any]]:
+    """Channel options: the WebSocket's message limit, keepalive pings, and no SO_REUSEPORT
+    (grpc's default), so a port already in use is an error instead of a shared port."""
+    return [
+        ("grpc.max_receive_message_length", settings.limits.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+    ]
+
+
+def address(host: str, port: int) -> str:
+    """host:port as grpc writes it (IPv6 literals in brackets; "" = all interfaces)."""
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def server_credentials(cert_file: Path, key_file: Path) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(key_file.read_bytes(), cert_file.read_bytes())])
+
+
+class GrpcTransport:
+    """Start, serve and stop the gRPC server; `port` is the bound port once started."""
+
+    def __init__(self, runtime: Runtime, port: int) -> None:
+        self.runtime = runtime
+        self.requested_port = port
+        self.port = 0
+        self.tls = False
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        settings = self.runtime.settings
+        server = grpc.aio.server(options=server_options(settings))
+        add_servicer: Any = pb_grpc.add_VoxserveServicer_to_server  # generated, untyped
+        add_servicer(VoxserveServicer(self.runtime), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        where = address(settings.host, self.requested_port)
+        try:
+            if settings.tls_cert_file and settings.tls_key_file:
+                creds = server_credentials(settings.tls_cert_file, settings.tls_key_file)
+                self.port = server.add_secure_port(where, creds)
+                self.tls = True
+            else:
+                self.port = server.add_insecure_port(where)
+        except RuntimeError as exc:  # grpc's "Failed to bind to address"
+            raise GrpcBindError(f"cannot listen for gRPC on {where}: {exc}") from exc
+        if not self.port:
+            raise GrpcBindError(f"cannot listen for gRPC on {where}")
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        self._server = server
+        self._watch = asyncio.create_task(self._watch_ready(), name="voxserve-grpc-health")
+        log.info("grpc listening", extra={"port": self.port, "tls": self.tls})
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Refuse new calls, give running ones `grace_s`, then cancel them."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self._server is not None:
+            await self._health.enter_graceful_shutdown()
+            await self._server.stop(grace_s)
+            self._server = None
+
+    async def _watch_ready(self) -> None:
+        # The runtime has no readiness event to wait on; 10 checks a second, while loading.
+        while not self.runtime.ready:  # noqa: ASYNC110
+            await asyncio.sleep(READY_POLL_S)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)

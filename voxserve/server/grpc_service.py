@@ -1,0 +1,194 @@
+"""The voxserve.v1.Voxserve servicer: the five RPCs over one shared Runtime.
+
+Converse and Recognize are sessions (grpc_stream.SessionCall). Synthesize is the gRPC form of
+POST /v1/audio/speech: validated in full before the first message, audio streamed as it is
+made, not counted against the session limit (as HTTP speech is not). Listing answers from
+the loaded engines, so it needs them loaded (UNAVAILABLE `not_ready` before).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+
+from voxserve.audio.pcm import Int16Array
+from voxserve.audio.resample import check_rate
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.observe.logs import bind_session
+from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
+from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
+from voxserve.server import grpc_codec as codec
+from voxserve.server.grpc_stream import (
+    TRANSPORT,
+    SessionCall,
+    abort,
+    converse_first,
+    recognize_first,
+    recognize_input,
+)
+from voxserve.types import SUPPORTED_OUTPUT_RATES
+from voxserve.v1 import voxserve_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class VoxserveServicer:
+    """Implements voxserve.v1.Voxserve (registered by grpc_server with the generated
+    `add_VoxserveServicer_to_server`, which looks the methods up by name)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def Converse(  # the RPC names of the proto
+        self, requests: AsyncIterator[pb.ConverseRequest], context: Context
+    ) -> AsyncIterator[pb.ConverseResponse]:
+        call = SessionCall(
+            self.runtime,
+            context,
+            parse_first=converse_first,
+            parse=codec.converse_input,
+            response_type=pb.ConverseResponse,
+        )
+        async for response in call.responses(requests):
+            yield response
+
+    async def Recognize(
+        self, requests: AsyncIterator[pb.RecognizeRequest], context: Context
+    ) -> AsyncIterator[pb.RecognizeResponse]:
+        call = SessionCall(
+            self.runtime,
+            context,
+            parse_first=recognize_first,
+            parse=recognize_input,
+            response_type=pb.RecognizeResponse,
+        )
+        async for response in call.responses(requests):
+            yield response
+
+    async def Synthesize(
+        self, request: pb.SynthesizeRequest, context: Context
+    ) -> AsyncIterator[pb.SynthesizeResponse]:
+        trace_id = request.trace_id or uuid.uuid4().hex[:16]
+        bind_session(trace_id)  # this call's own task: its log lines carry the trace id
+        try:
+            chunks, started = self._plan(request, trace_id)
+            first = await anext(chunks, None)
+        except VoxError as exc:
+            await self._fail(context, exc, trace_id)
+        yield pb.SynthesizeResponse(started=started)
+        count = samples = 0
+        try:
+            chunk: Int16Array | None = first
+            while chunk is not None:
+                count += 1
+                samples += int(chunk.size)
+                response = pb.SynthesizeResponse()
+                response.audio.pcm = chunk.astype("<i2", copy=False).tobytes()
+                yield response
+                chunk = await anext(chunks, None)
+        except VoxError as exc:
+            await self._fail(context, exc, trace_id)
+        finally:
+            await _aclose(chunks)
+        audio_ms = samples * 1000 // started.sample_rate
+        yield pb.SynthesizeResponse(ended=pb.SynthesisEnded(chunks=count, audio_ms=audio_ms))
+
+    def _plan(
+        self, request: pb.SynthesizeRequest, trace_id: str
+    ) -> tuple[AsyncIterator[Int16Array], pb.SynthesisStarted]:
+        """Every check before the first byte, so a client mistake is a status, not a
+        truncated stream."""
+        runtime = self.runtime
+        engines = runtime.engines  # not_ready before the models are loaded
+        settings = runtime.settings
+        if request.trace_id and not _TRACE_ID.match(request.trace_id):
+            raise VoxError(
+                ErrorCode.INVALID_MESSAGE, "trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -"
+            )
+        text = check_text(request.text, settings.limits.max_text_chars)
+        speed = check_speed(float(request.speed) if request.speed else 1.0)
+        rate = check_rate(
+            request.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES
+        )
+        voice, _ = engines.voice(request.voice or None)
+        chunks = synthesize(runtime, text, voice=voice.id, speed=speed, sample_rate=rate)
+        started = pb.SynthesisStarted(
+            voice=voice.id, sample_rate=rate, encoding="pcm_s16le", trace_id=trace_id
+        )
+        return chunks, started
+
+    async def ListVoices(
+        self, request: pb.ListVoicesRequest, context: Context
+    ) -> pb.ListVoicesResponse:
+        try:
+            engines = self.runtime.engines
+        except VoxError as exc:
+            await self._fail(context, exc)
+        voices = [
+            pb.Voice(
+                id=v.id,
+                engine=v.engine,
+                language=v.language,
+                sample_rate=v.sample_rate,
+                description=v.description,
+            )
+            for v in engines.voices()
+        ]
+        return pb.ListVoicesResponse(voices=voices, default_voice=engines.default_voice)
+
+    async def ListEngines(
+        self, request: pb.ListEnginesRequest, context: Context
+    ) -> pb.ListEnginesResponse:
+        try:
+            engines = self.runtime.engines
+        except VoxError as exc:
+            await self._fail(context, exc)
+        infos = [
+            engines.vad.info,
+            engines.asr.info,
+            *(tts.info for tts in engines.tts),
+            engines.responder.info,
+        ]
+        listed = [
+            pb.Engine(
+                kind=info.kind,
+                name=info.name,
+                package=info.package,
+                version=info.version,
+                license=info.license,
+                model=info.model,
+                languages=engines.asr.languages if info is engines.asr.info else (),
+            )
+            for info in infos
+        ]
+        models = dict.fromkeys(
+            (
+                *OPENAI_TTS_MODELS,
+                *(engine.info.name for engine in engines.tts),
+                *OPENAI_ASR_MODELS,
+                engines.asr.info.name,
+            )
+        )
+        return pb.ListEnginesResponse(engines=listed, models=list(models))
+
+    async def _fail(
+        self, context: Context, error: VoxError, trace_id: str | None = None
+    ) -> NoReturn:
+        self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
+        log.info("grpc call failed", extra={"error": error.code.value, "transport": TRANSPORT})
+        await abort(context, error, trace_id)
+
+
+async def _aclose(iterator: object) -> None:
+    """Stop a synthesis between chunks (also when the client cancelled the call)."""
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()

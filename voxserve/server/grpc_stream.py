@@ -1,0 +1,250 @@
+"""One streaming gRPC call (Converse or Recognize) = one Session, driven like the WebSocket.
+
+Same admission (readiness, `limits.max_sessions`), handshake (the first request is the
+config, within 10 s), tasks and error rules as ws_stream.py: a receiver task feeds the
+session, the session's pipeline runs in its own task, and the call's response generator is
+the sender draining the outbox. Differences that come from gRPC itself:
+
+- Half-closing the request stream is `audio.end` (no more input), not a disconnect; a
+  client that cancels the call (or disconnects) cancels the handler and so every task.
+- A fatal error ends the call with a status (codec.status_for) after a final `ended`
+  message when a session existed; non-fatal ones are `error` messages in the stream.
+- Audio messages may carry several 20 ms frames; each frame is fed with its own seq_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, NoReturn, TypeVar
+
+import grpc
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.observe.logs import bind_session
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.session import Session
+from voxserve.pipeline.stream_config import StreamConfig
+from voxserve.runtime import Runtime
+from voxserve.server import grpc_codec as codec
+from voxserve.server.admission import admit
+from voxserve.server.ws_protocol import (
+    CancelMessage,
+    ClientMessage,
+    EndMessage,
+    MarkMessage,
+    StartMessage,
+    TextMessage,
+)
+from voxserve.v1 import voxserve_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0  # as the WebSocket: time between the call and its config
+TRANSPORT = "grpc"
+
+Req = TypeVar("Req", pb.ConverseRequest, pb.RecognizeRequest)
+Resp = TypeVar("Resp", pb.ConverseResponse, pb.RecognizeResponse)
+Input = ClientMessage | pb.AudioFrames
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any], error: VoxError, trace_id: str | None = None
+) -> NoReturn:
+    """End the call with the status for `error` and the voxserve code in trailing metadata."""
+    await context.abort(
+        codec.status_for(error.code),
+        error.message,
+        trailing_metadata=codec.trailing_metadata(error, trace_id),
+    )
+    raise AssertionError("context.abort returned")  # it always raises
+
+
+class SessionCall(Generic[Req, Resp]):
+    """The driver of one call; `parse_first` turns the first request into a StreamConfig
+    (or raises), `parse` turns later ones into input, `response_type` is what goes out."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        parse_first: Callable[[Req], StreamConfig],
+        parse: Callable[[Req], Input],
+        response_type: type[Resp],
+    ) -> None:
+        self.runtime = runtime
+        self.context = context
+        self.parse_first: Callable[[Req], StreamConfig] = parse_first
+        self.parse: Callable[[Req], Input] = parse
+        self.response_type: type[Resp] = response_type
+        self.limits = runtime.settings.limits
+        self._fatal: VoxError | None = None
+        self._reply = 0  # the reply the audio now being sent belongs to
+
+    async def responses(self, requests: AsyncIterator[Req]) -> AsyncIterator[Resp]:
+        """The call's response stream (the servicer method yields from this)."""
+        metrics = self.runtime.metrics
+        try:
+            admit(self.runtime)
+            session = await self._open(requests)
+        except VoxError as exc:
+            metrics.errors.labels(exc.code.value, TRANSPORT).inc()
+            metrics.refused.labels(exc.code.value).inc()
+            await abort(self.context, exc)
+        mode = session.config.mode
+        metrics.sessions_total.labels(mode).inc()
+        active = metrics.sessions_active.labels(mode)
+        active.inc()
+        self.runtime.active_sessions += 1
+        try:
+            async for response in self._run(session, requests):
+                yield response
+        finally:
+            self.runtime.active_sessions -= 1
+            active.dec()
+            metrics.session_counts(session.ended_event())
+
+    async def _open(self, requests: AsyncIterator[Req]) -> Session:
+        try:
+            first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+        except TimeoutError:
+            raise VoxError(
+                ErrorCode.NOT_STARTED, f"no config within {HANDSHAKE_TIMEOUT_S:g} s", fatal=True
+            ) from None
+        except StopAsyncIteration:
+            raise VoxError(
+                ErrorCode.NOT_STARTED, "the request stream ended before a config", fatal=True
+            ) from None
+        config = self.parse_first(first)
+        outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
+        try:
+            return Session(self.runtime, config, outbox)
+        except VoxError as exc:
+            exc.fatal = True
+            raise
+
+    async def _run(self, session: Session, requests: AsyncIterator[Req]) -> AsyncIterator[Resp]:
+        # Log lines of this call's tasks (created below, so they copy this context) carry
+        # the trace and session ids; never audio or text.
+        bind_session(session.trace_id, session.id)
+        log.info("session started", extra={"mode": session.config.mode, "transport": TRANSPORT})
+        started = codec.encode_event(session.started_event(), self.response_type)
+        assert started is not None
+        yield started
+        pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-grpc-session")
+        receiver = asyncio.create_task(
+            self._receive(session, requests), name="voxserve-grpc-receiver"
+        )
+        try:
+            while (item := await session.outbox.next()) is not None:
+                response = self._encode(item)
+                if response is not None:
+                    yield response
+        finally:
+            for task in (pipeline, receiver):
+                task.cancel()
+            results = await asyncio.gather(pipeline, receiver, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(
+                    result, asyncio.CancelledError
+                ):
+                    log.error("session task failed", exc_info=result)
+            log.info("session closed", extra={"transport": TRANSPORT})
+        if self._fatal is not None:
+            ended = codec.encode_event(session.ended_event(), self.response_type)
+            if ended is not None:
+                yield ended
+            self.runtime.metrics.errors.labels(self._fatal.code.value, TRANSPORT).inc()
+            await abort(self.context, self._fatal, session.trace_id)
+
+    def _encode(self, item: dict[str, Any] | bytes) -> Resp | None:
+        if isinstance(item, bytes):
+            if self.response_type is not pb.ConverseResponse:
+                return None
+            return codec.encode_audio(item, self._reply)  # type: ignore[return-value]
+        if item.get("type") == "tts.start":
+            self._reply = int(item.get("reply", 0))
+        return codec.encode_event(item, self.response_type)
+
+    async def _pipeline(self, session: Session) -> None:
+        try:
+            await session.run()
+        except VoxError as exc:
+            exc.fatal = True
+            await self._end_fatally(session, exc)
+        except Exception:
+            log.exception("session pipeline failed")
+            await self._end_fatally(
+                session, VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
+            )
+
+    async def _end_fatally(self, session: Session, error: VoxError) -> None:
+        """Stop sending: the call ends with `error`'s status after what is queued."""
+        if self._fatal is None:
+            self._fatal = error
+        await session.outbox.close()
+
+    async def _receive(self, session: Session, requests: AsyncIterator[Req]) -> None:
+        """Feed the session until the client half-closes (= end of input). An error in one
+        message is reported in the stream and the session goes on."""
+        rate = session.config.sample_rate
+        max_frame_ms = self.limits.max_frame_ms
+        metrics = self.runtime.metrics
+        try:
+            async for request in requests:
+                try:
+                    item = self.parse(request)
+                    if isinstance(item, pb.AudioFrames):
+                        try:
+                            frames = codec.split_frames(item, rate, max_frame_ms)
+                        except VoxError:
+                            session.rejected += 1
+                            raise
+                        for seq, pcm in frames:
+                            await session.feed_audio(seq, pcm)
+                    else:
+                        await self._control(session, item)
+                except VoxError as exc:
+                    metrics.errors.labels(exc.code.value, TRANSPORT).inc()
+                    if exc.fatal:
+                        await self._end_fatally(session, exc)
+                        return
+                    await session.outbox.event(exc.to_event())
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return  # the call is over; the handler is being cancelled
+        await session.end_input()
+
+    async def _control(self, session: Session, message: ClientMessage) -> None:
+        if isinstance(message, TextMessage):
+            await session.feed_text(message.text, flush=message.flush)
+        elif isinstance(message, EndMessage):
+            await session.end_input()
+        elif isinstance(message, CancelMessage):
+            await session.cancel()
+        elif isinstance(message, MarkMessage):
+            await session.mark(message.id)
+        elif isinstance(message, StartMessage):
+            raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+
+
+def converse_first(request: pb.ConverseRequest) -> StreamConfig:
+    if request.WhichOneof("request") != "config":
+        raise VoxError(ErrorCode.NOT_STARTED, "the first request must be a config", fatal=True)
+    return codec.stream_config(request.config)
+
+
+def recognize_first(request: pb.RecognizeRequest) -> StreamConfig:
+    if request.WhichOneof("request") != "config":
+        raise VoxError(ErrorCode.NOT_STARTED, "the first request must be a config", fatal=True)
+    return codec.recognition_config(request.config)
+
+
+def recognize_input(request: pb.RecognizeRequest) -> Input:
+    kind = request.WhichOneof("request")
+    if kind == "audio":
+        return request.audio
+    if kind == "config":
+        raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+    raise VoxError(ErrorCode.INVALID_MESSAGE, "request has none of its fields set")
