@@ -4,7 +4,9 @@ Handing work to a thread costs more than silero's ~120 µs per window (GIL hand-
 context switches: the bench measured a 2.8 ms mean stage latency for ~20 µs of work at 130
 streams). So requests gathered for up to `max_wait_ms` (or until `max_batch`) go to the VAD
 stage together, and an engine with `speech_probs_many` runs window k of every stream as one
-batched model call. Per-stream order holds because a listener has one request in flight.
+batched model call. The wait is only taken when other requests are expected within it (from
+the recent arrival rate), so a quiet server adds no latency. Per-stream order holds because
+a listener has one request in flight.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class VadBatcher:
         self._pending: list[_Request] = []
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()  # owned here, awaited by their callers
+        self._last_arrival = 0.0
+        self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self.batches = 0
         self.requests = 0
 
@@ -48,10 +52,17 @@ class VadBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Float32Array] = loop.create_future()
         self._pending.append((state, audio, future))
+        now = loop.time()
+        self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
+        self._last_arrival = now
+        # Waiting only pays when company is expected within the wait: a lone stream (or a
+        # quiet server) goes at once, batched with whatever arrived in the same loop pass.
+        expected = self.max_wait_s / max(self._mean_gap_s, 1e-6)
         if len(self._pending) >= self.max_batch:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self.max_wait_s, self._flush)
+            delay = self.max_wait_s if expected >= 2.0 else 0.0
+            self._timer = loop.call_later(delay, self._flush)
         return await future
 
     def _flush(self) -> None:
