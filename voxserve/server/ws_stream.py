@@ -21,6 +21,7 @@ from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
+from voxserve.server.admission import admit
 from voxserve.server.ws_protocol import (
     CancelMessage,
     EndMessage,
@@ -80,16 +81,7 @@ class StreamConnection:
             metrics.session_counts(session.ended_event())
 
     async def _open_session(self) -> Session:
-        if not self.runtime.ready:
-            raise VoxError(
-                ErrorCode.NOT_READY, "models are still loading; retry shortly", fatal=True
-            )
-        if self.runtime.active_sessions >= self.limits.max_sessions:
-            raise VoxError(
-                ErrorCode.OVERLOADED,
-                f"server is at its limit of {self.limits.max_sessions} sessions; retry later",
-                fatal=True,
-            )
+        admit(self.runtime)
         try:
             message = await asyncio.wait_for(self.ws.receive(), HANDSHAKE_TIMEOUT_S)
         except TimeoutError:
