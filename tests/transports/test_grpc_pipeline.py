@@ -321,6 +321,11 @@ async def test_fatal_pipeline_error_ends_the_call_after_ended() -> None:
         assert error_code(caught.value) == "engine_error"
         metadata = dict(caught.value.trailing_metadata())
         assert metadata["voxserve-trace-id"]
+        # The server releases the slot as the call's handler returns, just after the status.
+        for _ in range(100):
+            if live.runtime.active_sessions == 0:
+                break
+            await asyncio.sleep(0.02)
         assert live.runtime.active_sessions == 0
     finally:
         stop_server(live)

@@ -87,7 +87,6 @@ class SessionCall(Generic[Req, Resp]):
         """The call's response stream (the servicer method yields from this)."""
         metrics = self.runtime.metrics
         try:
-            admit(self.runtime)
             session = await self._open(requests)
         except VoxError as exc:
             metrics.errors.labels(exc.code.value, TRANSPORT).inc()
@@ -117,6 +116,9 @@ class SessionCall(Generic[Req, Resp]):
             raise VoxError(
                 ErrorCode.NOT_STARTED, "the request stream ended before a config", fatal=True
             ) from None
+        # Admission after the first request: refusing while the client is still writing
+        # it makes grpc's client report INTERNAL instead of the status we send.
+        admit(self.runtime)
         config = self.parse_first(first)
         outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
         try:
