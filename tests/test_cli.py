@@ -355,6 +355,10 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
             time.sleep(0.2)
         assert ready, err_path.read_text()
         assert httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        # gRPC health turns SERVING as the runtime finishes loading, a moment after /readyz.
+        serving_by = time.monotonic() + 5
+        while not grpc_serving(f"127.0.0.1:{grpc_port}") and time.monotonic() < serving_by:
+            time.sleep(0.1)
         assert grpc_serving(f"127.0.0.1:{grpc_port}")
         socket.create_connection(("127.0.0.1", wyoming_port), timeout=2).close()
         proc.send_signal(stop_signal)

@@ -172,6 +172,19 @@ class Settings(BaseSettings):
     # plain TCP (Home Assistant's client does not speak TLS).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # Observability (README "Observability"). metrics_enabled=false turns the per-session
+    # and per-stage latency observations off (to measure their cost; counters stay on).
+    metrics_enabled: bool = True
+    # Latencies per stage kept for GET /debug/stats and `voxserve stats` (P50/P99).
+    profile_window: int = Field(default=2048, ge=1)
+    # The event loop watchdog logs the loop's stack when it did not run for this long;
+    # 0 turns the watchdog off.
+    loop_stall_ms: float = Field(default=100.0, ge=0)
+    # Log level per logger, e.g. {"voxserve.pipeline" = "debug"} (`--log-module`).
+    log_modules: dict[str, str] = Field(default_factory=dict)
+    # OpenTelemetry spans per turn (VAD, ASR, responder, TTS); needs the `otel` extra and
+    # the standard OTEL_* env vars for the exporter. Off: nothing is imported.
+    otel_enabled: bool = False
 
     @classmethod
     def settings_customise_sources(

@@ -19,7 +19,9 @@ from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.registry import engine_class
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
+from voxserve.observe.tracing import make_tracer
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.stage import EngineStage
@@ -124,6 +126,8 @@ class Runtime:
         )
         self.stages: dict[str, EngineStage] = {}
         self._vad_batcher: VadBatcher | None = None
+        # Set when `ready` turns true: what readiness watchers (gRPC health) await.
+        self.loaded = asyncio.Event()
         self.cache = TtsCache(settings.cache) if settings.cache.enabled else None
         self.prewarmer = (
             Prewarmer(self.cache, self._prewarm_one, _log_prewarm) if self.cache else None
@@ -133,10 +137,14 @@ class Runtime:
         self.fallback = FallbackPhrase(degrade.fallback_text if degrade.enabled else None)
         self._fingerprints: dict[int, EngineFingerprint] = {}
         self._ready = False
-        self.metrics = Metrics()
+        self.metrics = Metrics(
+            enabled=settings.metrics_enabled, profile_window=settings.profile_window
+        )
+        self.tracer = make_tracer(settings.otel_enabled)
         self.metrics.watch(self)
         self.active_sessions = 0
         self.load_error: str | None = None
+        self.watchdog: LoopWatchdog | None = None  # set by the app while it serves
 
     @classmethod
     def from_engines(cls, settings: Settings, engines: Engines) -> Runtime:
@@ -215,6 +223,7 @@ class Runtime:
             if reading is not None and not reading.done():
                 reading.cancel()
         self._ready = True
+        self.loaded.set()
         log.info(
             "models loaded; ready",
             extra={

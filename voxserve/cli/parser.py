@@ -12,6 +12,7 @@ from voxserve.cli.engines_report import cmd_engines
 from voxserve.cli.errors import PROG
 from voxserve.cli.serve import cmd_serve
 from voxserve.cli.speech import cmd_say, cmd_transcribe
+from voxserve.cli.stats import add_stats_parser
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
@@ -108,6 +109,19 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         default="json",
         help="JSON lines (default) or human-readable text on stderr",
     )
+    serve.add_argument(
+        "--log-module",
+        action="append",
+        metavar="LOGGER=LEVEL",
+        help="log level of one logger and its children, e.g. voxserve.pipeline=debug "
+        "(repeatable; adds to log_modules of the config)",
+    )
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        default=None,
+        help="OpenTelemetry spans per turn (needs the otel extra; exporter from OTEL_* env)",
+    )
 
     say = command(
         "say",
@@ -154,5 +168,6 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
     engines.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     add_cache_parser(commands, common)
+    add_stats_parser(commands, common)
     add_bench(commands)
     return parser

@@ -45,10 +45,15 @@ def _serve(args: argparse.Namespace) -> int:
         wyoming_port=getattr(args, "wyoming_port", None),
         tls_cert_file=_path(getattr(args, "tls_cert", None)),
         tls_key_file=_path(getattr(args, "tls_key", None)),
+        otel_enabled=getattr(args, "otel", None),
     )
     settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
+    modules = {**settings.log_modules, **parse_log_modules(getattr(args, "log_module", None))}
+    settings = settings.model_copy(update={"log_modules": modules})
     json_logs = args.log_format == "json"
-    configure_logging(settings.log_level, json_format=json_logs)
+    configure_logging(settings.log_level, json_format=json_logs, module_levels=modules)
+    if settings.otel_enabled:
+        _configure_otel()
     check_engines_import(settings)
     check_transports(settings)
     sockets = bind_sockets(settings.host, settings.port)
@@ -180,6 +185,34 @@ def check_transport_ports(settings: Settings) -> None:
             ) from exc
         for sock in probes:
             sock.close()
+
+
+def parse_log_modules(items: list[str] | None) -> dict[str, str]:
+    """`--log-module voxserve.pipeline=debug` (repeatable) as {logger: level}."""
+    from voxserve.observe.logs import parse_level
+
+    found: dict[str, str] = {}
+    for item in items or []:
+        name, sep, level = item.partition("=")
+        if not sep or not name.strip():
+            raise CliError(f"--log-module {item!r}: use LOGGER=LEVEL", EXIT_USAGE)
+        try:
+            parse_level(level)
+        except ValueError as exc:
+            raise CliError(f"--log-module {item!r}: {exc}", EXIT_USAGE) from None
+        found[name.strip()] = level.strip().lower()
+    return found
+
+
+def _configure_otel() -> None:
+    try:
+        from voxserve.observe.tracing import configure_sdk
+
+        configure_sdk()
+    except ImportError as exc:
+        raise CliError(
+            f"--otel needs OpenTelemetry: pip install 'voxserve[otel]' ({exc})", EXIT_USAGE
+        ) from exc
 
 
 def _path(value: str | None) -> Path | None:

@@ -1,9 +1,21 @@
 """Prometheus metrics for one process. Children are created once and cached; nothing here is
-called per frame (frame counters are added once per session, at its end)."""
+called per frame (frame counters are added once per session, at its end).
+
+`Metrics(enabled=False)` (settings.metrics_enabled = false) turns the per-session and
+per-stage observations off, to measure what they cost (docs/benchmarks.md); counters of
+sessions, errors and refusals and the scrape-time gauges stay on.
+
+Server-side latency definitions (the server cannot know when the user spoke):
+time to first partial runs from `vad.start` sent to the segment's first `transcript.partial`
+sent; final latency from `vad.end` sent to `transcript.final` sent; assistant turn latency
+from `vad.end` sent to the first reply audio chunk sent.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -11,19 +23,29 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from voxserve.observe import gc_metrics
 from voxserve.observe.cache_metrics import TtsCacheCollector
+from voxserve.observe.profiler import StageProfiler
 
 if TYPE_CHECKING:
+    from voxserve.audio.ring import SampleRing
     from voxserve.runtime import Runtime
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 # Cache hits answer in well under a millisecond; misses in tenths of a second.
 FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
+# Chunks of one reply follow each other within milliseconds unless TTS falls behind.
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool = True, profile_window: int = 2048) -> None:
+        self.enabled = enabled
         self.registry = CollectorRegistry()
+        self.profiler = StageProfiler(profile_window)
+        self.rings: weakref.WeakSet[SampleRing] = weakref.WeakSet()
         r = self.registry
         self.sessions_active = Gauge(
             "voxserve_sessions_active", "Open sessions", ["mode"], registry=r
@@ -55,20 +77,88 @@ class Metrics:
             buckets=FIRST_AUDIO_BUCKETS,
             registry=r,
         )
+        self.first_partial = Histogram(
+            "voxserve_asr_first_partial_seconds",
+            "Server-side time to first partial: from vad.start sent to the segment's first "
+            "transcript.partial sent",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.final_latency = Histogram(
+            "voxserve_asr_final_latency_seconds",
+            "From vad.end sent to transcript.final sent",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.turn_latency = Histogram(
+            "voxserve_turn_latency_seconds",
+            "Assistant turn latency: from vad.end sent (user stopped) to the first reply "
+            "audio chunk sent",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.chunk_gap = Histogram(
+            "voxserve_tts_chunk_gap_seconds",
+            "Time between consecutive audio chunks of one reply",
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.loop_stalls = Counter(
+            "voxserve_event_loop_stalls",
+            "Times the event loop did not run for longer than the watchdog threshold",
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "voxserve_event_loop_lag_seconds",
+            "How late the loop's heartbeat woke up (time the loop was busy or blocked)",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
+        gc_metrics.install()
+        r.register(gc_metrics.GcCollector())
         self._stage_children: dict[str, Histogram] = {}
         self._first_audio_children: dict[str, Histogram] = {}
 
     def observe_first_audio(self, source: str, seconds: float) -> None:
+        if not self.enabled:
+            return
         child = self._first_audio_children.get(source)
         if child is None:
             child = self._first_audio_children[source] = self.first_audio.labels(source)
         child.observe(seconds)
+        self.profiler.observe("tts_first_audio", seconds)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
+        if not self.enabled:
+            return
         child = self._stage_children.get(stage)
         if child is None:
             child = self._stage_children[stage] = self.stage_latency.labels(stage)
         child.observe(seconds)
+        self.profiler.observe(stage, seconds)
+
+    def observe_first_partial(self, seconds: float) -> None:
+        if self.enabled:
+            self.first_partial.observe(seconds)
+            self.profiler.observe("asr_first_partial", seconds)
+
+    def observe_final(self, seconds: float) -> None:
+        if self.enabled:
+            self.final_latency.observe(seconds)
+            self.profiler.observe("asr_final", seconds)
+
+    def observe_turn(self, seconds: float) -> None:
+        if self.enabled:
+            self.turn_latency.observe(seconds)
+            self.profiler.observe("turn", seconds)
+
+    def observe_chunk_gap(self, seconds: float) -> None:
+        if self.enabled:
+            self.chunk_gap.observe(seconds)
+
+    def track_ring(self, ring: SampleRing) -> None:
+        """Count a session's sample ring in voxserve_pool_usage_ratio (weakly held)."""
+        self.rings.add(ring)
 
     def session_counts(self, ended: dict[str, object]) -> None:
         for outcome in ("received", "duplicates", "processed", "dropped", "rejected"):
@@ -109,3 +199,46 @@ class _RuntimeCollector(Collector):
         except RuntimeError:
             tasks = 0
         yield GaugeMetricFamily("voxserve_asyncio_tasks", "Tasks on the event loop", tasks)
+        fullest = 0.0
+        for ring in list(self.runtime.metrics.rings):
+            fullest = max(fullest, len(ring) / ring.capacity)
+        yield GaugeMetricFamily(
+            "voxserve_pool_usage_ratio",
+            "Fill ratio of the fullest session sample ring (the per-session audio pool); "
+            "near 1 the pipeline is not keeping up and input waits or is dropped",
+            fullest,
+        )
+        yield GaugeMetricFamily(
+            "voxserve_process_rss_bytes", "Resident set size of this process", _rss_bytes()
+        )
+        yield GaugeMetricFamily(
+            "voxserve_memory_limit_bytes",
+            "The cgroup (container) memory limit; 0 when there is none",
+            _memory_limit_bytes(),
+        )
+
+
+def _rss_bytes() -> float:
+    """From /proc/self/statm (Linux); 0 elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return float(int(statm.read().split()[1]) * _PAGE)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def _memory_limit_bytes() -> float:
+    """cgroup v2 or v1 limit (what RSS alerts compare against); 0 when unlimited."""
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 writes a huge number for none
+            return float(text)
+        return 0.0
+    return 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
 from voxserve.errors import VoxError
+from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent
 from voxserve.runtime import Runtime
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 VAD_BATCH_WINDOWS = 2  # judge 2 x 32 ms at a time: one executor hop per 64 ms per stream
 FINAL_QUEUE = 4  # utterances waiting for their final decode before the listener waits
+KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn latencies
 
 
 def ms(samples: int) -> int:
@@ -86,6 +89,16 @@ class Listener:
         self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
         self.batch_samples = VAD_BATCH_WINDOWS * self.window
         self._marks: deque[tuple[int, object]] = deque()  # (ring position, client's mark id)
+        # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start
+        # (until the segment's first partial) and of vad.end per recent segment.
+        self.metrics = runtime.metrics
+        self._speech_started_at = 0.0
+        self._partial_pending = False
+        self._ended_at: dict[int, float] = {}
+        # Per-turn span marks, only when tracing is on (runtime.tracer).
+        self.tracing = runtime.tracer is not None
+        self._turn_marks: dict[int, TurnMarks] = {}
+        self.turn_done: Callable[[TurnMarks], None] | None = None  # asr mode: emit at final
 
     def close_input(self) -> None:
         self.closed = True
@@ -164,6 +177,11 @@ class Listener:
             await self.outbox.event(
                 {"type": "vad.start", "segment": self.segment, "start_ms": ms(event.start)}
             )
+            self._speech_started_at = time.perf_counter()
+            self._partial_pending = True
+            if self.tracing:
+                turn = self._turn_marks[self.segment] = TurnMarks(self.segment)
+                turn.mark("vad.start")
             if self._on_speech_start is not None:
                 await self._on_speech_start(self.segment)
             return
@@ -176,8 +194,32 @@ class Listener:
                 "end_ms": ms(event.end),
             }
         )
+        self._ended_at[self.segment] = time.perf_counter()
+        self._ended_at.pop(self.segment - KEPT_TURNS, None)
+        if self.tracing and self.segment in self._turn_marks:
+            self._turn_marks[self.segment].mark("vad.end")
         audio = self.audio.slice(event.start - self.pad, event.end + self.pad)
         await self._finals.put(Utterance(self.segment, event.start, event.end, audio))
+
+    def speech_ended_at(self, segment: int) -> float | None:
+        """perf_counter time vad.end of `segment` was sent (recent segments only)."""
+        return self._ended_at.get(segment)
+
+    def take_turn(self, segment: int) -> TurnMarks | None:
+        """The span marks of `segment` (tracing on), for the reply to complete and emit."""
+        return self._turn_marks.pop(segment, None)
+
+    def _final_marked(self, segment: int, *, spoken: bool) -> None:
+        turn = self._turn_marks.get(segment)
+        if turn is None:
+            return
+        turn.mark("asr.final")
+        for old in [s for s in self._turn_marks if s < segment - KEPT_TURNS]:
+            del self._turn_marks[old]
+        if self._on_final is None or not spoken:  # no reply follows: the turn ends here
+            del self._turn_marks[segment]
+            if self.turn_done is not None:
+                self.turn_done(turn)
 
     def _maybe_partial(self, group: asyncio.TaskGroup) -> None:
         start = self.turns.speech_start
@@ -207,6 +249,9 @@ class Listener:
         text = result.text.strip()
         if text and text != self._last_partial_text:
             self._last_partial_text = text
+            if self._partial_pending:
+                self._partial_pending = False
+                self.metrics.observe_first_partial(time.perf_counter() - self._speech_started_at)
             await self.outbox.event(
                 {
                     "type": "transcript.partial",
@@ -249,5 +294,10 @@ class Listener:
                     "language": result.language,
                 }
             )
+            ended = self._ended_at.get(utterance.segment)
+            if ended is not None:
+                self.metrics.observe_final(time.perf_counter() - ended)
+            if self.tracing:
+                self._final_marked(utterance.segment, spoken=bool(text))
             if self._on_final is not None and text:
                 await self._on_final(utterance.segment, text)

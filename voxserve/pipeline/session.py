@@ -22,6 +22,7 @@ from voxserve.audio.pcm import Int16Array, int16_from_bytes
 from voxserve.audio.resample import StreamResampler
 from voxserve.audio.ring import SampleRing
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
+from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
@@ -60,6 +61,7 @@ class Session:
         self.started_at = time.monotonic()
         self.dedup = SeqDedup(settings.pipeline.dedup_window_ms / 1000)
         self.ring = SampleRing(settings.pipeline.ring_frames * FRAME_SAMPLES)
+        runtime.metrics.track_ring(self.ring)
         self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
         self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
         self.received = 0
@@ -88,6 +90,8 @@ class Session:
                 on_speech_start=self._barge_in if assistant else None,
                 on_final=self._start_reply if assistant else None,
             )
+        if self.listener is not None and runtime.tracer is not None:
+            self.listener.turn_done = self._emit_turn
         self._texts = SentenceBuffer()
         self._text_queue: asyncio.Queue[object] = asyncio.Queue(TEXT_QUEUE)
         self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_TURNS)
@@ -300,18 +304,32 @@ class Session:
             self._reply(segment, text), name="voxserve-reply"
         )
 
+    def _emit_turn(self, turn: TurnMarks) -> None:
+        tracer = self.runtime.tracer
+        if tracer is not None:
+            tracer.emit(turn, trace_id=self.trace_id, session_id=self.id, mode=self.config.mode)
+
     async def _reply(self, segment: int, user_text: str) -> None:
         responder = self.runtime.engines.responder
+        listener = self.listener
+        since = listener.speech_ended_at(segment) if listener else None
+        turn = listener.take_turn(segment) if listener else None
+        metrics = self.runtime.metrics
         limit = self.runtime.settings.pipeline.responder.timeout_s
         sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
         pieces: list[str] = []
 
         async def produce() -> None:
             buffer = SentenceBuffer()
+            asked = time.perf_counter()
+            if turn is not None:
+                turn.mark("responder.start")
             stream = responder.respond(user_text, list(self._history))
             try:
                 async with asyncio.timeout(limit):
                     async for piece in stream:
+                        if not pieces:  # the responder's time to its first text
+                            metrics.observe_stage("responder", time.perf_counter() - asked)
                         pieces.append(piece)
                         await self.outbox.event(
                             {"type": "response.delta", "reply": segment, "text": piece}
@@ -326,6 +344,8 @@ class Session:
                 ) from None
             finally:
                 await _aclose(stream)
+            if turn is not None:
+                turn.mark("responder.end")
             rest = buffer.flush()
             if rest:
                 await sentences.put(rest)
@@ -339,9 +359,12 @@ class Session:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(produce())
-                await self.speaker.play(spoken(), segment)
+                await self.speaker.play(spoken(), segment, since=since, turn=turn)
         except* VoxError as errors:
             failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
+        finally:
+            if turn is not None:
+                self._emit_turn(turn)
         if failures:
             for exc in failures:
                 await self.outbox.event(exc.to_event() | {"reply": segment})

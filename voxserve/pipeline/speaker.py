@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from voxserve.audio.pcm import Int16Array
+from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis import split_chunk, synthesize
 from voxserve.pipeline.tts_health import TtsDegraded
@@ -62,15 +63,29 @@ class Speaker:
         sent_ms = stats.samples * 1000 // self.sample_rate
         return min(sent_ms, int((time.monotonic() - started) * 1000))
 
-    async def play(self, sentences: AsyncIterator[str], reply: int) -> ReplyStats:
+    async def play(
+        self,
+        sentences: AsyncIterator[str],
+        reply: int,
+        *,
+        since: float | None = None,
+        turn: TurnMarks | None = None,
+    ) -> ReplyStats:
+        """Speak `sentences` as reply `reply`. `since` (perf_counter: the user's vad.end)
+        makes the first chunk observe the assistant turn latency; `turn` gets tts marks."""
         stats = ReplyStats(reply)
         began = time.monotonic()
         started: float | None = None
+        last_chunk = 0.0
+        metrics = self.runtime.metrics
         self.replies += 1
 
         async def send(chunk: Int16Array) -> None:
-            nonlocal started
+            nonlocal started, last_chunk
+            now = time.perf_counter()
             if started is None:
+                if since is not None:
+                    metrics.observe_turn(now - since)
                 started = time.monotonic()
                 stats.first_audio_s = started - began
                 self.playback_until = started
@@ -83,6 +98,9 @@ class Speaker:
                         "encoding": "pcm_s16le",
                     }
                 )
+            else:
+                metrics.observe_chunk_gap(now - last_chunk)
+            last_chunk = now
             await self.outbox.audio(chunk.tobytes())
             stats.chunks += 1
             stats.samples += chunk.size
@@ -92,6 +110,8 @@ class Speaker:
 
         try:
             async for sentence in sentences:
+                if turn is not None and "tts.start" not in turn.marks:
+                    turn.mark("tts.start")
                 try:
                     chunks = synthesize(
                         self.runtime,
@@ -127,6 +147,8 @@ class Speaker:
             raise
         if started is not None:
             await self.outbox.event(self._end_event(stats, started))
+        if turn is not None:
+            turn.mark("tts.end")
         if stats.fallback:
             async for _ in sentences:  # unspoken: let the text's producer finish
                 pass

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
-from voxserve.server import health, http_admin, http_audio, ws_stream
+from voxserve.server import health, http_admin, http_audio, http_debug, web, ws_stream
 from voxserve.server.transports import Transports
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ def create_app(runtime: Runtime) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load(runtime), name="voxserve-load-engines")
+        watchdog = start_watchdog(runtime)
         # gRPC and Wyoming (ports in the settings; 0 = off) share this loop and runtime,
         # and stop before the engines close.
         transports = app.state.transports = Transports(runtime)
@@ -33,6 +35,8 @@ def create_app(runtime: Runtime) -> Starlette:
             yield
         finally:
             await transports.stop()
+            if watchdog is not None:
+                await watchdog.stop()
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
@@ -42,11 +46,25 @@ def create_app(runtime: Runtime) -> Starlette:
         *health.routes(runtime),
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
+        *http_debug.routes(runtime),
         *ws_stream.routes(runtime),
+        *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.runtime = runtime
     return app
+
+
+def start_watchdog(runtime: Runtime) -> LoopWatchdog | None:
+    """The event-loop stall detector (settings.loop_stall_ms; 0 = off), on the running loop."""
+    threshold_ms = runtime.settings.loop_stall_ms
+    if threshold_ms <= 0:
+        return None
+    metrics = runtime.metrics
+    watchdog = LoopWatchdog(metrics.loop_stalls, metrics.loop_lag, threshold_s=threshold_ms / 1000)
+    watchdog.start()
+    runtime.watchdog = watchdog
+    return watchdog
 
 
 async def _load(runtime: Runtime) -> None:

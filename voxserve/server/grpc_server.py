@@ -26,7 +26,6 @@ from voxserve.v1 import voxserve_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Voxserve"].full_name  # voxserve.v1.Voxserve
-READY_POLL_S = 0.1
 KEEPALIVE_MS = 20_000  # as the WebSocket's ping interval and timeout
 
 
@@ -106,9 +105,7 @@ class GrpcTransport:
             self._server = None
 
     async def _watch_ready(self) -> None:
-        # The runtime has no readiness event to wait on; 10 checks a second, while loading.
-        while not self.runtime.ready:  # noqa: ASYNC110
-            await asyncio.sleep(READY_POLL_S)
+        await self.runtime.loaded.wait()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _set_health(self, status: int) -> None:

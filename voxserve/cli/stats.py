@@ -1,0 +1,77 @@
+"""`voxserve stats`: the per-stage profile of a running server (GET /debug/stats) as a table.
+
+Uses the admin key like `voxserve cache` (VOXSERVE_ADMIN_KEY or --admin-key)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from voxserve.cli.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from voxserve.cli.parser import Subparsers
+
+
+def add_stats_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    stats = commands.add_parser(
+        "stats",
+        parents=[common],
+        help="per-stage latency (mean, P50, P99) of a running server",
+        description="Print the per-stage profile of a running server: mean, P50 and P99 "
+        "latency of each stage over its last latencies (GET /debug/stats, admin key).",
+    )
+    stats.set_defaults(handler=cmd_stats)
+    stats.add_argument("--url", help="server to ask (default: http://HOST:PORT from the config)")
+    stats.add_argument(
+        "--admin-key", help="admin key (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)"
+    )
+    stats.add_argument("--json", action="store_true", help="print the JSON answer")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import httpx
+
+    from voxserve.cli.cache import _call
+    from voxserve.cli.settings import load_cli_settings
+
+    settings = load_cli_settings(args)
+    key = args.admin_key or (
+        settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
+    )
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(settings.host)
+    url = (args.url or f"http://{host or settings.host}:{settings.port}").rstrip("/")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        body = _call(client, "GET", "/debug/stats")
+    print(json.dumps(body, indent=2) if args.json else format_table(body))
+    return EXIT_OK
+
+
+def format_table(body: dict[str, Any]) -> str:
+    """Stages as rows: count, mean, P50, P99, max (ms); then queues and loop stalls."""
+    header = f"{'stage':<20} {'count':>7} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}"
+    lines = [header, "-" * len(header)]
+    for row in body.get("stages", []):
+        lines.append(
+            f"{row['stage']:<20} {row['count']:>7} {row['mean_ms']:>9.2f} {row['p50_ms']:>9.2f} "
+            f"{row['p99_ms']:>9.2f} {row['max_ms']:>9.2f}"
+        )
+    if len(lines) == 2:
+        lines.append("(no latencies observed yet)")
+    queues = body.get("queues", {})
+    if queues:
+        lines.append("")
+        lines.append(
+            "queues: "
+            + ", ".join(
+                f"{name} {q['running']}/{q['limit']} running, {q['waiting']} waiting"
+                for name, q in queues.items()
+            )
+        )
+    lines.append(
+        f"sessions: {body.get('sessions_active', 0)}, loop stalls: {body.get('loop_stalls')}, "
+        f"window: last {body.get('window')} per stage"
+    )
+    return "\n".join(lines)
