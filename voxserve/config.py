@@ -10,10 +10,10 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 class EngineSpec(BaseModel):
@@ -109,6 +109,10 @@ class DegradeConfig(BaseModel):
 class TtsConfig(BaseModel):
     output_sample_rate: int = 16_000
     max_chunk_ms: int = 200  # audio is sent in chunks of at most this length
+    # The first chunk of a reply is at most this long (time to first audio); later chunks
+    # grow with the audio already sent, up to max_chunk_ms (pipeline/chunking.py).
+    # Set it to max_chunk_ms for fixed-size chunks.
+    first_chunk_ms: int = Field(default=80, ge=10)
     degrade: DegradeConfig = DegradeConfig()
 
 
@@ -145,6 +149,8 @@ class LimitsConfig(BaseModel):
     max_message_bytes: int = 256 * 1024
     max_frame_ms: int = 200  # one binary message may carry up to 10 frames of audio
     max_upload_bytes: int = 25 * 1024 * 1024
+    # Time between a WebSocket/gRPC connect and its session.start (slow-loris guard).
+    handshake_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -164,6 +170,15 @@ class Settings(BaseSettings):
     limits: LimitsConfig = LimitsConfig()
     # Bearer key for /admin routes (VOXSERVE_ADMIN_KEY); unset, they answer 403.
     admin_key: SecretStr | None = None
+    # API keys for every transport (README "Authentication"): plain, or `sha256:<hex>` of
+    # the key. VOXSERVE_API_KEYS takes them comma-separated. None configured: auth is off,
+    # allowed on a loopback host only unless insecure_no_auth (`--insecure-no-auth`).
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    api_keys_file: Path | None = None  # one key a line, plain or sha256:<hex>; # comments
+    insecure_no_auth: bool = False
+    # Origins (scheme://host[:port]) allowed to call HTTP routes from a browser (CORS) and
+    # to open the WebSocket; the server's own page is always allowed. Empty: closed.
+    cors_allowed_origins: list[str] = Field(default_factory=list)
     # The gRPC (voxserve.v1) and Wyoming transports: own ports on `host`, served by the
     # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
     grpc_port: int = Field(default=50051, ge=0, le=65535)
@@ -185,6 +200,14 @@ class Settings(BaseSettings):
     # OpenTelemetry spans per turn (VAD, ASR, responder, TTS); needs the `otel` extra and
     # the standard OTEL_* env vars for the exporter. Off: nothing is imported.
     otel_enabled: bool = False
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        """VOXSERVE_API_KEYS=k1,k2 (a string) as a list; a list is taken as it is."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -36,7 +36,8 @@ class ErrorCode(StrEnum):
     NOT_READY = "not_ready"
     INTERNAL = "internal"
     # admin routes
-    UNAUTHORIZED = "unauthorized"  # missing or wrong admin key
+    UNAUTHORIZED = "unauthorized"  # missing or wrong API key or admin key
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # browser Origin not in cors_allowed_origins
     ADMIN_DISABLED = "admin_disabled"  # no admin key configured
 
 

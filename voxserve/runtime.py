@@ -182,6 +182,7 @@ class Runtime:
                 max_wait_ms=cfg.vad_batch_wait_ms,
                 max_batch=cfg.vad_max_batch,
             )
+            self._vad_batcher.on_batch = self.metrics.observe_batch
         return self._vad_batcher
 
     def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:

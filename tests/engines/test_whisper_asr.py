@@ -112,3 +112,15 @@ def test_compression_ratio() -> None:
     assert compression_ratio("") == 0.0
     assert compression_ratio("hello there " * 20) > 2.4
     assert compression_ratio("What time is it?") < 2.4
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_batched_results_equal_one_at_a_time(asr: WhisperAsr, partial: bool) -> None:
+    """transcribe_many (same-window utterances in one CTranslate2 batch) gives exactly what
+    transcribe gives for each audio alone: texts, segments, language."""
+    names = ["command.wav", "lights.wav", "weather.wav", "reminder.wav", "two_turns.wav"]
+    audios = [load_fixture(n) for n in names]
+    audios.append(np.zeros(8000, dtype=np.float32))  # silence inside a batch
+    alone = [asr.transcribe(a, partial=partial) for a in audios]
+    assert asr.transcribe_many(audios, partial=partial) == alone
+    assert asr.transcribe_many([], partial=partial) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 import wave
 
 import numpy as np
@@ -21,8 +22,14 @@ def read_wav(data: bytes) -> tuple[Int16Array, int]:
             width = wav.getsampwidth()
             rate = wav.getframerate()
             frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError) as exc:
-        reason = str(exc) or "the file ends before its WAV header does"
+    # RuntimeError/ValueError/struct.error: the wave module's own failures on chunk sizes that
+    # point past the data (found by tests/fuzz); all mean the same to the client.
+    except (wave.Error, EOFError, RuntimeError, ValueError, struct.error) as exc:
+        reason = str(exc) or (
+            "the file ends before its WAV header does"
+            if isinstance(exc, EOFError)
+            else "its chunk sizes do not match its length"
+        )
         raise VoxError(ErrorCode.INVALID_AUDIO, f"not a readable WAV file: {reason}") from exc
     if width != 2:
         raise VoxError(

@@ -93,6 +93,34 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
     )
     serve.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     serve.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="API key clients must send (Authorization: Bearer KEY); repeatable, plain or "
+        "sha256:<hex>; adds to api_keys of the config and VOXSERVE_API_KEYS (comma-separated)",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="file of API keys, one a line (plain or sha256:<hex>; # comments)",
+    )
+    serve.add_argument(
+        "--admin-key", metavar="KEY", help="bearer key of the /admin routes (VOXSERVE_ADMIN_KEY)"
+    )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="allow serving without API keys on a non-loopback --host",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="browser origin (scheme://host[:port]) allowed to use the HTTP API and the "
+        "WebSocket; repeatable (default: none but the server's own page)",
+    )
+    serve.add_argument(
         "--cache-dir",
         metavar="DIR",
         help="where the persistent TTS cache lives (default $XDG_CACHE_HOME/voxserve, "

@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         otel_enabled=getattr(args, "otel", None),
     )
     settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
+    settings = with_auth_flags(settings, args)
     modules = {**settings.log_modules, **parse_log_modules(getattr(args, "log_module", None))}
     settings = settings.model_copy(update={"log_modules": modules})
     json_logs = args.log_format == "json"
@@ -158,6 +159,35 @@ def check_transports(settings: Settings) -> None:
 
     check_tls(settings)
     check_transport_packages(settings)
+    check_auth(settings)
+
+
+def check_auth(settings: Settings) -> None:
+    """Keys readable and valid; no unauthenticated non-loopback server unless asked."""
+    from voxserve.server.auth import check_auth_settings
+
+    check_auth_settings(settings)
+
+
+def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """--api-key (added to the configured keys), --api-keys-file, --admin-key,
+    --insecure-no-auth and --cors-origin over the settings."""
+    from pydantic import SecretStr
+
+    update: dict[str, Any] = {}
+    keys = getattr(args, "api_key", None)
+    if keys:
+        update["api_keys"] = [*settings.api_keys, *(SecretStr(k) for k in keys)]
+    if getattr(args, "api_keys_file", None):
+        update["api_keys_file"] = Path(args.api_keys_file)
+    if getattr(args, "admin_key", None):
+        update["admin_key"] = SecretStr(args.admin_key)
+    if getattr(args, "insecure_no_auth", None):
+        update["insecure_no_auth"] = True
+    origins = getattr(args, "cors_origin", None)
+    if origins:
+        update["cors_allowed_origins"] = [*settings.cors_allowed_origins, *origins]
+    return settings.model_copy(update=update) if update else settings
 
 
 def check_transport_ports(settings: Settings) -> None:

@@ -132,21 +132,45 @@ class WhisperAsr:
         self, audio: Float32Array, *, language: str | None = None, partial: bool = False
     ) -> AsrResult:
         """Blocking; safe to call from several threads at once."""
+        return self.transcribe_many([audio], language=language, partial=partial)[0]
+
+    def transcribe_many(
+        self, audios: Sequence[Float32Array], *, language: str | None = None, partial: bool = False
+    ) -> list[AsrResult]:
+        """Blocking: several utterances, those sharing an encoder window run as one batch.
+
+        CTranslate2 encodes [B, 80, frames] and decodes B prompts in one call when the frame
+        counts match, which the fixed window buckets make common; the per-call overhead and
+        the matrix products are shared. Greedy decoding of each row is independent of the
+        others, and a row that ran past its own token cap (the batch runs to the largest cap)
+        is redone alone, so every result is what `transcribe` gives for that audio alone."""
         if language is not None and language not in self.languages:
             raise ValueError(f"unsupported language {language!r}; supported: en")
-        samples = np.ascontiguousarray(np.asarray(audio, dtype=np.float32).reshape(-1))
-        if self._is_silent(samples):
-            return AsrResult(text="")
-        seconds = samples.size / SAMPLE_RATE
-        if seconds > FULL_WINDOW_S:
-            return self._transcribe_long(samples, partial)
+        results: list[AsrResult | None] = [None] * len(audios)
+        groups: dict[int, list[tuple[int, npt.NDArray[np.float32], float]]] = {}
+        for i, audio in enumerate(audios):
+            samples = np.ascontiguousarray(np.asarray(audio, dtype=np.float32).reshape(-1))
+            if self._is_silent(samples):
+                results[i] = AsrResult(text="")
+                continue
+            seconds = samples.size / SAMPLE_RATE
+            if seconds > FULL_WINDOW_S:
+                results[i] = self._transcribe_long(samples, partial)
+                continue
+            mel = self._features(samples)[:, :-1]  # padding=160 adds one frame past the end
+            groups.setdefault(self.window_for(seconds), []).append((i, mel, seconds))
+        for window, members in groups.items():
+            mels = [mel for _, mel, _ in members]
+            lengths = [seconds for _, _, seconds in members]
+            for (i, mel, seconds), decoded in zip(
+                members, self._decode_batch(mels, window, lengths, partial), strict=True
+            ):
+                if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
+                    decoded = self._decode(mel, FULL_WINDOW_S, seconds, partial)
+                results[i] = self._result(decoded, seconds, partial)
+        return [r if r is not None else AsrResult(text="") for r in results]
 
-        mel = self._features(samples)[:, :-1]  # padding=160 adds one frame past the end
-        window = self.window_for(seconds)
-        decoded = self._decode(mel, window, seconds, partial)
-        if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
-            decoded = self._decode(mel, FULL_WINDOW_S, seconds, partial)
-
+    def _result(self, decoded: _Decoded, seconds: float, partial: bool) -> AsrResult:
         if (
             decoded.no_speech_prob > self._no_speech_threshold
             and decoded.avg_logprob < self._log_prob_threshold
@@ -172,38 +196,59 @@ class WhisperAsr:
         loudest = float(np.sqrt(np.max(np.mean(np.square(frames), axis=1))))
         return loudest < self._silence_rms
 
+    def _cap(self, seconds: float, prompt: list[int]) -> int:
+        # Speech is ~3-5 tokens/s; the cap stops a looping decoder early (and marks it).
+        return min(MAX_LENGTH - len(prompt), 16 + math.ceil(10 * seconds))
+
     def _decode(
         self, mel: npt.NDArray[np.float32], window_s: int, seconds: float, partial: bool
     ) -> _Decoded:
+        return self._decode_batch([mel], window_s, [seconds], partial)[0]
+
+    def _decode_batch(
+        self,
+        mels: Sequence[npt.NDArray[np.float32]],
+        window_s: int,
+        lengths: Sequence[float],
+        partial: bool,
+    ) -> list[_Decoded]:
         frames = window_s * FRAMES_PER_S
-        mel = mel[:, :frames]
         # Zero padding in feature space, as faster-whisper pads its 30 s window.
-        padded = np.zeros((1, mel.shape[0], frames), dtype=np.float32)
-        padded[0, :, : mel.shape[1]] = mel
+        padded = np.zeros((len(mels), mels[0].shape[0], frames), dtype=np.float32)
+        for row, mel in enumerate(mels):
+            mel = mel[:, :frames]
+            padded[row, :, : mel.shape[1]] = mel
         encoded = self._ct2.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
 
         prompt = self._prompt_no_ts if partial else self._prompt_ts
-        # Speech is ~3-5 tokens/s; the cap stops a looping decoder early (and marks it).
-        cap = min(MAX_LENGTH - len(prompt), 16 + math.ceil(10 * seconds))
-        result = self._ct2.generate(
+        caps = [self._cap(seconds, prompt) for seconds in lengths]
+        results = self._ct2.generate(
             encoded,
-            [prompt],
+            [prompt] * len(mels),
             beam_size=1 if partial else self._beam_size,
-            max_length=len(prompt) + cap,
+            max_length=len(prompt) + max(caps),
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
-        )[0]
-        tokens: list[int] = list(result.sequences_ids[0])
-        score = float(result.scores[0]) if result.scores else 0.0
-        return _Decoded(
-            tokens=tokens,
-            avg_logprob=score * len(tokens) / (len(tokens) + 1),  # as faster-whisper does
-            no_speech_prob=float(result.no_speech_prob),
-            hit_cap=len(tokens) >= cap,
         )
+        decoded: list[_Decoded] = []
+        for row, (result, cap) in enumerate(zip(results, caps, strict=True)):
+            tokens: list[int] = list(result.sequences_ids[0])
+            if len(tokens) > cap:  # ran on under a longer neighbour's cap: redo it alone
+                decoded.append(self._decode(mels[row], window_s, lengths[row], partial))
+                continue
+            score = float(result.scores[0]) if result.scores else 0.0
+            decoded.append(
+                _Decoded(
+                    tokens=tokens,
+                    avg_logprob=score * len(tokens) / (len(tokens) + 1),  # as faster-whisper
+                    no_speech_prob=float(result.no_speech_prob),
+                    hit_cap=len(tokens) >= cap,
+                )
+            )
+        return decoded
 
     def _anomalous(self, decoded: _Decoded, seconds: float) -> bool:
         if decoded.hit_cap:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from voxserve.audio.ring import SampleRing
     from voxserve.runtime import Runtime
 
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 # Cache hits answer in well under a millisecond; misses in tenths of a second.
 FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
@@ -114,8 +115,16 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=r,
         )
+        self.batch_size = Histogram(
+            "voxserve_engine_batch_size",
+            "Requests run together in one engine call by a cross-session batcher",
+            ["engine"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         gc_metrics.install()
         r.register(gc_metrics.GcCollector())
+        self._batch_children: dict[str, Histogram] = {}
         self._stage_children: dict[str, Histogram] = {}
         self._first_audio_children: dict[str, Histogram] = {}
 
@@ -151,6 +160,14 @@ class Metrics:
         if self.enabled:
             self.turn_latency.observe(seconds)
             self.profiler.observe("turn", seconds)
+
+    def observe_batch(self, engine: str, size: int) -> None:
+        if not self.enabled:
+            return
+        child = self._batch_children.get(engine)
+        if child is None:
+            child = self._batch_children[engine] = self.batch_size.labels(engine)
+        child.observe(size)
 
     def observe_chunk_gap(self, seconds: float) -> None:
         if self.enabled:

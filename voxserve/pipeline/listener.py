@@ -25,6 +25,7 @@ from voxserve.audio.stream_audio import StreamAudio
 from voxserve.errors import VoxError
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.stage import deadline_in
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent
 from voxserve.runtime import Runtime
 from voxserve.types import SAMPLE_RATE, AsrResult
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 VAD_BATCH_WINDOWS = 2  # judge 2 x 32 ms at a time: one executor hop per 64 ms per stream
 FINAL_QUEUE = 4  # utterances waiting for their final decode before the listener waits
 KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn latencies
+# ASR stage deadlines (earliest-deadline-first admission, pipeline/stage.py): someone is
+# waiting on a final (the reply follows it); a partial is a preview that can wait longer.
+FINAL_DUE_S = 0.3
+PARTIAL_DUE_S = 1.5
 
 
 def ms(samples: int) -> int:
@@ -270,7 +275,8 @@ class Listener:
             language=self.language,
             partial=partial_result,
         )
-        result: AsrResult = await stage.run(call)
+        due = deadline_in(PARTIAL_DUE_S if partial_result else FINAL_DUE_S)
+        result: AsrResult = await stage.run(call, deadline=due)
         return result
 
     async def _final_worker(self) -> None:

@@ -3,11 +3,19 @@
 The limit counts work that is really running on the executor: when a caller times out or is
 cancelled, a queued call is withdrawn, and a call already running keeps its slot until it
 finishes, so abandoned model work can never pile up behind the limit's back.
+
+Callers waiting for a slot are admitted earliest-deadline-first, not in arrival order: a
+final transcript or a first TTS chunk someone is waiting for overtakes a partial or a long
+reply's tail that has time to spare. Deadlines are absolute (`time.monotonic()`) and every
+caller's deadline is finite (default: now + the stage timeout), so a queued item cannot
+starve: later arrivals carry later deadlines, and its own turns earliest in time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -16,6 +24,19 @@ from typing import TypeVar
 from voxserve.errors import ErrorCode, VoxError
 
 T = TypeVar("T")
+
+# Priorities break ties between equal deadlines (lower goes first); bulk work also passes a
+# late deadline. Deadlines, not priorities, decide the order, so nothing starves.
+PRIORITY_LIVE = 0
+PRIORITY_BULK = 10
+
+
+def deadline_in(seconds: float) -> float:
+    """An absolute stage deadline `seconds` from now (the clock EngineStage orders by)."""
+    return time.monotonic() + seconds
+
+
+_Waiter = tuple[float, int, int, "asyncio.Future[None]"]  # deadline, priority, seq, handoff
 
 
 class EngineStage:
@@ -26,7 +47,9 @@ class EngineStage:
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self._executor = executor
-        self._slots = asyncio.Semaphore(concurrency)
+        self._free = concurrency  # slots nobody holds
+        self._queue: list[_Waiter] = []  # heap; withdrawn waiters stay until popped
+        self._seq = itertools.count()
         self.waiting = 0  # callers queued for a slot (the stage queue length)
         self.running = 0
         self.calls = 0
@@ -34,18 +57,25 @@ class EngineStage:
         self.errors = 0
         self.on_latency: Callable[[str, float], None] | None = None
 
-    async def run(self, fn: Callable[..., T], *args: object, timeout_s: float | None = None) -> T:
-        """Run `fn(*args)` on the executor under this stage's limit and deadline."""
+    async def run(
+        self,
+        fn: Callable[..., T],
+        *args: object,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+        priority: int = PRIORITY_LIVE,
+    ) -> T:
+        """Run `fn(*args)` on the executor under this stage's limit and timeout.
+
+        `deadline` (time.monotonic(), see deadline_in) orders the wait for a slot only; the
+        timeout still bounds the whole call. Default: now + the timeout."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         started = time.perf_counter()
+        due = time.monotonic() + limit if deadline is None else deadline
         self.calls += 1
         try:
             async with asyncio.timeout(limit):
-                self.waiting += 1
-                try:
-                    await self._slots.acquire()
-                finally:
-                    self.waiting -= 1
+                await self._acquire(due, priority)
                 return await self._run_in_slot(fn, args)
         except TimeoutError:
             self.timeouts += 1
@@ -58,9 +88,37 @@ class EngineStage:
             if self.on_latency is not None:
                 self.on_latency(self.name, time.perf_counter() - started)
 
+    async def _acquire(self, deadline: float, priority: int) -> None:
+        """Take a free slot, or queue until `_pass_slot` hands one over (earliest first)."""
+        if self._free > 0 and not self.waiting:
+            self._free -= 1
+            return
+        handoff: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._queue, (deadline, priority, next(self._seq), handoff))
+        self.waiting += 1
+        try:
+            await handoff
+        except asyncio.CancelledError:
+            if handoff.done() and not handoff.cancelled():
+                self._pass_slot()  # handed a slot and cancelled before using it: pass it on
+            else:
+                handoff.cancel()  # withdrawn: skipped when popped
+            raise
+        finally:
+            self.waiting -= 1
+
+    def _pass_slot(self) -> None:
+        """A slot came free: give it to the earliest-deadline live waiter, else keep it."""
+        while self._queue:
+            handoff = heapq.heappop(self._queue)[3]
+            if not handoff.done():
+                handoff.set_result(None)
+                return
+        self._free += 1
+
     def _release_slot(self) -> None:
         self.running -= 1
-        self._slots.release()
+        self._pass_slot()
 
     async def _run_in_slot(self, fn: Callable[..., T], args: tuple[object, ...]) -> T:
         loop = asyncio.get_running_loop()

@@ -1,9 +1,11 @@
 """Text to audio chunks: the one TTS path of every transport (WebSocket replies through
 speaker.py, HTTP speech, gRPC, `voxserve say`).
 
-A validated request is looked up in the TTS cache: a hit streams from memory, cut into the
-same `tts.max_chunk_ms` chunks as a miss. A miss joins the synthesis of that text already in
-progress, or starts one (single flight, cache/flight.py), which is cached once complete.
+A validated request is looked up in the TTS cache: a hit streams from memory, cut by the
+same rule as a miss (pipeline/chunking.py: a `tts.first_chunk_ms` first chunk, then chunks
+growing with the audio sent, up to `tts.max_chunk_ms`). A miss joins the synthesis of that
+text already in progress, or starts one (single flight, cache/flight.py), which is cached
+once complete.
 While TTS is degraded (tts_health.py), text that needs a new synthesis raises TtsDegraded
 before any audio, instead of queueing.
 
@@ -29,13 +31,19 @@ from voxserve.cache.key import CacheKey, make_key, round_speed
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.chunking import Chunker
+from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
 from voxserve.runtime import Runtime
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
+# TTS stage deadlines (earliest-deadline-first, pipeline/stage.py): a first chunk is awaited
+# by a listener in silence; a later chunk is due when the audio already made would have
+# played out (less a margin), so a stream about to run dry overtakes one far ahead.
+FIRST_CHUNK_DUE_S = 0.2
+PLAYOUT_MARGIN_S = 0.1
 
 
 class _LockedGenerator:
@@ -91,6 +99,10 @@ class SpeechRequest:
     speed: float  # rounded to 0.01, as in the cache key
     sample_rate: int
     max_samples: int  # per chunk: tts.max_chunk_ms at sample_rate
+    first_samples: int  # the first chunk: tts.first_chunk_ms at sample_rate
+
+    def chunker(self) -> Chunker:
+        return Chunker(self.first_samples, self.max_samples)
 
 
 def plan(
@@ -102,7 +114,10 @@ def plan(
     check_speed(speed)
     voice_info, engine = runtime.engines.voice(voice)
     max_samples = max(1, out_rate * settings.tts.max_chunk_ms // 1000)
-    return SpeechRequest(text, voice_info, engine, round_speed(speed), out_rate, max_samples)
+    first_samples = max(1, out_rate * settings.tts.first_chunk_ms // 1000)
+    return SpeechRequest(
+        text, voice_info, engine, round_speed(speed), out_rate, max_samples, first_samples
+    )
 
 
 def cache_key(runtime: Runtime, request: SpeechRequest) -> CacheKey:
@@ -123,7 +138,7 @@ async def synthesize(
     speed: float = 1.0,
     sample_rate: int | None = None,
 ) -> AsyncGenerator[Int16Array, None]:
-    """Yield int16 chunks (at most `tts.max_chunk_ms` each) at `sample_rate` as they are made
+    """Yield int16 chunks (adaptive: pipeline/chunking.py) at `sample_rate` as they are made
     (or at once, from the cache). Raises TtsDegraded, before any chunk, for uncached text
     while TTS is degraded."""
     request = plan(runtime, text, voice, speed, sample_rate)
@@ -139,7 +154,7 @@ async def synthesize(
         entry = cache.lookup(key)
         if entry is not None:
             runtime.metrics.observe_first_audio("hit", time.perf_counter() - started)
-            for piece in split_chunk(entry.samples(), request.max_samples):
+            for piece in request.chunker().split(entry.samples()):
                 yield piece
             return
         flight = cache.flights.get(key)
@@ -205,7 +220,7 @@ async def cache_speech(
             return entry.samples(), False
     stage = runtime.stage("tts")
     before = (lambda: _spare_slot(stage)) if polite else None
-    async with contextlib.aclosing(_engine_chunks(runtime, request, before)) as chunks:
+    async with contextlib.aclosing(_engine_chunks(runtime, request, before, bulk=polite)) as chunks:
         pieces = [piece async for piece in chunks]
     samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
     if cache is not None and key is not None:
@@ -253,11 +268,18 @@ async def _engine_chunks(
     runtime: Runtime,
     request: SpeechRequest,
     before_chunk: Callable[[], Awaitable[None]] | None = None,
+    *,
+    bulk: bool = False,
 ) -> AsyncGenerator[Int16Array, None]:
-    """The engine's audio at the output rate, in chunks of at most `max_samples`."""
+    """The engine's audio at the output rate, in adaptive chunks (request.chunker()).
+    `bulk` (prewarm): each chunk queues last among equals, due a whole stage timeout out."""
     engine = request.engine
     stage = runtime.stage("tts")
+    priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
+    started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
+    made_s = 0.0  # audio produced so far
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
+    chunker = request.chunker()
     source = _LockedGenerator(
         engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
     )
@@ -265,13 +287,22 @@ async def _engine_chunks(
         while True:
             if before_chunk is not None:
                 await before_chunk()
-            chunk = await stage.run(source.next_chunk)
+            if bulk:
+                due = deadline_in(stage.timeout_s)
+            elif made_s == 0.0:
+                due = deadline_in(FIRST_CHUNK_DUE_S)
+            else:
+                due = started + made_s - PLAYOUT_MARGIN_S
+            chunk = await stage.run(source.next_chunk, deadline=due, priority=priority)
             if chunk is None:
                 break
+            if made_s == 0.0:
+                started = time.monotonic()
+            made_s += chunk.size / engine.sample_rate
             out = resampler.process(np.asarray(chunk, dtype=np.int16))
-            for piece in split_chunk(out, request.max_samples):
+            for piece in chunker.split(out):
                 yield piece
-        for piece in split_chunk(resampler.flush(), request.max_samples):
+        for piece in chunker.split(resampler.flush()):
             yield piece
     finally:
         # Closing waits for a chunk still being made, so do it on the executor.

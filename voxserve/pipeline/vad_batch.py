@@ -12,7 +12,7 @@ a listener has one request in flight.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ class VadBatcher:
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self.batches = 0
         self.requests = 0
+        self.on_batch: Callable[[str, int], None] | None = None  # (engine, size): metrics
 
     async def speech_probs(self, state: Any, audio: Float32Array) -> Float32Array:
         loop = asyncio.get_running_loop()
@@ -80,6 +81,8 @@ class VadBatcher:
     async def _run(self, batch: list[_Request]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        if self.on_batch is not None:
+            self.on_batch("vad", len(batch))
         states = [state for state, _, _ in batch]
         audios = [audio for _, audio, _ in batch]
         try:

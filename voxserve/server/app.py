@@ -9,11 +9,14 @@ import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
 from voxserve.server import health, http_admin, http_audio, http_debug, web, ws_stream
+from voxserve.server.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
 
 log = logging.getLogger(__name__)
@@ -50,9 +53,27 @@ def create_app(runtime: Runtime) -> Starlette:
         *ws_stream.routes(runtime),
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors_middleware(runtime))
     app.state.runtime = runtime
     return app
+
+
+def cors_middleware(runtime: Runtime) -> list[Middleware]:
+    """CORS for the origins in `cors_allowed_origins`; none (closed) by default, so only
+    the server's own page (same origin, no CORS needed) can call the API from a browser."""
+    origins = runtime.settings.cors_allowed_origins
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=[TRACE_HEADER, "Retry-After"],
+            max_age=600,
+        )
+    ]
 
 
 def start_watchdog(runtime: Runtime) -> LoopWatchdog | None:

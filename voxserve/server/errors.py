@@ -14,6 +14,7 @@ _STATUS = {
     ErrorCode.NOT_READY: 503,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.ADMIN_DISABLED: 403,
+    ErrorCode.ORIGIN_NOT_ALLOWED: 403,
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
 }

@@ -70,6 +70,7 @@ _BY_NAME = {
     "tts_degraded": S.UNAVAILABLE,
     "unauthorized": S.UNAUTHENTICATED,
     "admin_disabled": S.PERMISSION_DENIED,
+    "origin_not_allowed": S.PERMISSION_DENIED,
 }
 
 _MODES: dict[int, Mode] = {pb.MODE_ASR: "asr", pb.MODE_TTS: "tts", pb.MODE_ASSISTANT: "assistant"}

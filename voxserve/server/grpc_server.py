@@ -19,6 +19,8 @@ from grpc_reflection.v1alpha import reflection
 
 from voxserve.config import Settings
 from voxserve.runtime import Runtime
+from voxserve.server.auth import KeyRing
+from voxserve.server.grpc_auth import AuthInterceptor
 from voxserve.server.grpc_service import VoxserveServicer
 from voxserve.v1 import voxserve_pb2 as pb
 from voxserve.v1 import voxserve_pb2_grpc as pb_grpc
@@ -68,7 +70,8 @@ class GrpcTransport:
 
     async def start(self) -> None:
         settings = self.runtime.settings
-        server = grpc.aio.server(options=server_options(settings))
+        interceptors = [AuthInterceptor(KeyRing.from_settings(settings))]
+        server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
         add_servicer: Any = pb_grpc.add_VoxserveServicer_to_server  # generated, untyped
         add_servicer(VoxserveServicer(self.runtime), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -41,7 +41,6 @@ from voxserve.v1 import voxserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT_S = 10.0  # as the WebSocket: time between the call and its config
 TRANSPORT = "grpc"
 
 Req = TypeVar("Req", pb.ConverseRequest, pb.RecognizeRequest)
@@ -106,11 +105,12 @@ class SessionCall(Generic[Req, Resp]):
             metrics.session_counts(session.ended_event())
 
     async def _open(self, requests: AsyncIterator[Req]) -> Session:
+        timeout_s = self.runtime.settings.limits.handshake_timeout_s
         try:
-            first = await asyncio.wait_for(anext(requests), HANDSHAKE_TIMEOUT_S)
+            first = await asyncio.wait_for(anext(requests), timeout_s)
         except TimeoutError:
             raise VoxError(
-                ErrorCode.NOT_STARTED, f"no config within {HANDSHAKE_TIMEOUT_S:g} s", fatal=True
+                ErrorCode.NOT_STARTED, f"no config within {timeout_s:g} s", fatal=True
             ) from None
         except StopAsyncIteration:
             raise VoxError(

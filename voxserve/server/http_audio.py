@@ -16,11 +16,21 @@ from starlette.routing import BaseRoute, Route
 
 from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server import http_speech, http_transcriptions
-from voxserve.server.http_requests import guarded
+from voxserve.server.auth import KeyRing, bearer_token
+from voxserve.server.http_requests import Handler, guarded
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
-    """The /v1 HTTP routes; each answers 503 `not_ready` until the engines are loaded."""
+    """The /v1 HTTP routes; each answers 401 `unauthorized` without a valid API key (when
+    keys are configured) and 503 `not_ready` until the engines are loaded."""
+    keys = KeyRing.from_settings(runtime.settings)
+
+    def authed(handler: Handler) -> Handler:
+        async def checked(request: Request, trace_id: str) -> Response:
+            keys.authenticate(bearer_token(request.headers.get("authorization")))
+            return await handler(request, trace_id)
+
+        return checked
 
     async def speech(request: Request, trace_id: str) -> Response:
         return await http_speech.speech(runtime, request, trace_id)
@@ -35,10 +45,10 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         return _models(runtime.engines)
 
     return [
-        Route("/v1/audio/speech", guarded(speech), methods=["POST"]),
-        Route("/v1/audio/transcriptions", guarded(transcriptions), methods=["POST"]),
-        Route("/v1/voices", guarded(voices), methods=["GET"]),
-        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/audio/speech", guarded(authed(speech)), methods=["POST"]),
+        Route("/v1/audio/transcriptions", guarded(authed(transcriptions)), methods=["POST"]),
+        Route("/v1/voices", guarded(authed(voices)), methods=["GET"]),
+        Route("/v1/models", guarded(authed(models)), methods=["GET"]),
     ]
 
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from voxserve.config import ConfigError, Settings
 from voxserve.runtime import Runtime
+from voxserve.server.auth import check_auth_settings
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Transports:
         settings = self.runtime.settings
         check_tls(settings)
         check_transport_packages(settings)
+        check_auth_settings(settings)  # e.g. Wyoming (no keys) on a non-loopback host
         try:
             if settings.grpc_port:
                 from voxserve.server.grpc_server import GrpcTransport

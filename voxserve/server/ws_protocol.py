@@ -61,7 +61,9 @@ def _invalid(message: str) -> VoxError:
 
 def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
     value = data.get(name, default)
-    if value is None or value is default:
+    if value is None:  # JSON null is "not given": the default (found by tests/fuzz)
+        return default
+    if value is default:
         return value
     # bool is an int in Python; refuse true/false where a number is expected.
     if isinstance(value, bool) and kind is not bool:

@@ -22,6 +22,13 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
+from voxserve.server.auth import (
+    SUBPROTOCOL,
+    KeyRing,
+    bearer_token,
+    origin_allowed,
+    subprotocol_token,
+)
 from voxserve.server.ws_protocol import (
     CancelMessage,
     EndMessage,
@@ -35,7 +42,6 @@ from voxserve.server.ws_protocol import (
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT_S = 10.0  # time allowed between connect and session.start
 CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008  # the client broke the protocol
 CLOSE_INTERNAL = 1011
@@ -43,20 +49,28 @@ CLOSE_TRY_AGAIN = 1013  # overloaded or not ready: retry later
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
+    keys = KeyRing.from_settings(runtime.settings)
+
     async def endpoint(websocket: WebSocket) -> None:
-        await StreamConnection(runtime, websocket).serve()
+        await StreamConnection(runtime, websocket, keys).serve()
 
     return [WebSocketRoute("/v1/stream", endpoint)]
 
 
 class StreamConnection:
-    def __init__(self, runtime: Runtime, websocket: WebSocket) -> None:
+    def __init__(self, runtime: Runtime, websocket: WebSocket, keys: KeyRing) -> None:
         self.runtime = runtime
         self.ws = websocket
         self.limits = runtime.settings.limits
+        self.keys = keys
+        self.key_id: str | None = None
 
     async def serve(self) -> None:
-        await self.ws.accept()
+        # Accepted before any check, so a refused client reads why (an error event and a
+        # close code) instead of a bare HTTP 403. `voxserve.v1` is selected when offered:
+        # never the bearer subprotocol, whose name carries the key.
+        offered = self.ws.scope.get("subprotocols") or []
+        await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
             session = await self._open_session()
         except VoxError as exc:
@@ -80,15 +94,32 @@ class StreamConnection:
             active.dec()
             metrics.session_counts(session.ended_event())
 
+    def _authenticate(self) -> None:
+        """Origin first (a browser page of another site must not use the key a user
+        typed elsewhere), then the key: header, else the bearer subprotocol."""
+        headers = self.ws.headers
+        origin = headers.get("origin")
+        allowed = self.runtime.settings.cors_allowed_origins
+        if origin is not None and not origin_allowed(origin, headers.get("host", ""), allowed):
+            raise VoxError(
+                ErrorCode.ORIGIN_NOT_ALLOWED,
+                f"origin {origin!r} is not allowed (cors_allowed_origins)",
+                fatal=True,
+            )
+        token = bearer_token(headers.get("authorization"))
+        if token is None:
+            token = subprotocol_token(self.ws.scope.get("subprotocols") or [])
+        self.key_id = self.keys.authenticate(token)
+
     async def _open_session(self) -> Session:
+        self._authenticate()
         admit(self.runtime)
+        timeout_s = self.limits.handshake_timeout_s
         try:
-            message = await asyncio.wait_for(self.ws.receive(), HANDSHAKE_TIMEOUT_S)
+            message = await asyncio.wait_for(self.ws.receive(), timeout_s)
         except TimeoutError:
             raise VoxError(
-                ErrorCode.NOT_STARTED,
-                f"no session.start within {HANDSHAKE_TIMEOUT_S:g} s",
-                fatal=True,
+                ErrorCode.NOT_STARTED, f"no session.start within {timeout_s:g} s", fatal=True
             ) from None
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))

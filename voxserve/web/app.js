@@ -233,7 +233,11 @@ function connect() {
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/stream`;
   setState("connecting");
   setStatus(retries ? `Reconnecting (attempt ${retries + 1})…` : "Connecting…");
-  const sock = (ws = new WebSocket(url));
+  // Browsers cannot set headers on a WebSocket: the key travels as the subprotocol
+  // voxserve.bearer.<key>, and the server selects voxserve.v1 (never echoing the key).
+  const key = $("api-key").value.trim();
+  const protocols = key ? ["voxserve.v1", `voxserve.bearer.${key}`] : [];
+  const sock = (ws = new WebSocket(url, protocols));
   sock.binaryType = "arraybuffer";
   let lastError = null;
 
