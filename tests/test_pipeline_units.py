@@ -201,3 +201,38 @@ async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
     assert [r.tolist() for r in results] == [[0.0, 0.0], [1.0, 1.0]] * 5
     batcher.close()
     executor.shutdown()
+
+
+async def test_asr_batcher_runs_concurrent_finals_as_one_engine_batch() -> None:
+    import numpy as np
+
+    from tests.fakes import FakeAsr, tone
+    from voxserve.audio.pcm import to_float32
+    from voxserve.pipeline.asr_batch import AsrBatcher
+    from voxserve.types import AsrResult
+
+    class BatchingAsr(FakeAsr):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[int] = []
+
+        def transcribe_many(
+            self, audios: list[np.ndarray], *, language: str | None = None, partial: bool = False
+        ) -> list[AsrResult]:
+            self.batches.append(len(audios))
+            return [self.transcribe(a, language=language, partial=partial) for a in audios]
+
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    asr = BatchingAsr()
+    stage = EngineStage("asr", concurrency=1, timeout_s=5.0, executor=executor)
+    batcher = AsrBatcher(asr, stage, max_wait_ms=30, max_batch=4)
+    sizes: list[tuple[str, int]] = []
+    batcher.on_batch = lambda engine, size: sizes.append((engine, size))
+    freqs = [300, 400, 500, 600, 700, 800]
+    clips = [to_float32(tone(f, 0.5)) for f in freqs]
+    results = await asyncio.gather(*(batcher.final(c, "en", deadline=None) for c in clips))
+    assert [r.text for r in results] == [f"tone{f}" for f in freqs]  # each its own, in order
+    assert sorted(asr.batches) == [2, 4]  # bounded by max_batch, nothing run twice
+    assert sorted(sizes) == [("asr", 2), ("asr", 4)]
+    batcher.close()
+    executor.shutdown()

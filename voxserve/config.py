@@ -65,6 +65,11 @@ class PipelineConfig(BaseModel):
     # (one batched model call per window step): hops cost more than silero's windows.
     vad_batch_wait_ms: float = 8.0
     vad_max_batch: int = 64
+    # Finals of different sessions ending within this wait run as one Whisper batch
+    # (utterances sharing an encoder window encode together; results equal one at a time).
+    asr_batch_enabled: bool = True
+    asr_batch_wait_ms: float = 30.0
+    asr_max_batch: int = 8
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
     outbox_messages: int = 256

@@ -22,6 +22,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import make_tracer
+from voxserve.pipeline.asr_batch import AsrBatcher
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.stage import EngineStage
@@ -126,6 +127,7 @@ class Runtime:
         )
         self.stages: dict[str, EngineStage] = {}
         self._vad_batcher: VadBatcher | None = None
+        self._asr_batcher: AsrBatcher | None = None
         # Set when `ready` turns true: what readiness watchers (gRPC health) await.
         self.loaded = asyncio.Event()
         self.cache = TtsCache(settings.cache) if settings.cache.enabled else None
@@ -184,6 +186,22 @@ class Runtime:
             )
             self._vad_batcher.on_batch = self.metrics.observe_batch
         return self._vad_batcher
+
+    def asr_batcher(self) -> AsrBatcher | None:
+        """The batcher for final transcriptions, or None when `pipeline.asr_batch_enabled`
+        is off (finals then go to the ASR stage one at a time)."""
+        cfg = self.settings.pipeline
+        if not cfg.asr_batch_enabled:
+            return None
+        if self._asr_batcher is None:
+            self._asr_batcher = AsrBatcher(
+                self.engines.asr,
+                self.stage("asr"),
+                max_wait_ms=cfg.asr_batch_wait_ms,
+                max_batch=cfg.asr_max_batch,
+            )
+            self._asr_batcher.on_batch = self.metrics.observe_batch
+        return self._asr_batcher
 
     def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
         """What of `engine` goes into cache keys: its info, the options it was built with

@@ -268,6 +268,11 @@ class Listener:
             )
 
     async def _recognise(self, audio: Int16Array, *, partial_result: bool) -> AsrResult:
+        batcher = None if partial_result else self.runtime.asr_batcher()
+        if batcher is not None:
+            return await batcher.final(
+                to_float32(audio), self.language, deadline=deadline_in(FINAL_DUE_S)
+            )
         stage = self.runtime.stage("asr")
         call = partial(
             self.runtime.engines.asr.transcribe,

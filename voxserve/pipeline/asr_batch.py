@@ -1,0 +1,53 @@
+"""Cross-session batching of final transcriptions.
+
+Whisper (CTranslate2) encodes and decodes several utterances that share an encoder window in
+one call (`transcribe_many`), sharing the per-call overhead and the matrix products, with
+results identical to one at a time. Finals of different sessions that end close together go
+through one `Batcher`; partials stay one at a time (best effort, skipped when the stage is
+busy). An engine without `transcribe_many` is called once per utterance inside the batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from voxserve.audio.pcm import Float32Array
+from voxserve.engines.base import AsrEngine
+from voxserve.pipeline.batcher import Batcher
+from voxserve.pipeline.stage import EngineStage
+from voxserve.types import AsrResult
+
+AsrRequest = tuple[Float32Array, str | None]  # (16 kHz audio, language)
+
+
+def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
+    """Blocking: one engine batch per language, results back in request order."""
+    many = getattr(asr, "transcribe_many", None)
+    results: list[AsrResult | None] = [None] * len(items)
+    by_language: dict[str | None, list[int]] = defaultdict(list)
+    for index, (_, language) in enumerate(items):
+        by_language[language].append(index)
+    for language, indexes in by_language.items():
+        audios = [items[i][0] for i in indexes]
+        if callable(many):
+            batch = list(many(audios, language=language, partial=False))
+        else:
+            batch = [asr.transcribe(audio, language=language) for audio in audios]
+        for i, result in zip(indexes, batch, strict=True):
+            results[i] = result
+    return [result for result in results if result is not None]
+
+
+class AsrBatcher(Batcher[AsrRequest, AsrResult]):
+    def __init__(
+        self, asr: AsrEngine, stage: EngineStage, *, max_wait_ms: float, max_batch: int
+    ) -> None:
+        def run_many(items: list[AsrRequest]) -> list[AsrResult]:
+            return transcribe_many(asr, items)
+
+        super().__init__("asr", stage, run_many, max_wait_ms=max_wait_ms, max_batch=max_batch)
+
+    async def final(
+        self, audio: Float32Array, language: str | None, *, deadline: float | None
+    ) -> AsrResult:
+        return await self.submit((audio, language), deadline=deadline)
