@@ -394,3 +394,26 @@ async def test_session_logs_carry_trace_ids_and_no_content(fake_server: LiveServ
     mine = [line for line in session_lines if line["trace_id"] == "trace-abc"]
     assert {line["msg"] for line in mine} >= {"session started", "session closed"}
     assert "secret" not in stream.getvalue()
+
+
+async def test_idle_clients_and_endless_sessions_are_ended_with_their_codes() -> None:
+    base = load_settings(port=free_port(), log_level="warning")
+    limits = base.limits.model_copy(update={"idle_timeout_s": 1.0, "max_session_s": 2.0})
+    settings = base.model_copy(update={"limits": limits})
+    live = start_server(settings, fake_runtime(settings))
+    try:
+        async with connect(live.ws_url) as ws:  # silent after the start
+            await start(ws, mode="asr")
+            events, _ = await collect(ws, limit_s=5)
+        assert [e["type"] for e in events] == ["error", "session.ended"]
+        assert events[0]["code"] == "idle_timeout" and events[0]["fatal"] is True
+        async with connect(live.ws_url) as ws:  # busy, but for too long
+            await start(ws, mode="asr")
+            sender = asyncio.create_task(send_audio(ws, silence(4.0)))
+            events, _ = await collect(ws, limit_s=5)
+            sender.cancel()
+        errors = of_type(events, "error")
+        assert [e["code"] for e in errors] == ["session_expired"]
+        assert events[-1]["type"] == "session.ended" and events[-1]["received"] > 0
+    finally:
+        stop_server(live)

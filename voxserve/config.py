@@ -156,6 +156,10 @@ class LimitsConfig(BaseModel):
     max_upload_bytes: int = 25 * 1024 * 1024
     # Time between a WebSocket/gRPC connect and its session.start (slow-loris guard).
     handshake_timeout_s: float = Field(default=10.0, gt=0)
+    # WebSocket: a client silent this long is ended (`idle_timeout`); no session outlives
+    # max_session_s (`session_expired`). Both fatal, after `session.ended`.
+    idle_timeout_s: float = Field(default=300.0, gt=0)
+    max_session_s: float = Field(default=4 * 3600.0, gt=0)
 
 
 class Settings(BaseSettings):

@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
     OVERLOADED = "overloaded"
+    IDLE_TIMEOUT = "idle_timeout"  # no message from the client for limits.idle_timeout_s
+    SESSION_EXPIRED = "session_expired"  # the session outlived limits.max_session_s
     TTS_DEGRADED = "tts_degraded"  # TTS is saturated: only cached speech is served
     NOT_READY = "not_ready"
     INTERNAL = "internal"

@@ -36,7 +36,8 @@ def read_wav(data: bytes) -> tuple[Int16Array, int]:
             ErrorCode.UNSUPPORTED_ENCODING,
             f"WAV sample width {width * 8} bits is not supported; use 16-bit PCM",
         )
-    samples = np.frombuffer(frames, dtype="<i2")
+    # A header whose sizes lie can leave half a sample at the end: keep whole samples only.
+    samples = np.frombuffer(frames, dtype="<i2", count=len(frames) // 2)
     if channels > 1:
         usable = samples.size - samples.size % channels
         samples = samples[:usable].reshape(-1, channels).mean(axis=1).astype(np.int16)

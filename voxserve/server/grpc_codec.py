@@ -61,6 +61,8 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,
     ErrorCode.OVERLOADED: S.RESOURCE_EXHAUSTED,
+    ErrorCode.IDLE_TIMEOUT: S.DEADLINE_EXCEEDED,
+    ErrorCode.SESSION_EXPIRED: S.DEADLINE_EXCEEDED,
     ErrorCode.NOT_READY: S.UNAVAILABLE,
     ErrorCode.INTERNAL: S.INTERNAL,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -62,6 +63,8 @@ class StreamConnection:
         self.runtime = runtime
         self.ws = websocket
         self.limits = runtime.settings.limits
+        self._closing = False  # a fatal error ended the session; input is ignored
+        self._last_message_at = time.monotonic()
         self.keys = keys
         self.key_id: str | None = None
 
@@ -155,7 +158,8 @@ class StreamConnection:
         pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-session")
         sender = asyncio.create_task(self._send(session.outbox), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(session), name="voxserve-receiver")
-        tasks = {pipeline, sender, receiver}
+        limits = asyncio.create_task(self._watch_limits(session), name="voxserve-limits")
+        tasks = {pipeline, sender, receiver, limits}
         try:
             await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -200,12 +204,12 @@ class StreamConnection:
         the session goes on, fatal ones end it."""
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
-        closing = False
         while True:
             message = await self.ws.receive()
+            self._last_message_at = time.monotonic()  # read by _watch_limits
             if message["type"] == "websocket.disconnect":
                 return
-            if closing:
+            if self._closing:
                 continue  # a fatal error was sent; the sender closes the socket after it
             data = message.get("bytes")
             try:
@@ -234,8 +238,46 @@ class StreamConnection:
                 self.runtime.metrics.errors.labels(exc.code.value, "ws").inc()
                 await session.outbox.event(exc.to_event())
                 if exc.fatal:
-                    await session.outbox.close()
-                    closing = True
+                    await self._end_fatally(session, None)
+
+    def _limit_error(self, *, expired: bool) -> VoxError:
+        if expired:
+            limit = self.limits.max_session_s
+            return VoxError(
+                ErrorCode.SESSION_EXPIRED, f"sessions last at most {limit:g} s", fatal=True
+            )
+        idle = self.limits.idle_timeout_s
+        return VoxError(
+            ErrorCode.IDLE_TIMEOUT, f"no message from the client for {idle:g} s", fatal=True
+        )
+
+    async def _watch_limits(self, session: Session) -> None:
+        """End a session whose client went silent (`limits.idle_timeout_s`) or that has
+        lasted `limits.max_session_s`. A task of its own, so the receive path pays one clock
+        read per message, not a timer."""
+        idle = self.limits.idle_timeout_s
+        expires_at = time.monotonic() + self.limits.max_session_s
+        while not self._closing:
+            now = time.monotonic()
+            if now >= expires_at:
+                await self._end_fatally(session, self._limit_error(expired=True))
+                return
+            if now - self._last_message_at >= idle:
+                await self._end_fatally(session, self._limit_error(expired=False))
+                return
+            await asyncio.sleep(min(expires_at, self._last_message_at + idle) - now + 0.001)
+
+    async def _end_fatally(self, session: Session, error: VoxError | None) -> None:
+        """After a fatal error: report it (unless already sent), then the counters, then
+        close; the sender closes the socket once these are out."""
+        if self._closing:
+            return
+        self._closing = True
+        if error is not None:
+            self.runtime.metrics.errors.labels(error.code.value, "ws").inc()
+            await session.outbox.event(error.to_event())
+        await session.outbox.event(session.ended_event())
+        await session.outbox.close()
 
     async def _fail(self, error: VoxError) -> None:
         """Refuse a connection that never became a session, with a code for the transport."""
