@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.admin_http import admin_client, call
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
@@ -98,51 +99,18 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _online(args: argparse.Namespace, settings: Settings) -> int:
-    import httpx
-
-    key = args.admin_key or (
-        settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
-    )
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(settings.host)
-    url = (args.url or f"http://{host or settings.host}:{settings.port}").rstrip("/")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+    with admin_client(args, settings) as client:
         if args.action == "stats":
-            _print_stats(_call(client, "GET", "/admin/cache"), as_json=args.json)
+            _print_stats(call(client, "GET", "/admin/cache"), as_json=args.json)
         elif args.action == "clear":
-            body = _call(client, "DELETE", "/admin/cache")
+            body = call(client, "DELETE", "/admin/cache")
             print(f"cleared {body['cleared']} entries")
         elif args.action == "invalidate":
-            body = _call(client, "POST", "/admin/cache/invalidate", _invalidation(args))
+            body = call(client, "POST", "/admin/cache/invalidate", _invalidation(args))
             print(f"invalidated {body['invalidated']} entries")
         else:
             _prewarm(client, args)
     return EXIT_OK
-
-
-def _call(
-    client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    import httpx
-
-    try:
-        response = client.request(method, path, json=body)
-    except httpx.HTTPError as exc:
-        raise CliError(
-            f"cannot reach the server at {client.base_url} ({type(exc).__name__}); is it "
-            "running? (--url)"
-        ) from exc
-    try:
-        data = response.json()
-    except ValueError:
-        data = {}
-    if response.status_code >= 400:
-        error = data.get("error", {}) if isinstance(data, dict) else {}
-        message = error.get("message") or f"HTTP {response.status_code}"
-        raise CliError(f"{error.get('code', 'error')}: {message}")
-    if not isinstance(data, dict):
-        raise CliError(f"unexpected answer from {client.base_url}{path}")
-    return data
 
 
 def _invalidation(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,7 +138,7 @@ def _prewarm(client: httpx.Client, args: argparse.Namespace) -> None:
     accepted = total = 0
     for start in range(0, len(lines), PREWARM_BATCH):
         batch = lines[start : start + PREWARM_BATCH]
-        body = _call(client, "POST", "/admin/cache/prewarm", {"sentences": batch, **options})
+        body = call(client, "POST", "/admin/cache/prewarm", {"sentences": batch, **options})
         accepted += int(body["accepted"])
         total = int(body["total"])
     print(f"queued {accepted} texts from {len(lines)} lines of {path}", flush=True)
@@ -179,7 +147,7 @@ def _prewarm(client: httpx.Client, args: argparse.Namespace) -> None:
     live = sys.stdout.isatty()  # a terminal gets one line redrawn; a pipe, one per change
     shown = -1
     while True:
-        stats = _call(client, "GET", "/admin/cache")
+        stats = call(client, "GET", "/admin/cache")
         done = int(stats["prewarm_done"])
         ours = min(accepted, max(0, accepted - (total - done)))  # ours were queued last
         if ours != shown:

@@ -31,20 +31,12 @@ def add_stats_parser(commands: Subparsers, common: argparse.ArgumentParser) -> N
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    import httpx
-
-    from voxserve.cli.cache import _call
+    from voxserve.cli.admin_http import admin_client, call
     from voxserve.cli.settings import load_cli_settings
 
     settings = load_cli_settings(args)
-    key = args.admin_key or (
-        settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
-    )
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(settings.host)
-    url = (args.url or f"http://{host or settings.host}:{settings.port}").rstrip("/")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-        body = _call(client, "GET", "/debug/stats")
+    with admin_client(args, settings) as client:
+        body = call(client, "GET", "/debug/stats")
     print(json.dumps(body, indent=2) if args.json else format_table(body))
     return EXIT_OK
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from voxserve.audio.pcm import Int16Array
+from voxserve.config import TtsConfig
 
 
 class Chunker:
@@ -37,3 +38,9 @@ class Chunker:
             start += piece.size
             self.sent += piece.size
             yield piece
+
+
+def chunk_sizes(tts: TtsConfig, sample_rate: int) -> tuple[int, int]:
+    """(first, max) chunk lengths in samples at `sample_rate`, from the settings."""
+    first = max(1, sample_rate * tts.first_chunk_ms // 1000)
+    return first, max(1, sample_rate * tts.max_chunk_ms // 1000)

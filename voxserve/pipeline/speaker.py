@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.chunking import Chunker, chunk_sizes
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.synthesis import split_chunk, synthesize
+from voxserve.pipeline.synthesis import synthesize
 from voxserve.pipeline.tts_health import TtsDegraded
 from voxserve.runtime import Runtime
 
@@ -129,7 +130,9 @@ class Speaker:
                         raise
                     await self._announce_fallback(reply, exc.reason)
                     stats.fallback = True
-                    for piece in split_chunk(fallback, self._max_chunk_samples()):
+                    # Cut like any other reply (small first chunk, then growing).
+                    sizes = chunk_sizes(self.runtime.settings.tts, self.sample_rate)
+                    for piece in Chunker(*sizes).split(fallback):
                         await send(piece)
                     break
         except asyncio.CancelledError:
@@ -167,9 +170,6 @@ class Speaker:
                 "text": self.runtime.fallback.text,
             }
         )
-
-    def _max_chunk_samples(self) -> int:
-        return max(1, self.sample_rate * self.runtime.settings.tts.max_chunk_ms // 1000)
 
     def _end_event(self, stats: ReplyStats, started: float) -> dict[str, object]:
         event: dict[str, object] = {

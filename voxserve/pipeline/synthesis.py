@@ -31,7 +31,7 @@ from voxserve.cache.key import CacheKey, make_key, round_speed
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.chunking import Chunker
+from voxserve.pipeline.chunking import Chunker, chunk_sizes
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
 from voxserve.runtime import Runtime
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
@@ -84,11 +84,6 @@ def check_speed(speed: float) -> float:
     return speed
 
 
-def split_chunk(samples: Int16Array, max_samples: int) -> Iterator[Int16Array]:
-    for start in range(0, samples.size, max_samples):
-        yield samples[start : start + max_samples]
-
-
 @dataclass(frozen=True, slots=True)
 class SpeechRequest:
     """A validated synthesis: what to say, with which engine, in what chunks."""
@@ -113,8 +108,7 @@ def plan(
     text = check_text(text, settings.limits.max_text_chars)
     check_speed(speed)
     voice_info, engine = runtime.engines.voice(voice)
-    max_samples = max(1, out_rate * settings.tts.max_chunk_ms // 1000)
-    first_samples = max(1, out_rate * settings.tts.first_chunk_ms // 1000)
+    first_samples, max_samples = chunk_sizes(settings.tts, out_rate)
     return SpeechRequest(
         text, voice_info, engine, round_speed(speed), out_rate, max_samples, first_samples
     )
