@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import jiwer
@@ -28,3 +30,10 @@ def fixture_audio(name: str) -> np.ndarray:
 def wer(reference: str, hypothesis: str) -> float:
     clean = lambda t: " ".join(re.sub(r"[^a-z0-9' ]+", " ", t.lower()).split())  # noqa: E731
     return float(jiwer.wer(clean(reference), clean(hypothesis) or "<empty>"))
+
+
+async def eventually(check: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Poll `check` until it is true (server state read from the test's side)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():  # noqa: ASYNC110 (a test poll of another thread's state)
+            await asyncio.sleep(0.02)

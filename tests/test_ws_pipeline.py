@@ -337,13 +337,15 @@ async def test_marks_are_echoed_after_earlier_audio_is_handled(fake_server: Live
         seq = await send_audio(ws, silence(0.1), realtime=False)
         await ws.send(json.dumps({"type": "mark", "id": 1}))
         event = json.loads(await asyncio.wait_for(ws.recv(), 2))
-        assert event == {"type": "mark", "id": 1}
-        await send_audio(ws, silence(0.04), realtime=False, first_seq=seq)
+        # acked_seq: the last frame accepted before the mark (what a resuming client keeps)
+        assert event == {"type": "mark", "id": 1, "acked_seq": seq - 1}
+        seq = await send_audio(ws, silence(0.04), realtime=False, first_seq=seq)
         await ws.send(json.dumps({"type": "mark", "id": "two"}))
         await ws.send(json.dumps({"type": "mark", "id": True}))
         events = [json.loads(await asyncio.wait_for(ws.recv(), 2)) for _ in range(2)]
         codes = {e.get("code") for e in events}
-        assert {"type": "mark", "id": "two"} in events and "invalid_message" in codes
+        assert {"type": "mark", "id": "two", "acked_seq": seq - 1} in events
+        assert "invalid_message" in codes
         await ws.send(json.dumps({"type": "audio.end"}))
         events, _ = await collect(ws)
     assert events[-1]["processed"] == 7

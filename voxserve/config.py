@@ -73,6 +73,20 @@ class PipelineConfig(BaseModel):
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
     outbox_messages: int = 256
+    # Ring buffers in the process-wide pool (audio/pool.py). None: the seeds' rule,
+    # limits.max_sessions x 1.2 (one ring per stream, 20% headroom). Unused buffers cost
+    # address space only; an empty pool falls back to plain allocation with a WARNING.
+    pool_buffers: int | None = Field(default=None, ge=0)
+
+
+class GcConfig(BaseModel):
+    """Garbage collector control (observe/gc_control.py; measured in docs/benchmarks.md)."""
+
+    # gc.freeze() after the models load: collections skip the loaded objects, forked
+    # workers keep their pages shared.
+    freeze_after_load: bool = True
+    # gc.set_threshold(gen0, gen1, gen2); None keeps Python's (700, 10, 10).
+    thresholds: tuple[int, int, int] | None = (10_000, 20, 20)
 
 
 class VadConfig(BaseModel):
@@ -118,6 +132,12 @@ class TtsConfig(BaseModel):
     # grow with the audio already sent, up to max_chunk_ms (pipeline/chunking.py).
     # Set it to max_chunk_ms for fixed-size chunks.
     first_chunk_ms: int = Field(default=80, ge=10)
+    # Output pacing: audio is sent no further ahead of the client's playback (real-time
+    # clock from the reply's first chunk) than this, so a reply never piles up in socket
+    # buffers and a barge-in stops what the user hears within this much. Synthesis runs
+    # ahead of the sending by up to max_ahead_ms (the server-side bound, per stream).
+    pacing_lead_ms: int = Field(default=400, ge=0)
+    max_ahead_ms: int = Field(default=6000, ge=200)
     degrade: DegradeConfig = DegradeConfig()
 
 
@@ -160,6 +180,109 @@ class LimitsConfig(BaseModel):
     # max_session_s (`session_expired`). Both fatal, after `session.ended`.
     idle_timeout_s: float = Field(default=300.0, gt=0)
     max_session_s: float = Field(default=4 * 3600.0, gt=0)
+    # A client that reads nothing for this long while output waits for it is ended
+    # (`client_stalled`): a stalled reader never makes the server buffer without bound.
+    stalled_client_s: float = Field(default=15.0, gt=0)
+    # SIGTERM: stop admitting, let live turns finish for up to this long, then end every
+    # session with `session.ended` reason `server_shutdown`, then exit 0.
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+    # A WebSocket client that drops without `session.end` may reconnect with
+    # `session.resume` within this long and continue (0 = sessions end on disconnect).
+    resume_window_s: float = Field(default=30.0, ge=0)
+
+
+class FlowConfig(BaseModel):
+    """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
+
+    Every `tick_ms` each model stage is judged: under pressure when more than
+    `queue_limit` calls wait for it, when callers wait longer than `wait_limit_ms` for a
+    slot (smoothed), or when a call timed out or started past its deadline since the last
+    tick. Under pressure each stream's input window (VAD batches of audio in flight;
+    default 8) halves, down to 1; without, it grows back by one a tick. New sessions are
+    refused (`overloaded`, retry hint) once a spell of pressure on any stage has lasted
+    `shed_after_s`; a spell ends after `calm_s` without pressure.
+    """
+
+    credit_window: int = Field(default=8, ge=1)
+    tick_ms: int = Field(default=200, ge=10)
+    queue_limit: int = Field(default=4, ge=0)
+    wait_limit_ms: float = Field(default=500.0, gt=0)
+    shed_after_s: float = Field(default=1.0, ge=0)
+    calm_s: float = Field(default=2.0, ge=0)
+    retry_after_s: int = Field(default=2, ge=1)
+
+
+class QuotaLimits(BaseModel):
+    """Limits for one principal (an API key, or the anonymous caller). In `default`, None
+    means no limit; in a per-key override, None means "as the default" and 0 no limit."""
+
+    max_sessions: int | None = Field(default=None, ge=0)  # open at once, every transport
+    requests_per_s: float | None = Field(default=None, ge=0)  # token bucket refill rate
+    burst: int | None = Field(default=None, ge=0)  # bucket size; None: max(1, 2 x rate)
+    audio_s_per_min: float | None = Field(default=None, ge=0)  # speech sent in, refilled per s
+
+
+class QuotasConfig(BaseModel):
+    """Per-key quotas (docs/protocol.md "Quotas"), applied to every authenticated key, and
+    to the anonymous caller while auth is off only when `anonymous` is true. Overrides in
+    `keys` are by key id (`voxserve.server.auth.key_id`: 8 hex digits of the key's hash).
+    Defaults: room for a busy client, a wall against one runaway key."""
+
+    enabled: bool = True
+    anonymous: bool = False
+    default: QuotaLimits = QuotaLimits(
+        max_sessions=64, requests_per_s=20.0, burst=40, audio_s_per_min=3_600.0
+    )
+    keys: dict[str, QuotaLimits] = Field(default_factory=dict)
+
+
+class ClusterCredits(BaseModel):
+    """The gateway's window of in-flight calls per core tier (asr, tts): AIMD, like TCP's.
+    A refusal (Ray Serve BackPressureError) or a deadline miss multiplies it by `decrease`;
+    each success adds `increase / window` (about `increase` per window of calls)."""
+
+    initial: int = Field(default=8, ge=1)
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=32, ge=1)
+    increase: float = Field(default=1.0, gt=0)
+    decrease: float = Field(default=0.5, gt=0, lt=1)
+    # A call that finds the window full waits this long for a credit, then is refused
+    # (`overloaded`; TTS: the fallback phrase), so the gateway never queues without bound.
+    wait_ms: int = Field(default=250, ge=0)
+
+
+class ClusterDeployment(BaseModel):
+    """One core tier's Ray Serve deployment (docs/cluster.md has the sizing rules)."""
+
+    num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
+    num_cpus: float = Field(default=0.5, gt=0)  # per replica; fractional so it fits small hosts
+    max_ongoing_requests: int = Field(default=4, ge=1)  # per replica, running at once
+    max_queued_requests: int = Field(default=16, ge=-1)  # per gateway handle; -1 unbounded
+    max_models_per_replica: int = Field(default=3, ge=1)  # voices / languages kept loaded
+    max_replicas_per_node: int | None = Field(default=None, ge=1)
+    # Ray Serve's autoscaling_config as it is (min_replicas, max_replicas,
+    # target_ongoing_requests, upscale_delay_s, ...); None: a fixed num_replicas.
+    autoscaling: dict[str, Any] | None = None
+
+
+class ClusterConfig(BaseModel):
+    """Scale-out on Ray Serve (docs/cluster.md): the gateway's ASR and TTS engine calls go
+    to core deployments (`voxserve cluster up`) instead of in-process engines."""
+
+    enabled: bool = False  # `voxserve serve --cluster [ADDRESS]`
+    address: str = "auto"  # Ray's address (host:port of the GCS, or "auto")
+    namespace: str = "voxserve"
+    app_name: str = "voxserve"
+    asr: ClusterDeployment = ClusterDeployment()
+    tts: ClusterDeployment = ClusterDeployment()
+    # ASR engine per language (the multiplexed model id); others use engines.asr.
+    asr_languages: dict[str, EngineSpec] = Field(default_factory=dict)
+    asr_timeout_s: float = Field(default=10.0, gt=0)  # one remote transcription
+    tts_chunk_timeout_s: float = Field(default=5.0, gt=0)  # one remote audio chunk
+    # A call that lost its replica (died, unreachable) is sent again this many times:
+    # ASR whole, TTS from the first chunk not yet received.
+    retries: int = Field(default=2, ge=0)
+    credits: ClusterCredits = ClusterCredits()
 
 
 class Settings(BaseSettings):
@@ -177,6 +300,16 @@ class Settings(BaseSettings):
     tts: TtsConfig = TtsConfig()
     cache: CacheConfig = CacheConfig()
     limits: LimitsConfig = LimitsConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    flow: FlowConfig = FlowConfig()
+    quotas: QuotasConfig = QuotasConfig()
+    gc: GcConfig = GcConfig()
+    # Server processes sharing the port (`serve --workers N`); engines that start no
+    # threads are loaded once before fork and shared copy-on-write (server/workers.py).
+    workers: int = Field(default=1, ge=1, le=64)
+    # tracemalloc frames kept per allocation (`serve --tracemalloc N`); 0 = off. With it
+    # on, GET /debug/tracemalloc diffs snapshots (leak hunting; slows the server).
+    tracemalloc_frames: int = Field(default=0, ge=0, le=64)
     # Bearer key for /admin routes (VOXSERVE_ADMIN_KEY); unset, they answer 403.
     admin_key: SecretStr | None = None
     # API keys for every transport (README "Authentication"): plain, or `sha256:<hex>` of

@@ -32,10 +32,14 @@ class ErrorCode(StrEnum):
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
     OVERLOADED = "overloaded"
+    QUOTA_EXCEEDED = "quota_exceeded"  # a per-key quota (quotas.*): sessions, rate, audio
     IDLE_TIMEOUT = "idle_timeout"  # no message from the client for limits.idle_timeout_s
     SESSION_EXPIRED = "session_expired"  # the session outlived limits.max_session_s
     TTS_DEGRADED = "tts_degraded"  # TTS is saturated: only cached speech is served
     NOT_READY = "not_ready"
+    SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM): connect elsewhere
+    CLIENT_STALLED = "client_stalled"  # the client stopped reading for limits.stalled_client_s
+    RESUME_FAILED = "resume_failed"  # no parked session with that id (expired, or never was)
     INTERNAL = "internal"
     # admin routes
     UNAUTHORIZED = "unauthorized"  # missing or wrong API key or admin key

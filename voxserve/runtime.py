@@ -1,17 +1,21 @@
 """The process-wide runtime: engines loaded once and shared, the executor, the stage limits.
 
 Everything a transport needs to serve a session hangs off one `Runtime`; tests build one
-with fake engines (`Runtime.from_engines`) to exercise the pipeline alone.
+with fake engines (`Runtime.from_engines`) to exercise the pipeline alone. Engines live in
+generations (`generations.py`): `reload()` loads a new set while streams run; a session
+sees the runtime through `session_view()`, bound to the generation it started on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from voxserve.audio.pool import BufferPool, pool_buffers
 from voxserve.cache.key import EngineFingerprint
 from voxserve.cache.prewarm import Prewarmer, PrewarmItem, read_sentences
 from voxserve.cache.tts_cache import TtsCache
@@ -19,16 +23,20 @@ from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.registry import engine_class
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.generations import Generation, Lease, close_when_idle
+from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import make_tracer
 from voxserve.pipeline.asr_batch import AsrBatcher
+from voxserve.pipeline.drain import Drain
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
+from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.stage import EngineStage
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.vad_batch import VadBatcher
-from voxserve.types import Voice
+from voxserve.types import FRAME_SAMPLES, Voice
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +91,9 @@ class Engines:
             close_engine(engine)
 
 
+ENGINE_KINDS = ("vad", "asr", "tts", "responder")
+
+
 def _build(kind: str, spec: EngineSpec, default_threads: int) -> tuple[Any, float]:
     cls = engine_class(kind, spec.name)
     options = dict(spec.options)
@@ -93,17 +104,37 @@ def _build(kind: str, spec: EngineSpec, default_threads: int) -> tuple[Any, floa
     return engine, time.perf_counter() - started
 
 
-def load_engines(settings: Settings) -> Engines:
-    """Construct every configured engine once (blocking; seconds)."""
+def load_engines(
+    settings: Settings,
+    *,
+    kinds: tuple[str, ...] = ENGINE_KINDS,
+    current: Engines | None = None,
+    preloaded: dict[str, Any] | None = None,
+) -> Engines:
+    """Construct the configured engines (blocking; seconds). Kinds not in `kinds` are
+    taken from `current` (a reload of some kinds); `preloaded` ("vad", "asr", "tts.NAME",
+    "responder") were built before the worker processes forked and are used as they are."""
     cfg = settings.engines
+    have = dict(preloaded or {})
+    if current is not None:
+        have.setdefault("vad", current.vad)
+        have.setdefault("asr", current.asr)
+        have.setdefault("responder", current.responder)
+        for engine in current.tts:
+            have.setdefault(f"tts.{engine.info.name}", engine)
     seconds: dict[str, float] = {}
-    vad, seconds["vad"] = _build("vad", cfg.vad, cfg.default_threads)
-    asr, seconds["asr"] = _build("asr", cfg.asr, cfg.default_threads)
-    tts = []
-    for spec in cfg.tts:
-        engine, seconds[f"tts.{spec.name}"] = _build("tts", spec, cfg.default_threads)
-        tts.append(engine)
-    responder, seconds["responder"] = _build("responder", cfg.responder, cfg.default_threads)
+
+    def one(kind: str, key: str, spec: EngineSpec) -> Any:
+        kept = have.get(key)
+        if kept is not None and (kind not in kinds or key in (preloaded or {})):
+            return kept
+        engine, seconds[key] = _build(kind, spec, cfg.default_threads)
+        return engine
+
+    vad = one("vad", "vad", cfg.vad)
+    asr = one("asr", "asr", cfg.asr)
+    tts = [one("tts", f"tts.{spec.name}", spec) for spec in cfg.tts]
+    responder = one("responder", "responder", cfg.responder)
     for name, took in seconds.items():
         log.info("engine loaded", extra={"engine": name, "seconds": round(took, 3)})
     return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds)
@@ -118,16 +149,30 @@ def _log_prewarm(done: int, total: int) -> None:
 class Runtime:
     """Owns the engines, the executor and the stages for one server process."""
 
-    def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engines: Engines | None = None,
+        *,
+        preloaded: dict[str, Any] | None = None,
+    ) -> None:
         self.settings = settings
-        self._engines = engines
+        self._preloaded = preloaded  # engines built before fork (`serve --workers N`)
         ex = settings.pipeline.executor
         self.executor = AdaptiveExecutor(
             min_workers=ex.min_workers, max_workers=ex.max_workers, idle_release_s=ex.idle_release_s
         )
         self.stages: dict[str, EngineStage] = {}
-        self._vad_batcher: VadBatcher | None = None
-        self._asr_batcher: AsrBatcher | None = None
+        # Credit windows and load shedding (ticks while the app serves), graceful drain.
+        self.flow = FlowMonitor(settings.flow, self.stages)
+        self.drain = Drain()
+        self._generation: Generation | None = None
+        self.generations: list[Generation] = []  # current and retired, until closed
+        self._closers: set[asyncio.Task[None]] = set()
+        self._reload_lock: asyncio.Lock | None = None
+        self.reloads = 0
+        if engines is not None:
+            self._set_generation(engines)
         # Set when `ready` turns true: what readiness watchers (gRPC health) await.
         self.loaded = asyncio.Event()
         self.cache = TtsCache(settings.cache) if settings.cache.enabled else None
@@ -141,6 +186,9 @@ class Runtime:
         self._ready = False
         self.metrics = Metrics(
             enabled=settings.metrics_enabled, profile_window=settings.profile_window
+        )
+        self.pool = BufferPool(
+            pool_buffers(settings), settings.pipeline.ring_frames * FRAME_SAMPLES
         )
         self.tracer = make_tracer(settings.otel_enabled)
         self.metrics.watch(self)
@@ -160,9 +208,99 @@ class Runtime:
 
     @property
     def engines(self) -> Engines:
-        if self._engines is None:
+        """The current generation's engines (what a new session or request uses)."""
+        return self.generation.engines
+
+    @property
+    def generation(self) -> Generation:
+        if self._generation is None:
             raise VoxError(ErrorCode.NOT_READY, "models are still loading; retry shortly")
-        return self._engines
+        return self._generation
+
+    def _set_generation(self, engines: Engines) -> Generation:
+        number = self._generation.number + 1 if self._generation is not None else 1
+        generation = Generation(number, engines)
+        generation.on_unused = self._close_generation
+        old, self._generation = self._generation, generation
+        self.generations.append(generation)
+        if old is not None:
+            old.retire()
+        return generation
+
+    def _close_generation(self, generation: Generation) -> None:
+        """A retired generation lost its last session: close it off the hot path."""
+        if generation in self.generations:
+            self.generations.remove(generation)
+        grace = max(
+            (getattr(self.settings.pipeline, k).timeout_s for k in ("vad", "asr", "tts")),
+            default=15.0,
+        )
+
+        def running() -> int:
+            return sum(stage.running for stage in self.stages.values())
+
+        def keep() -> Engines | None:
+            return self._generation.engines if self._generation is not None else None
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a collected session outside it): close now
+            generation.close_batchers()
+            generation.close_engines(keep())
+            return
+        task = loop.create_task(
+            close_when_idle(generation, keep, running, grace), name="voxserve-close-generation"
+        )
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    def lease(self) -> Lease:
+        """Hold the current generation (a session holds it from start to end)."""
+        return self.generation.lease()
+
+    def session_view(self, lease: Lease) -> Runtime:
+        """This runtime as a session sees it: the engines and batchers of its generation."""
+        return SessionRuntime(self, lease)
+
+    async def reload(self, kinds: tuple[str, ...] = ENGINE_KINDS) -> Generation:
+        """Load new engines (all, or `kinds`) off the loop and make them current. Live
+        sessions finish on the generation they started on; it is closed after them. A
+        failed load leaves the current generation serving and raises."""
+        unknown = [kind for kind in kinds if kind not in ENGINE_KINDS]
+        if unknown or not kinds:
+            valid = ", ".join(ENGINE_KINDS)
+            raise VoxError(ErrorCode.INVALID_PARAMETER, f"engine kinds to reload: {valid}")
+        if self._reload_lock is None:
+            self._reload_lock = asyncio.Lock()
+        async with self._reload_lock:  # one reload at a time; a second waits its turn
+            current = self.generation
+            started = time.perf_counter()
+            try:
+                engines = await asyncio.to_thread(
+                    load_engines, self.settings, kinds=kinds, current=current.engines
+                )
+            except Exception as exc:
+                self.metrics.engine_reloads.labels("failed").inc()
+                log.error("engine reload failed", extra={"error": f"{type(exc).__name__}"})
+                raise VoxError(
+                    ErrorCode.INTERNAL, f"engine reload failed ({type(exc).__name__}: {exc})"
+                ) from exc
+            self._fingerprints.clear()
+            generation = self._set_generation(engines)
+            self.reloads += 1
+            self.metrics.engine_reloads.labels("ok").inc()
+            # No gc.freeze() here: live sessions would be frozen with the new engines, and
+            # the cycle collector never frees frozen objects.
+            log.info(
+                "engines reloaded",
+                extra={
+                    "generation": generation.number,
+                    "kinds": list(kinds),
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "previous_sessions": current.sessions,
+                },
+            )
+            return generation
 
     def stage(self, name: str) -> EngineStage:
         """The shared stage for vad/asr/responder/tts, created on the running loop."""
@@ -175,33 +313,39 @@ class Runtime:
         return found
 
     def vad_batcher(self) -> VadBatcher:
-        """The one VAD batcher of this process (all sessions' VAD work goes through it)."""
-        if self._vad_batcher is None:
+        """The current generation's VAD batcher (all its sessions' VAD work goes through it)."""
+        return self._vad_batcher_of(self.generation)
+
+    def asr_batcher(self) -> AsrBatcher | None:
+        """The current generation's batcher for final transcriptions, or None when
+        `pipeline.asr_batch_enabled` is off (finals then go to the ASR stage one at a time)."""
+        return self._asr_batcher_of(self.generation)
+
+    def _vad_batcher_of(self, generation: Generation) -> VadBatcher:
+        if generation.vad_batcher is None:
             cfg = self.settings.pipeline
-            self._vad_batcher = VadBatcher(
-                self.engines.vad,
+            generation.vad_batcher = VadBatcher(
+                generation.engines.vad,
                 self.stage("vad"),
                 max_wait_ms=cfg.vad_batch_wait_ms,
                 max_batch=cfg.vad_max_batch,
             )
-            self._vad_batcher.on_batch = self.metrics.observe_batch
-        return self._vad_batcher
+            generation.vad_batcher.on_batch = self.metrics.observe_batch
+        return generation.vad_batcher
 
-    def asr_batcher(self) -> AsrBatcher | None:
-        """The batcher for final transcriptions, or None when `pipeline.asr_batch_enabled`
-        is off (finals then go to the ASR stage one at a time)."""
+    def _asr_batcher_of(self, generation: Generation) -> AsrBatcher | None:
         cfg = self.settings.pipeline
         if not cfg.asr_batch_enabled:
             return None
-        if self._asr_batcher is None:
-            self._asr_batcher = AsrBatcher(
-                self.engines.asr,
+        if generation.asr_batcher is None:
+            generation.asr_batcher = AsrBatcher(
+                generation.engines.asr,
                 self.stage("asr"),
                 max_wait_ms=cfg.asr_batch_wait_ms,
                 max_batch=cfg.asr_max_batch,
             )
-            self._asr_batcher.on_batch = self.metrics.observe_batch
-        return self._asr_batcher
+            generation.asr_batcher.on_batch = self.metrics.observe_batch
+        return generation.asr_batcher
 
     def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
         """What of `engine` goes into cache keys: its info, the options it was built with
@@ -229,8 +373,12 @@ class Runtime:
         cache = self.cache
         reading = asyncio.create_task(cache.load(), name="voxserve-load-cache") if cache else None
         try:
-            if self._engines is None:
-                self._engines = await asyncio.to_thread(load_engines, self.settings)
+            if self._generation is None:
+                engines = await asyncio.to_thread(
+                    load_engines, self.settings, preloaded=self._preloaded
+                )
+                self._preloaded = None
+                self._set_generation(engines)
             if reading is not None:
                 await reading
             await self._make_fallback()
@@ -241,6 +389,7 @@ class Runtime:
         finally:
             if reading is not None and not reading.done():
                 reading.cancel()
+        gc_control.after_load(self.settings.gc)
         self._ready = True
         self.loaded.set()
         log.info(
@@ -309,13 +458,61 @@ class Runtime:
             await self.prewarmer.aclose()
         if self.cache is not None:
             await self.cache.aclose()
-        if self._engines is not None:
-            aclose = getattr(self._engines.responder, "aclose", None)
+        for task in list(self._closers):
+            task.cancel()
+        if self._closers:
+            await asyncio.gather(*self._closers, return_exceptions=True)
+        for generation in self.generations:
+            aclose = getattr(generation.engines.responder, "aclose", None)
             if callable(aclose):
                 await aclose()
         self.close()
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-        if self._engines is not None:
-            self._engines.close()
+        for generation in self.generations:
+            generation.close_batchers()
+            generation.close_engines()
+        self.generations.clear()
+
+
+class SessionRuntime(Runtime):
+    """The runtime seen by one session: everything is the shared runtime's (looked up on
+    it), except the engines and batchers, which are those of the session's generation."""
+
+    def __init__(self, runtime: Runtime, lease: Lease) -> None:  # shares; builds nothing
+        self._shared = runtime
+        self._lease = lease
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shared, name)
+
+    @property
+    def engines(self) -> Engines:
+        return self._lease.generation.engines
+
+    @property
+    def generation(self) -> Generation:
+        return self._lease.generation
+
+    def vad_batcher(self) -> VadBatcher:
+        return self._shared._vad_batcher_of(self._lease.generation)
+
+    def asr_batcher(self) -> AsrBatcher | None:
+        return self._shared._asr_batcher_of(self._lease.generation)
+
+    def stage(self, name: str) -> EngineStage:
+        return self._shared.stage(name)
+
+    def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
+        return self._shared.fingerprint(engine)
+
+
+def process_stats() -> dict[str, int]:
+    """Threads and open fds of this process (Linux /proc; -1 elsewhere), for leak checks."""
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return {"threads": -1, "fds": -1}
+    return {"threads": threads, "fds": fds}

@@ -1,9 +1,15 @@
 """A bounded, pre-allocated ring of int16 samples between the receiver and the pipeline.
 
-Written by the transport (one frame per message), read by the session's pipeline task in
-batches (all pending samples per wake-up), so nothing is allocated per frame and no task is
-woken per frame. The read and write cursors only ever grow; positions are taken modulo the
-capacity.
+Written by the transport (one frame per message, copied straight from the message's bytes:
+the only copy on the receive path), read by the session's pipeline task in batches (all
+pending samples per wake-up), so nothing is allocated per frame and no task is woken per
+frame. The read and write cursors only ever grow; positions are taken modulo the capacity.
+The storage is normally a buffer of the process-wide pool (audio/pool.py).
+
+Full-buffer policy (`pipeline.ring_full_policy`): `wait` (default) stops reading the
+socket until the pipeline frees space, so TCP pushes back on the client; `drop_oldest`
+drops the oldest unread audio, counted and reported as `dropped` in `session.ended`.
+Never unbounded growth.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ class RingFull(Exception):
 class SampleRing:
     """Single-producer, single-consumer ring on one event loop (no locks needed)."""
 
-    def __init__(self, capacity_samples: int) -> None:
+    def __init__(self, capacity_samples: int, buffer: Int16Array | None = None) -> None:
         if capacity_samples <= 0:
             raise ValueError("capacity must be positive")
-        self._buf = np.zeros(capacity_samples, dtype=np.int16)
+        if buffer is not None and buffer.size < capacity_samples:
+            raise ValueError("buffer smaller than the capacity")
+        self._buf = buffer if buffer is not None else np.zeros(capacity_samples, dtype=np.int16)
         self.capacity = capacity_samples
         self._write = 0  # total samples ever written
         self._read = 0  # total samples ever read
@@ -65,6 +73,11 @@ class SampleRing:
             self._buf[: n - first] = samples[first:]
         self._write += n
         return dropped
+
+    def detach(self) -> None:
+        """Stop using the (pooled) buffer before it goes back to the pool: a late write
+        after the session's end lands in private memory, never in another session's."""
+        self._buf = np.zeros(self.capacity, dtype=np.int16)
 
     def read(self, max_samples: int | None = None) -> Int16Array:
         """Take up to `max_samples` (default: all) unread samples as one contiguous copy."""

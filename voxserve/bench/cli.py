@@ -4,6 +4,7 @@ sub-commands to the main CLI, `run_bench(args)` runs one. Heavy imports wait for
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 
 from voxserve.bench.report import eprint
@@ -227,6 +228,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         streams,
     )
     eng.set_defaults(spawn=False)
+    from voxserve.bench.memory import add_memory_parsers
+    from voxserve.bench.soak import add_soak_arguments
+
+    soak = add(
+        "soak",
+        "voxserve.bench.soak:cmd_soak",
+        "a long paced run: RSS flat after warm-up, no leaked tasks/threads/fds, tracemalloc diff",
+        streams,
+    )
+    add_soak_arguments(soak)
+    add_memory_parsers(add, streams)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -236,7 +248,9 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         from voxserve.bench import commands  # matplotlib and friends: only when running
 
-        run: Callable[[argparse.Namespace], int] = getattr(commands, args.bench_run)
+        where, _, name = args.bench_run.rpartition(":")  # "module:function" or a command
+        module = importlib.import_module(where) if where else commands
+        run: Callable[[argparse.Namespace], int] = getattr(module, name)
         code = run(args)
         return code
     except (OSError, ValueError, TimeoutError, RuntimeError, httpx.HTTPError) as exc:

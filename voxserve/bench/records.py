@@ -25,6 +25,7 @@ METRICS: dict[str, str] = {
     "underrun": "playback starvation per reply (real-time player from the first chunk)",
     "request": "HTTP speech request sent -> last audio byte",
     "connect": "connect -> session.started",
+    "refusal": "connect -> refusal (error event of a session the server did not admit)",
 }
 
 

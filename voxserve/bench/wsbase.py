@@ -7,6 +7,7 @@ Subclasses send (`produce`) and interpret server events (`on_event`, `on_audio`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -62,10 +63,15 @@ class WsStream:
         async with connect(
             self.url, compression=compression, open_timeout=10, ping_interval=None, max_size=None
         ) as ws:
-            await ws.send(json.dumps(self.start))
+            # A server at capacity refuses before reading anything: its error is then
+            # already on the way and the start may find the socket closing.
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps(self.start))
             async with asyncio.timeout(10):
                 first = json.loads(await ws.recv())
             if first.get("type") != "session.started":
+                self.raw.add("refusal", time.monotonic() - began)
+                self.raw.counts["refused"] += 1
                 self.error(str(first.get("code", first.get("type", "refused"))))
                 return
             self.raw.add("connect", time.monotonic() - began)

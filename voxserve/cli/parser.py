@@ -8,7 +8,8 @@ from typing import TypeAlias
 
 from voxserve import __version__
 from voxserve.cli.cache import add_cache_parser
-from voxserve.cli.engines_report import cmd_engines
+from voxserve.cli.cluster import add_cluster_parser
+from voxserve.cli.engines import add_engines_arguments, cmd_engines_action
 from voxserve.cli.errors import PROG
 from voxserve.cli.serve import cmd_serve
 from voxserve.cli.speech import cmd_say, cmd_transcribe
@@ -16,6 +17,17 @@ from voxserve.cli.stats import add_stats_parser
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
+
+
+def positive_int(text: str) -> int:
+    """A count for argparse: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
 
 
 def port_number(text: str) -> int:
@@ -121,6 +133,13 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         "WebSocket; repeatable (default: none but the server's own page)",
     )
     serve.add_argument(
+        "--max-sessions",
+        type=positive_int,
+        metavar="N",
+        help="live sessions (WebSocket, gRPC streams, Wyoming) this process admits; more are "
+        "refused at once with a retry hint (default 500; limits.max_sessions)",
+    )
+    serve.add_argument(
         "--cache-dir",
         metavar="DIR",
         help="where the persistent TTS cache lives (default $XDG_CACHE_HOME/voxserve, "
@@ -143,6 +162,27 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         metavar="LOGGER=LEVEL",
         help="log level of one logger and its children, e.g. voxserve.pipeline=debug "
         "(repeatable; adds to log_modules of the config)",
+    )
+    serve.add_argument(
+        "--cluster",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="send ASR and TTS to the Ray Serve core tier (`voxserve cluster up`) at ADDRESS "
+        "(default: cluster.address of the config, 'auto'); needs the cluster extra",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes sharing the port (default 1); engines that start no threads "
+        "are loaded once before fork and shared",
+    )
+    serve.add_argument(
+        "--tracemalloc",
+        type=int,
+        metavar="FRAMES",
+        help="trace allocations (FRAMES per trace) for GET /debug/tracemalloc; slows the server",
     )
     serve.add_argument(
         "--otel",
@@ -185,17 +225,21 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
 
     engines = command(
         "engines",
-        cmd_engines,
-        "list the registered engines, their packages, versions and licences",
+        cmd_engines_action,
+        "list the registered engines (versions, licences); 'reload' hot-reloads a server's",
         "List every registered engine per kind with its package, version and "
-        "licence, and which ones the config selects. Without --load no model is loaded.",
+        "licence, and which ones the config selects. Without --load no model is loaded. "
+        "'voxserve engines reload' loads new engines into a running server while streams "
+        "go on (admin key).",
     )
     engines.add_argument(
         "--load", action="store_true", help="load each engine; report load time, model, voices"
     )
     engines.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_engines_arguments(engines)  # `voxserve engines reload`: hot reload of a server
 
     add_cache_parser(commands, common)
+    add_cluster_parser(commands, common)
     add_stats_parser(commands, common)
     add_bench(commands)
     return parser

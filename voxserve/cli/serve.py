@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from voxserve.cli.cache import with_cache_dir
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import check_engines_import, load_cli_settings
+from voxserve.cli.workers import run_workers, workers_transports
 
 if TYPE_CHECKING:
     from voxserve.config import Settings
@@ -46,9 +47,15 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert_file=_path(getattr(args, "tls_cert", None)),
         tls_key_file=_path(getattr(args, "tls_key", None)),
         otel_enabled=getattr(args, "otel", None),
+        workers=getattr(args, "workers", None),
+        tracemalloc_frames=getattr(args, "tracemalloc", None),
     )
     settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
     settings = with_auth_flags(settings, args)
+    if getattr(args, "max_sessions", None):
+        limits = settings.limits.model_copy(update={"max_sessions": args.max_sessions})
+        settings = settings.model_copy(update={"limits": limits})
+    settings = with_cluster(settings, getattr(args, "cluster", None))
     modules = {**settings.log_modules, **parse_log_modules(getattr(args, "log_module", None))}
     settings = settings.model_copy(update={"log_modules": modules})
     json_logs = args.log_format == "json"
@@ -57,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         _configure_otel()
     check_engines_import(settings)
     check_transports(settings)
+    settings = workers_transports(settings)  # --workers N: HTTP/WebSocket only
     sockets = bind_sockets(settings.host, settings.port)
     try:
         check_transport_ports(settings)
@@ -65,6 +73,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(connect_line(settings.host, port, tls=tls), flush=True)
         for line in transport_lines(settings, tls=tls):
             print(line, flush=True)
+        if settings.workers > 1:  # the parent supervises; each worker serves
+            return run_workers(settings, sockets)
         serve(settings, Runtime(settings), sockets)
     except SystemExit as exc:  # uvicorn exits with 1 when startup fails (logged above)
         if exc.code in (0, None):
@@ -167,6 +177,19 @@ def check_auth(settings: Settings) -> None:
     from voxserve.server.auth import check_auth_settings
 
     check_auth_settings(settings)
+
+
+def with_cluster(settings: Settings, flag: str | None) -> Settings:
+    """`--cluster [ADDRESS]` or `cluster.enabled`: ASR and TTS go to the Ray Serve core
+    tier (voxserve/cluster/gateway.py rewrites the engines; the pipeline is unchanged)."""
+    if flag is None and not settings.cluster.enabled:
+        return settings
+    from voxserve.cli.cluster import check_ray
+    from voxserve.cluster.gateway import cluster_settings
+
+    settings = cluster_settings(settings, flag or None)
+    check_ray(settings.cluster.address)
+    return settings
 
 
 def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:

@@ -20,11 +20,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from voxserve.observe import gc_metrics
 from voxserve.observe.cache_metrics import TtsCacheCollector
+from voxserve.observe.flow_metrics import FlowCollector
 from voxserve.observe.profiler import StageProfiler
 
 if TYPE_CHECKING:
@@ -69,6 +70,13 @@ class Metrics:
         )
         self.refused = Counter(
             "voxserve_sessions_refused_total", "Sessions refused", ["reason"], registry=r
+        )
+        self.quota_refusals = Counter(
+            "voxserve_quota_refusals_total",
+            "Requests, sessions or audio refused by a per-key quota (kind: sessions, "
+            "requests, audio)",
+            ["kind"],
+            registry=r,
         )
         self.first_audio = Histogram(
             "voxserve_tts_first_audio_seconds",
@@ -120,6 +128,24 @@ class Metrics:
             "Requests run together in one engine call by a cross-session batcher",
             ["engine"],
             buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.shed = Counter(
+            "voxserve_admission_shed_total",
+            "Sessions and requests refused because a model stage stayed under pressure "
+            "(flow.shed_after_s)",
+            ["stage"],
+            registry=r,
+        )
+        self.underruns = Counter(
+            "voxserve_tts_underruns_total",
+            "Reply audio chunks sent after the client's playback had already run dry",
+            registry=r,
+        )
+        self.engine_reloads = Counter(
+            "voxserve_engine_reloads_total",
+            "Hot engine reloads (admin route, CLI, SIGHUP), by outcome (ok, failed)",
+            ["outcome"],
             registry=r,
         )
         gc_metrics.install()
@@ -187,13 +213,14 @@ class Metrics:
         """Expose live state (stage queues, executor, TTS cache) read at scrape time."""
         self.registry.register(_RuntimeCollector(runtime))
         self.registry.register(TtsCacheCollector(runtime))
+        self.registry.register(FlowCollector(runtime))
 
 
 class _RuntimeCollector(Collector):
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         waiting = GaugeMetricFamily(
             "voxserve_stage_queue_length", "Calls waiting for a stage slot", labels=["stage"]
         )
@@ -220,11 +247,41 @@ class _RuntimeCollector(Collector):
         for ring in list(self.runtime.metrics.rings):
             fullest = max(fullest, len(ring) / ring.capacity)
         yield GaugeMetricFamily(
-            "voxserve_pool_usage_ratio",
-            "Fill ratio of the fullest session sample ring (the per-session audio pool); "
-            "near 1 the pipeline is not keeping up and input waits or is dropped",
+            "voxserve_ring_fill_max_ratio",
+            "Fill ratio of the fullest session sample ring; near 1 the pipeline is not "
+            "keeping up and input waits or is dropped",
             fullest,
         )
+        pool = self.runtime.pool
+        yield GaugeMetricFamily(
+            "voxserve_pool_usage_ratio",
+            "Share of the session buffer pool in use (pipeline.pool_buffers, by default "
+            "max_sessions x 1.2); at 1 new sessions get buffers outside the pool",
+            pool.usage_ratio,
+        )
+        yield GaugeMetricFamily(
+            "voxserve_pool_buffers_in_use", "Session buffers taken from the pool", pool.in_use
+        )
+        yield CounterMetricFamily(
+            "voxserve_pool_fallbacks",
+            "Session buffers allocated outside the pool because it was exhausted",
+            pool.fallbacks,
+        )
+        current = self.runtime._generation
+        yield GaugeMetricFamily(
+            "voxserve_engine_generation",
+            "Number of the engine generation new sessions use (1 + hot reloads)",
+            current.number if current is not None else 0,
+        )
+        live = GaugeMetricFamily(
+            "voxserve_engine_generation_sessions",
+            "Sessions per live engine generation (retired ones close when this reaches 0)",
+            labels=["generation", "state"],
+        )
+        for generation in list(self.runtime.generations):
+            state = "retired" if generation.retired else "current"
+            live.add_metric([str(generation.number), state], generation.sessions)
+        yield live
         yield GaugeMetricFamily(
             "voxserve_process_rss_bytes", "Resident set size of this process", _rss_bytes()
         )

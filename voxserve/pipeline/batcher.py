@@ -14,8 +14,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.stage import EngineStage
 
+_RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
@@ -82,6 +84,14 @@ class Batcher(Generic[Req, Res]):
             results = await self.stage.run(
                 self.run_many, requests, deadline=min(deadlines) if deadlines else None
             )
+        except VoxError as exc:
+            if len(batch) > 1 and exc.code in _RETRY_ALONE:
+                # One poisoned request must not fail (or time out) the others batched with
+                # it: each is run again on its own, and only the culprit fails (tests/faults).
+                await asyncio.gather(*(self._run([item]) for item in batch))
+                return
+            self._fail(batch, exc)
+            return
         except BaseException as exc:
             for _, _, future in batch:
                 if not future.done():
@@ -92,6 +102,12 @@ class Batcher(Generic[Req, Res]):
         for (_, _, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+    @staticmethod
+    def _fail(batch: list[tuple[Req, float | None, asyncio.Future[Res]]], exc: VoxError) -> None:
+        for _, _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -93,7 +93,8 @@ class Listener:
         self._partial_task: asyncio.Task[None] | None = None
         self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
         self.batch_samples = VAD_BATCH_WINDOWS * self.window
-        self._marks: deque[tuple[int, object]] = deque()  # (ring position, client's mark id)
+        # (ring position, client's mark id, highest seq_id accepted before the mark)
+        self._marks: deque[tuple[int, object, int | None]] = deque()
         # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start
         # (until the segment's first partial) and of vad.end per recent segment.
         self.metrics = runtime.metrics
@@ -114,17 +115,18 @@ class Listener:
         if len(self.ring) >= self.batch_samples:
             self.wake.set()
 
-    def mark(self, mark_id: object) -> None:
+    def mark(self, mark_id: object, acked_seq: int | None = None) -> None:
         """Echo `mark_id` once every sample received before it has been through VAD: the
-        client's measure of frame-handling lag."""
-        self._marks.append((self.ring.write_total, mark_id))
+        client's measure of frame-handling lag, and its acknowledgement that audio up to
+        `acked_seq` is processed (what a client keeps for resume can be trimmed)."""
+        self._marks.append((self.ring.write_total, mark_id, acked_seq))
         self.wake.set()
 
     async def _echo_marks(self) -> None:
         done = self.ring.read_total
         while self._marks and self._marks[0][0] <= done:
-            _, mark_id = self._marks.popleft()
-            await self.outbox.event({"type": "mark", "id": mark_id})
+            _, mark_id, acked_seq = self._marks.popleft()
+            await self.outbox.event({"type": "mark", "id": mark_id, "acked_seq": acked_seq})
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:

@@ -10,19 +10,47 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from voxserve.errors import ErrorCode, VoxError
+
 Event = dict[str, Any]
 Outgoing = Event | bytes
 
 
 class Outbox:
-    def __init__(self, maxsize: int) -> None:
+    """`stall_s`: how long a put may wait for the client to read before the client counts
+    as stalled (`client_stalled`, fatal; `stalled` turns true so the transport can close
+    the connection instead of queueing the error behind what the client never read)."""
+
+    def __init__(self, maxsize: int, stall_s: float | None = None) -> None:
         self._queue: asyncio.Queue[Outgoing | None] = asyncio.Queue(maxsize)
+        self.stall_s = stall_s
+        self.stalled = False
         self.sent_events = 0
         self.sent_audio_bytes = 0
 
+    async def _put(self, item: Outgoing | None) -> None:
+        try:
+            self._queue.put_nowait(item)  # the common case: no timer
+            return
+        except asyncio.QueueFull:
+            pass
+        if self.stall_s is None:
+            await self._queue.put(item)
+            return
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await self._queue.put(item)
+        except TimeoutError:
+            self.stalled = True
+            raise VoxError(
+                ErrorCode.CLIENT_STALLED,
+                f"the client read nothing for {self.stall_s:g} s while output waited",
+                fatal=True,
+            ) from None
+
     async def event(self, event: dict[str, Any]) -> None:
         self.sent_events += 1
-        await self._queue.put(event)
+        await self._put(event)
 
     def event_nowait(self, event: dict[str, Any]) -> bool:
         """For paths that must not wait (cancellation): False if the client is not reading."""
@@ -35,11 +63,19 @@ class Outbox:
 
     async def audio(self, pcm: bytes) -> None:
         self.sent_audio_bytes += len(pcm)
-        await self._queue.put(pcm)
+        await self._put(pcm)
 
     async def close(self) -> None:
         """No more output; the drain loop stops after what is queued."""
-        await self._queue.put(None)
+        await self._put(None)
+
+    def close_nowait(self) -> bool:
+        """Close without waiting (cancellation paths); False if the client is not reading."""
+        try:
+            self._queue.put_nowait(None)
+        except asyncio.QueueFull:
+            return False
+        return True
 
     async def next(self) -> Outgoing | None:
         return await self._queue.get()

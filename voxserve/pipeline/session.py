@@ -17,12 +17,13 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 
-from voxserve.audio.dedup import SeqDedup
+from voxserve.audio.dedup import SeqDedup, seq_delta
 from voxserve.audio.pcm import Int16Array, int16_from_bytes
 from voxserve.audio.resample import StreamResampler
 from voxserve.audio.ring import SampleRing
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
@@ -47,7 +48,9 @@ class _Mark:
 
 class Session:
     def __init__(self, runtime: Runtime, config: StreamConfig, outbox: Outbox) -> None:
-        self.runtime = runtime
+        # The engines this session runs on to its end, even if they are reloaded meanwhile.
+        self.lease = runtime.lease()
+        self.runtime = runtime = runtime.session_view(self.lease)
         self.config = config
         self.outbox = outbox
         self.id = uuid.uuid4().hex[:16]
@@ -60,7 +63,12 @@ class Session:
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
         self.started_at = time.monotonic()
         self.dedup = SeqDedup(settings.pipeline.dedup_window_ms / 1000)
-        self.ring = SampleRing(settings.pipeline.ring_frames * FRAME_SAMPLES)
+        # The ring's storage comes from the process-wide pool (tts sessions need none).
+        self.buffer = runtime.pool.acquire(self.trace_id) if config.mode != "tts" else None
+        self.ring = SampleRing(
+            settings.pipeline.ring_frames * FRAME_SAMPLES if self.buffer else FRAME_SAMPLES,
+            self.buffer.samples if self.buffer else None,
+        )
         runtime.metrics.track_ring(self.ring)
         self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
         self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
@@ -70,6 +78,18 @@ class Session:
         self.dropped_samples = 0
         self._frame_ends: deque[int] = deque()  # ring position where each accepted frame ends
         self.input_closed = False
+        self.draining = False  # the server is shutting down: input closed, turn finishing
+        self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
+        self.acked_seq: int | None = None  # highest seq_id accepted (kept for resume)
+        # After a resume: frames at or below this seq_id were accepted before the drop, so
+        # a client resending them is deduplicated however long ago they came.
+        self.resume_floor: int | None = None
+        # Audio modes: how many VAD batches of audio may wait in the ring before the
+        # receiver stops reading (TCP pushes back); shrinks under stage pressure.
+        self.credit: CreditWindow | None = None
+        if config.mode != "tts":
+            self.credit = runtime.flow.input_window()
+            self.credit.on_change = self._announce_credit
         self.speaker = Speaker(
             runtime,
             outbox,
@@ -110,6 +130,8 @@ class Session:
             "voice": self.voice,
             "output_sample_rate": self.output_sample_rate,
             "frame_ms": 20,
+            "credit_window": self.credit.size if self.credit else None,
+            "resumable": self.config.resumable,
         }
 
     # -- input, called by the transport ---------------------------------------------------
@@ -117,16 +139,43 @@ class Session:
     async def feed_audio(self, seq: int, pcm: memoryview) -> None:
         if self.listener is None:
             raise VoxError(ErrorCode.WRONG_MODE, "tts sessions take text, not audio")
+        if self.draining:
+            self.received += 1
+            self.rejected += 1
+            raise VoxError(
+                ErrorCode.SHUTTING_DOWN, "the server is shutting down; no more audio is accepted"
+            )
         if self.input_closed:
             raise VoxError(ErrorCode.INVALID_MESSAGE, "audio after the end of input")
         self.received += 1
+        floor = self.resume_floor
+        if floor is not None and seq_delta(seq, floor) <= 0:
+            self.dedup.duplicates += 1  # resent after a resume: accepted before the drop
+            return
         if not self.dedup.accept(seq, time.monotonic()):
             return
         samples = self.resampler.process(int16_from_bytes(pcm))
         await self._write(samples)
+        if self.acked_seq is None or seq_delta(seq, self.acked_seq) > 0:
+            self.acked_seq = seq
         self._frame_ends.append(self.ring.write_total)
         self._count_processed()
         self.listener.poke()
+        await self._within_credit()
+
+    async def _within_credit(self) -> None:
+        """Hold the receiver while more than the credit window of audio waits for VAD."""
+        listener, credit = self.listener, self.credit
+        assert listener is not None and credit is not None
+        while len(self.ring) >= credit.size * listener.batch_samples and not self.input_closed:
+            listener.space.clear()
+            listener.wake.set()
+            await listener.space.wait()
+
+    def _announce_credit(self, window: int) -> None:
+        """Tell the client its new input window (and what has been accepted so far); never
+        waits: a client not reading learns the next change instead."""
+        self.outbox.event_nowait({"type": "credit", "window": window, "acked_seq": self.acked_seq})
 
     async def _write(self, samples: Int16Array) -> None:
         assert self.listener is not None
@@ -153,6 +202,10 @@ class Session:
         if self.config.mode != "tts":
             raise VoxError(
                 ErrorCode.WRONG_MODE, f"{self.config.mode} sessions take audio, not text"
+            )
+        if self.draining:
+            raise VoxError(
+                ErrorCode.SHUTTING_DOWN, "the server is shutting down; no more text is accepted"
             )
         if self.input_closed:
             raise VoxError(ErrorCode.INVALID_MESSAGE, "text after the end of input")
@@ -182,11 +235,23 @@ class Session:
             await self._flush_text()
             await self._text_queue.put(None)
 
+    def resumed(self) -> None:
+        """A client reconnected (transport resume): what it resends up to acked_seq was
+        already accepted."""
+        self.resume_floor = self.acked_seq
+
+    async def drain(self) -> None:
+        """Server shutdown: accept no more input, finish the turn in progress; the session
+        then ends with reason `server_shutdown`."""
+        self.draining = True
+        self.end_reason = "server_shutdown"
+        await self.end_input()
+
     async def mark(self, mark_id: str | int) -> None:
         """Audio modes: echoed once prior audio went through VAD. tts mode: once prior text
         has been spoken (synthesised and queued for sending)."""
         if self.listener is not None and not self.input_closed:
-            self.listener.mark(mark_id)
+            self.listener.mark(mark_id, self.acked_seq)
         elif self.listener is None:
             await self._text_queue.put(_Mark(mark_id))
         else:
@@ -220,9 +285,18 @@ class Session:
                     await asyncio.wait([self._reply_task])
         except BaseExceptionGroup as errors:
             raise first_vox_error(errors) or errors from None
+        finally:
+            self.release()
         self._count_processed()
         await self.outbox.event(self.ended_event())
         await self.outbox.close()
+
+    def release(self) -> None:
+        """Give back the pooled buffer and the engine generation (the pipeline is over)."""
+        if self.buffer is not None:
+            self.ring.detach()
+            self.buffer.release()
+        self.lease.release()
 
     def ended_event(self) -> dict[str, object]:
         dropped_frames = -(-self.dropped_samples // FRAME_SAMPLES)
@@ -231,6 +305,7 @@ class Session:
             "type": "session.ended",
             "session_id": self.id,
             "trace_id": self.trace_id,
+            "reason": self.end_reason,
             "received": self.received,
             "duplicates": self.dedup.duplicates,
             "accepted": accepted,
@@ -280,6 +355,8 @@ class Session:
         try:
             await self.speaker.play(sentences(), reply)
         except VoxError as exc:
+            if exc.fatal:  # e.g. client_stalled: the session ends
+                raise
             await self.outbox.event(exc.to_event() | {"reply": reply})
 
     # -- assistant ------------------------------------------------------------------------
@@ -365,6 +442,9 @@ class Session:
         finally:
             if turn is not None:
                 self._emit_turn(turn)
+        fatal = next((exc for exc in failures if exc.fatal), None)
+        if fatal is not None:  # e.g. client_stalled: the session ends
+            raise fatal
         if failures:
             for exc in failures:
                 await self.outbox.event(exc.to_event() | {"reply": segment})

@@ -5,6 +5,12 @@ still gets its `tts.end` with `interrupted: true`, and its pending synthesis is 
 `playback_until` estimates when the client will have played what was sent (real-time clock),
 so speech that starts while the reply is still audible counts as barge-in.
 
+Output flow control: synthesis runs ahead of the sending by at most `tts.max_ahead_ms`
+(ahead.py), and audio is sent at most `tts.pacing_lead_ms` ahead of the client's playback,
+so a reply never piles up in buffers and a barge-in stops what the user hears quickly. A
+client may also pace the audio itself with `credit` messages (`audio_ms` granted). A chunk
+sent after the client's playback ran dry is an underrun (counted in `tts.end`).
+
 While TTS is degraded, a sentence that is not cached is not synthesised: the reply speaks
 the fallback phrase instead (after a `tts.fallback` event) and ends; the rest of its text is
 read and dropped, so the responder still finishes.
@@ -19,7 +25,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from voxserve.audio.pcm import Int16Array
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.ahead import AudioAhead
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis import synthesize
@@ -35,6 +43,7 @@ class ReplyStats:
     first_audio_s: float | None = None  # seconds from the reply's start to its first chunk
     interrupted: bool = False
     fallback: bool = False  # the fallback phrase was spoken (TTS degraded)
+    underruns: int = 0  # chunks sent after the client's playback had run dry
 
 
 class Speaker:
@@ -55,6 +64,10 @@ class Speaker:
         self.playback_until = 0.0
         self.replies = 0
         self.interrupted = 0
+        tts = runtime.settings.tts
+        self.max_ahead_samples = tts.max_ahead_ms * sample_rate // 1000
+        self._credit_ms: float | None = None  # None until the client grants output credit
+        self._granted = asyncio.Event()
 
     def audible(self) -> bool:
         return time.monotonic() < self.playback_until
@@ -63,6 +76,12 @@ class Speaker:
         """Audio the client has played by now, assuming it plays as it receives."""
         sent_ms = stats.samples * 1000 // self.sample_rate
         return min(sent_ms, int((time.monotonic() - started) * 1000))
+
+    def grant(self, audio_ms: int) -> None:
+        """The client's output credit (`credit` message with `audio_ms`): from the first
+        grant on, reply audio is sent only against credit, on top of the real-time pacing."""
+        self._credit_ms = (self._credit_ms or 0.0) + audio_ms
+        self._granted.set()
 
     async def play(
         self,
@@ -73,7 +92,11 @@ class Speaker:
         turn: TurnMarks | None = None,
     ) -> ReplyStats:
         """Speak `sentences` as reply `reply`. `since` (perf_counter: the user's vad.end)
-        makes the first chunk observe the assistant turn latency; `turn` gets tts marks."""
+        makes the first chunk observe the assistant turn latency; `turn` gets tts marks.
+
+        Synthesis runs in its own task up to `tts.max_ahead_ms` ahead of the sending, so
+        the next sentence is ready when the previous one has played; the sending is paced
+        to the client's playback (`tts.pacing_lead_ms` ahead of it)."""
         stats = ReplyStats(reply)
         began = time.monotonic()
         started: float | None = None
@@ -101,6 +124,9 @@ class Speaker:
                 )
             else:
                 metrics.observe_chunk_gap(now - last_chunk)
+                if time.monotonic() > self.playback_until:  # the client ran dry
+                    stats.underruns += 1
+                    metrics.underruns.inc()
             last_chunk = now
             await self.outbox.audio(chunk.tobytes())
             stats.chunks += 1
@@ -109,6 +135,54 @@ class Speaker:
                 chunk.size / self.sample_rate
             )
 
+        ahead = AudioAhead(self.max_ahead_samples)
+        producer = asyncio.create_task(
+            self._produce(sentences, reply, stats, ahead, turn), name="voxserve-tts-ahead"
+        )
+        try:
+            while (item := await ahead.get()) is not None:
+                if isinstance(item, dict):
+                    await self.outbox.event(item)
+                    continue
+                if started is not None:
+                    await self._pace(item.size)
+                await send(item)
+        except asyncio.CancelledError:
+            stats.interrupted = True
+            self.interrupted += 1
+            self.playback_until = 0.0
+            if started is not None:
+                self.outbox.event_nowait(self._end_event(stats, started))
+            raise
+        except Exception:
+            # An engine error mid-reply: close the reply's framing, the caller reports why.
+            stats.interrupted = True
+            if started is not None and not self.outbox.stalled:
+                await self.outbox.event(self._end_event(stats, started))
+            raise
+        finally:
+            if not producer.done():
+                producer.cancel()
+            await asyncio.wait([producer])
+        if started is not None:
+            await self.outbox.event(self._end_event(stats, started))
+        if turn is not None:
+            turn.mark("tts.end")
+        if stats.fallback:
+            async for _ in sentences:  # unspoken: let the text's producer finish
+                pass
+        return stats
+
+    async def _produce(
+        self,
+        sentences: AsyncIterator[str],
+        reply: int,
+        stats: ReplyStats,
+        ahead: AudioAhead,
+        turn: TurnMarks | None,
+    ) -> None:
+        """Synthesise the reply's sentences into `ahead`; a failure is handed to the
+        sending side (raised there after the audio already made)."""
         try:
             async for sentence in sentences:
                 if turn is not None and "tts.start" not in turn.marks:
@@ -123,53 +197,57 @@ class Speaker:
                     )
                     async with contextlib.aclosing(chunks):
                         async for chunk in chunks:
-                            await send(chunk)
+                            await ahead.put(chunk)
                 except TtsDegraded as exc:
                     fallback = self._fallback_audio()
                     if fallback is None:
                         raise
-                    await self._announce_fallback(reply, exc.reason)
+                    self.runtime.tts_health.fallbacks += 1
+                    await ahead.put(self._fallback_event(reply, exc.reason))
                     stats.fallback = True
                     # Cut like any other reply (small first chunk, then growing).
                     sizes = chunk_sizes(self.runtime.settings.tts, self.sample_rate)
                     for piece in Chunker(*sizes).split(fallback):
-                        await send(piece)
+                        await ahead.put(piece)
                     break
-        except asyncio.CancelledError:
-            stats.interrupted = True
-            self.interrupted += 1
-            self.playback_until = 0.0
-            if started is not None:
-                self.outbox.event_nowait(self._end_event(stats, started))
-            raise
-        except Exception:
-            # An engine error mid-reply: close the reply's framing, the caller reports why.
-            stats.interrupted = True
-            if started is not None:
-                await self.outbox.event(self._end_event(stats, started))
-            raise
-        if started is not None:
-            await self.outbox.event(self._end_event(stats, started))
-        if turn is not None:
-            turn.mark("tts.end")
-        if stats.fallback:
-            async for _ in sentences:  # unspoken: let the text's producer finish
-                pass
-        return stats
+        except Exception as exc:
+            ahead.finish(exc)
+            return
+        ahead.finish()
+
+    async def _pace(self, samples: int) -> None:
+        """Wait until sending `samples` more keeps the client at most the pacing lead
+        ahead of its playback, and (once the client grants credit) until it has credit."""
+        lead = self.runtime.settings.tts.pacing_lead_ms / 1000
+        wait = self.playback_until - time.monotonic() - lead
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if self._credit_ms is None:
+            return
+        stall_s = self.runtime.settings.limits.stalled_client_s
+        while self._credit_ms <= 0:
+            self._granted.clear()
+            try:
+                async with asyncio.timeout(stall_s):
+                    await self._granted.wait()
+            except TimeoutError:
+                raise VoxError(
+                    ErrorCode.CLIENT_STALLED,
+                    f"no output credit from the client for {stall_s:g} s",
+                    fatal=True,
+                ) from None
+        self._credit_ms -= samples * 1000 / self.sample_rate
 
     def _fallback_audio(self) -> Int16Array | None:
         return self.runtime.fallback.audio(self.voice, self.sample_rate)
 
-    async def _announce_fallback(self, reply: int, reason: str) -> None:
-        self.runtime.tts_health.fallbacks += 1
-        await self.outbox.event(
-            {
-                "type": "tts.fallback",
-                "reply": reply,
-                "reason": reason,
-                "text": self.runtime.fallback.text,
-            }
-        )
+    def _fallback_event(self, reply: int, reason: str) -> dict[str, object]:
+        return {
+            "type": "tts.fallback",
+            "reply": reply,
+            "reason": reason,
+            "text": self.runtime.fallback.text,
+        }
 
     def _end_event(self, stats: ReplyStats, started: float) -> dict[str, object]:
         event: dict[str, object] = {
@@ -178,6 +256,7 @@ class Speaker:
             "chunks": stats.chunks,
             "audio_ms": stats.samples * 1000 // self.sample_rate,
             "interrupted": stats.interrupted,
+            "underruns": stats.underruns,
         }
         if stats.interrupted:
             event["played_ms"] = self.played_ms(stats, started)

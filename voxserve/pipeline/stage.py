@@ -29,6 +29,7 @@ T = TypeVar("T")
 # late deadline. Deadlines, not priorities, decide the order, so nothing starves.
 PRIORITY_LIVE = 0
 PRIORITY_BULK = 10
+WAIT_SMOOTHING = 0.2  # weight of the newest call in the smoothed queue wait
 
 
 def deadline_in(seconds: float) -> float:
@@ -54,6 +55,8 @@ class EngineStage:
         self.running = 0
         self.calls = 0
         self.timeouts = 0
+        self.late = 0  # calls that got their slot after their deadline (flow pressure)
+        self.queue_wait = 0.0  # seconds callers wait for a slot, smoothed (flow pressure)
         self.errors = 0
         self.on_latency: Callable[[str, float], None] | None = None
 
@@ -76,6 +79,12 @@ class EngineStage:
         try:
             async with asyncio.timeout(limit):
                 await self._acquire(due, priority)
+                now = time.monotonic()
+                if now > due:
+                    self.late += 1
+                # Smoothed wait for a slot: the load signal admission and credit read.
+                waited = time.perf_counter() - started
+                self.queue_wait += (waited - self.queue_wait) * WAIT_SMOOTHING
                 return await self._run_in_slot(fn, args)
         except TimeoutError:
             self.timeouts += 1
@@ -150,7 +159,11 @@ class EngineStage:
             # Engines raise ValueError for bad requests (unknown voice, bad speed, ...).
             self.errors += 1
             raise VoxError(ErrorCode.INVALID_PARAMETER, str(exc), stage=self.name) from exc
-        except Exception as exc:
+        except BaseException as exc:
+            # Not only Exception: a SystemExit or other BaseException out of a model call (a
+            # native library exiting, a torn-down worker) is this call's failure; let through,
+            # asyncio would re-raise it out of the event loop and stop the server
+            # (tests/faults).
             self.errors += 1
             raise VoxError(
                 ErrorCode.ENGINE_ERROR,

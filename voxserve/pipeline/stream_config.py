@@ -24,3 +24,6 @@ class StreamConfig:
     partials: bool | None = None
     chunk_ms: int | None = None  # how often a partial transcript is re-decoded
     trace_id: str = ""
+    # The client can reconnect with `session.resume` (WebSocket): if it drops, the session
+    # is kept limits.resume_window_s instead of ending (its accepted audio still finishes).
+    resumable: bool = False

@@ -1,20 +1,56 @@
-"""Who may open a session now: the rule every streaming transport applies first."""
+"""Who may start work now: the rule every transport applies first, before any audio.
+
+Refusals are immediate and carry a retry hint (`retry_after_s`): the WebSocket closes with
+1013, HTTP answers 503 with Retry-After, gRPC UNAVAILABLE. Besides the count of sessions
+(`limits.max_sessions`, `voxserve serve --max-sessions`), admission looks at measured load:
+while a model stage has been under pressure for `flow.shed_after_s` (queue over its limit,
+timeouts, calls starting past their deadline: pipeline/flow.py), new work is refused so the
+streams already admitted keep their latency.
+"""
 
 from __future__ import annotations
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
 
+NOT_READY_RETRY_S = 1
 
-def admit(runtime: Runtime) -> None:
-    """Refuse at once (fatal) while the models load or when `limits.max_sessions` sessions
-    are open, so a refused client learns it before sending any audio."""
+
+def _refuse(code: ErrorCode, message: str, retry_after_s: int) -> VoxError:
+    return VoxError(code, message, fatal=True, retry_after_s=retry_after_s)
+
+
+def admit_request(runtime: Runtime) -> None:
+    """For one-shot requests (HTTP, gRPC unary): readiness, drain and measured load."""
+    if runtime.drain.draining:
+        raise _refuse(
+            ErrorCode.SHUTTING_DOWN,
+            "the server is shutting down; connect to another instance",
+            runtime.settings.flow.retry_after_s,
+        )
     if not runtime.ready:
-        raise VoxError(ErrorCode.NOT_READY, "models are still loading; retry shortly", fatal=True)
+        raise _refuse(
+            ErrorCode.NOT_READY, "models are still loading; retry shortly", NOT_READY_RETRY_S
+        )
+    stage = runtime.flow.overloaded()
+    if stage is not None:
+        runtime.metrics.shed.labels(stage).inc()
+        raise _refuse(
+            ErrorCode.OVERLOADED,
+            f"the {stage} stage is saturated; retry later",
+            runtime.settings.flow.retry_after_s,
+        )
+
+
+def admit(runtime: Runtime, *, parked: int = 0) -> None:
+    """For sessions (WebSocket, gRPC Converse, Wyoming): the request rule, then the limit on
+    live sessions. `parked` sessions (WebSocket, waiting for a resume) do not count: they
+    hold no connection and take no new input."""
+    admit_request(runtime)
     limit = runtime.settings.limits.max_sessions
-    if runtime.active_sessions >= limit:
-        raise VoxError(
+    if runtime.active_sessions - parked >= limit:
+        raise _refuse(
             ErrorCode.OVERLOADED,
             f"server is at its limit of {limit} sessions; retry later",
-            fatal=True,
+            runtime.settings.flow.retry_after_s,
         )

@@ -15,7 +15,16 @@ from starlette.routing import BaseRoute
 
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
-from voxserve.server import health, http_admin, http_audio, http_debug, web, ws_stream
+from voxserve.server import (
+    health,
+    http_admin,
+    http_audio,
+    http_debug,
+    http_engines,
+    http_memory,
+    web,
+    ws_stream,
+)
 from voxserve.server.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
 
@@ -30,13 +39,16 @@ def create_app(runtime: Runtime) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load(runtime), name="voxserve-load-engines")
         watchdog = start_watchdog(runtime)
+        http_engines.install_sighup(runtime)  # SIGHUP: hot reload of the engines
         # gRPC and Wyoming (ports in the settings; 0 = off) share this loop and runtime,
         # and stop before the engines close.
         transports = app.state.transports = Transports(runtime)
+        runtime.flow.start()  # credit windows and load shedding tick while serving
         try:
             await transports.start()
             yield
         finally:
+            await runtime.flow.stop()
             await transports.stop()
             if watchdog is not None:
                 await watchdog.stop()
@@ -50,6 +62,8 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
         *http_debug.routes(runtime),
+        *http_engines.routes(runtime),  # /admin/engines: hot reload
+        *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
         *ws_stream.routes(runtime),
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]

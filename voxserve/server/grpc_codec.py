@@ -61,9 +61,13 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,
     ErrorCode.OVERLOADED: S.RESOURCE_EXHAUSTED,
+    ErrorCode.QUOTA_EXCEEDED: S.RESOURCE_EXHAUSTED,
     ErrorCode.IDLE_TIMEOUT: S.DEADLINE_EXCEEDED,
     ErrorCode.SESSION_EXPIRED: S.DEADLINE_EXCEEDED,
     ErrorCode.NOT_READY: S.UNAVAILABLE,
+    ErrorCode.SHUTTING_DOWN: S.UNAVAILABLE,
+    ErrorCode.CLIENT_STALLED: S.ABORTED,
+    ErrorCode.RESUME_FAILED: S.NOT_FOUND,
     ErrorCode.INTERNAL: S.INTERNAL,
 }
 # Codes other features add (admin routes, TTS degradation) map by name when they exist, so
@@ -314,6 +318,7 @@ _COUNTERS = (
 def _ended(m: pb.SessionEnded, e: dict[str, Any]) -> None:
     m.session_id = str(e.get("session_id", ""))
     m.trace_id = str(e.get("trace_id", ""))
+    m.reason = str(e.get("reason", ""))
     for name in _COUNTERS:
         setattr(m, name, max(0, int(e.get(name, 0))))
 

@@ -4,6 +4,10 @@ Converse and Recognize are sessions (grpc_stream.SessionCall). Synthesize is the
 POST /v1/audio/speech: validated in full before the first message, audio streamed as it is
 made, not counted against the session limit (as HTTP speech is not). Listing answers from
 the loaded engines, so it needs them loaded (UNAVAILABLE `not_ready` before).
+
+Every call is one request of its key's quota (RESOURCE_EXHAUSTED `quota_exceeded` over
+`requests_per_s`); the key id is found again from the metadata the auth interceptor
+already checked (a hash of the token: cheap next to any RPC).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from voxserve.observe.logs import bind_session
 from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
 from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
 from voxserve.server import grpc_codec as codec
+from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.grpc_stream import (
     TRANSPORT,
     SessionCall,
@@ -31,6 +36,7 @@ from voxserve.server.grpc_stream import (
     recognize_first,
     recognize_input,
 )
+from voxserve.server.quotas import quotas_of
 from voxserve.types import SUPPORTED_OUTPUT_RATES
 from voxserve.v1 import voxserve_pb2 as pb
 
@@ -46,6 +52,21 @@ class VoxserveServicer:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.keys = KeyRing.from_settings(runtime.settings)
+        self.quotas = quotas_of(runtime)
+
+    def _principal(self, context: Context) -> str:
+        """The caller's key id (the interceptor refused calls without a valid key)."""
+        metadata = dict(context.invocation_metadata() or ())
+        value = metadata.get("authorization")
+        return self.keys.authenticate(bearer_token(value if isinstance(value, str) else None))
+
+    async def _count_request(self, context: Context) -> None:
+        """One request of the caller's quota; ends the call over the rate."""
+        try:
+            self.quotas.request(self._principal(context), fatal=True)
+        except VoxError as exc:
+            await self._fail(context, exc)
 
     async def Converse(  # the RPC names of the proto
         self, requests: AsyncIterator[pb.ConverseRequest], context: Context
@@ -56,6 +77,7 @@ class VoxserveServicer:
             parse_first=converse_first,
             parse=codec.converse_input,
             response_type=pb.ConverseResponse,
+            principal=self._principal(context),
         )
         async for response in call.responses(requests):
             yield response
@@ -69,6 +91,7 @@ class VoxserveServicer:
             parse_first=recognize_first,
             parse=recognize_input,
             response_type=pb.RecognizeResponse,
+            principal=self._principal(context),
         )
         async for response in call.responses(requests):
             yield response
@@ -78,6 +101,7 @@ class VoxserveServicer:
     ) -> AsyncIterator[pb.SynthesizeResponse]:
         trace_id = request.trace_id or uuid.uuid4().hex[:16]
         bind_session(trace_id)  # this call's own task: its log lines carry the trace id
+        await self._count_request(context)
         try:
             chunks, started = self._plan(request, trace_id)
             first = await anext(chunks, None)
@@ -128,6 +152,7 @@ class VoxserveServicer:
     async def ListVoices(
         self, request: pb.ListVoicesRequest, context: Context
     ) -> pb.ListVoicesResponse:
+        await self._count_request(context)
         try:
             engines = self.runtime.engines
         except VoxError as exc:
@@ -147,6 +172,7 @@ class VoxserveServicer:
     async def ListEngines(
         self, request: pb.ListEnginesRequest, context: Context
     ) -> pb.ListEnginesResponse:
+        await self._count_request(context)
         try:
             engines = self.runtime.engines
         except VoxError as exc:

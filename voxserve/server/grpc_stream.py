@@ -10,12 +10,18 @@ the sender draining the outbox. Differences that come from gRPC itself:
 - A fatal error ends the call with a status (codec.status_for) after a final `ended`
   message when a session existed; non-fatal ones are `error` messages in the stream.
 - Audio messages may carry several 20 ms frames; each frame is fed with its own seq_id.
+- Idle and lifetime limits as on the WebSocket (`limits.idle_timeout_s` while input is
+  open, `limits.max_session_s` always): `ended`, then DEADLINE_EXCEEDED with the code.
+- Per-key quotas: the session slot at open (RESOURCE_EXHAUSTED `quota_exceeded`), the
+  key's audio minute per audio message (over it: the message's frames are counted in
+  `rejected`, one in-stream `error` per run of refusals, the session goes on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -23,12 +29,15 @@ import grpc
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
+from voxserve.pipeline.drain import SessionDrain
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server.admission import admit
+from voxserve.server.auth import ANONYMOUS
+from voxserve.server.quotas import SessionQuota, quotas_of
 from voxserve.server.ws_protocol import (
     CancelMessage,
     ClientMessage,
@@ -72,8 +81,13 @@ class SessionCall(Generic[Req, Resp]):
         parse_first: Callable[[Req], StreamConfig],
         parse: Callable[[Req], Input],
         response_type: type[Resp],
+        principal: str = ANONYMOUS,
     ) -> None:
         self.runtime = runtime
+        self.principal = principal
+        self.quota: SessionQuota | None = None
+        self._last_message_at = time.monotonic()
+        self._input_open = True
         self.context = context
         self.parse_first: Callable[[Req], StreamConfig] = parse_first
         self.parse: Callable[[Req], Input] = parse
@@ -90,6 +104,7 @@ class SessionCall(Generic[Req, Resp]):
         except VoxError as exc:
             metrics.errors.labels(exc.code.value, TRANSPORT).inc()
             metrics.refused.labels(exc.code.value).inc()
+            self._release_quota()
             await abort(self.context, exc)
         mode = session.config.mode
         metrics.sessions_total.labels(mode).inc()
@@ -100,6 +115,7 @@ class SessionCall(Generic[Req, Resp]):
             async for response in self._run(session, requests):
                 yield response
         finally:
+            self._release_quota()
             self.runtime.active_sessions -= 1
             active.dec()
             metrics.session_counts(session.ended_event())
@@ -119,6 +135,7 @@ class SessionCall(Generic[Req, Resp]):
         # Admission after the first request: refusing while the client is still writing
         # it makes grpc's client report INTERNAL instead of the status we send.
         admit(self.runtime)
+        self.quota = quotas_of(self.runtime).open_session(self.principal)
         config = self.parse_first(first)
         outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
         try:
@@ -139,15 +156,19 @@ class SessionCall(Generic[Req, Resp]):
         receiver = asyncio.create_task(
             self._receive(session, requests), name="voxserve-grpc-receiver"
         )
+        limits = asyncio.create_task(self._watch_limits(session), name="voxserve-grpc-limits")
+        drainable = SessionDrain(session, pipeline)  # SIGTERM: finish, then server_shutdown
+        self.runtime.drain.add(drainable)
         try:
             while (item := await session.outbox.next()) is not None:
                 response = self._encode(item)
                 if response is not None:
                     yield response
         finally:
-            for task in (pipeline, receiver):
+            self.runtime.drain.discard(drainable)
+            for task in (pipeline, receiver, limits):
                 task.cancel()
-            results = await asyncio.gather(pipeline, receiver, return_exceptions=True)
+            results = await asyncio.gather(pipeline, receiver, limits, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException) and not isinstance(
                     result, asyncio.CancelledError
@@ -182,6 +203,50 @@ class SessionCall(Generic[Req, Resp]):
                 session, VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
             )
 
+    def _release_quota(self) -> None:
+        if self.quota is not None:
+            self.quota.release()
+
+    async def _watch_limits(self, session: Session) -> None:
+        """The WebSocket's rule: idle while input is open, lifetime always. A task of its
+        own, so the receive path pays one clock read per message."""
+        idle = self.limits.idle_timeout_s
+        expires_at = time.monotonic() + self.limits.max_session_s
+        while self._fatal is None:
+            now = time.monotonic()
+            if now >= expires_at:
+                limit = self.limits.max_session_s
+                error = VoxError(
+                    ErrorCode.SESSION_EXPIRED, f"sessions last at most {limit:g} s", fatal=True
+                )
+                await self._end_fatally(session, error)
+                return
+            wake_at = expires_at
+            if self._input_open:
+                if now - self._last_message_at >= idle:
+                    error = VoxError(
+                        ErrorCode.IDLE_TIMEOUT,
+                        f"no message from the client for {idle:g} s",
+                        fatal=True,
+                    )
+                    await self._end_fatally(session, error)
+                    return
+                wake_at = min(wake_at, self._last_message_at + idle)
+            await asyncio.sleep(wake_at - now + 0.001)
+
+    async def _audio_quota(self, session: Session, frames: int, seconds: float) -> bool:
+        """Charge the key's audio minute; a refused message's frames count in `rejected`."""
+        if self.quota is None:
+            return True
+        verdict = self.quota.audio(seconds)
+        if verdict.accepted:
+            return True
+        session.rejected += frames
+        if verdict.report is not None:
+            self.runtime.metrics.errors.labels(verdict.report.code.value, TRANSPORT).inc()
+            await session.outbox.event(verdict.report.to_event())
+        return False
+
     async def _end_fatally(self, session: Session, error: VoxError) -> None:
         """Stop sending: the call ends with `error`'s status after what is queued."""
         if self._fatal is None:
@@ -196,6 +261,7 @@ class SessionCall(Generic[Req, Resp]):
         metrics = self.runtime.metrics
         try:
             async for request in requests:
+                self._last_message_at = time.monotonic()  # read by _watch_limits
                 try:
                     item = self.parse(request)
                     if isinstance(item, pb.AudioFrames):
@@ -204,6 +270,9 @@ class SessionCall(Generic[Req, Resp]):
                         except VoxError:
                             session.rejected += 1
                             raise
+                        seconds = len(item.pcm) / (2 * rate)
+                        if not await self._audio_quota(session, len(frames), seconds):
+                            continue
                         for seq, pcm in frames:
                             await session.feed_audio(seq, pcm)
                     else:
@@ -216,6 +285,7 @@ class SessionCall(Generic[Req, Resp]):
                     await session.outbox.event(exc.to_event())
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return  # the call is over; the handler is being cancelled
+        self._input_open = False
         await session.end_input()
 
     async def _control(self, session: Session, message: ClientMessage) -> None:

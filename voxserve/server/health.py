@@ -1,5 +1,5 @@
 """Liveness, readiness and metrics: /healthz answers while models load, /readyz only once
-loaded, /metrics in the Prometheus text format."""
+loaded (and 503 again while draining for shutdown), /metrics in the Prometheus format."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ def routes(runtime: Runtime) -> list[Route]:
         return JSONResponse({"status": "alive"})
 
     async def readyz(request: Request) -> JSONResponse:
+        if runtime.drain.draining:  # load balancers stop sending; live sessions finish
+            return JSONResponse(
+                {"status": "draining", "sessions": runtime.drain.live}, status_code=503
+            )
         if runtime.ready:
             return JSONResponse({"status": "ready", "load_seconds": runtime.engines.load_seconds})
         body: dict[str, object] = {"status": "loading"}

@@ -16,26 +16,34 @@ from starlette.routing import BaseRoute, Route
 
 from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server import http_speech, http_transcriptions
+from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.http_requests import Handler, guarded
+from voxserve.server.quotas import quotas_of
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
     """The /v1 HTTP routes; each answers 401 `unauthorized` without a valid API key (when
-    keys are configured) and 503 `not_ready` until the engines are loaded."""
+    keys are configured), 429 `quota_exceeded` over the key's request rate, and 503
+    `not_ready` until the engines are loaded. The key id is `request.state.principal`."""
     keys = KeyRing.from_settings(runtime.settings)
+    quotas = quotas_of(runtime)
 
     def authed(handler: Handler) -> Handler:
         async def checked(request: Request, trace_id: str) -> Response:
-            keys.authenticate(bearer_token(request.headers.get("authorization")))
+            principal = keys.authenticate(bearer_token(request.headers.get("authorization")))
+            quotas.request(principal)
+            request.state.principal = principal
             return await handler(request, trace_id)
 
         return checked
 
     async def speech(request: Request, trace_id: str) -> Response:
+        admit_request(runtime)  # 503 + Retry-After while draining or overloaded
         return await http_speech.speech(runtime, request, trace_id)
 
     async def transcriptions(request: Request, trace_id: str) -> Response:
+        admit_request(runtime)
         return await http_transcriptions.transcriptions(runtime, request)
 
     async def voices(request: Request, trace_id: str) -> Response:

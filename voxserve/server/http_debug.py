@@ -5,13 +5,14 @@ Debug figures tell an outsider how loaded the server is, so they are not public.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from voxserve.runtime import Runtime
+from voxserve.runtime import Runtime, process_stats
 from voxserve.server.http_admin import check_admin_key
 from voxserve.server.http_requests import guarded
 
@@ -35,4 +36,5 @@ def debug_stats(runtime: Runtime) -> dict[str, Any]:
     }
     watchdog = runtime.watchdog
     body["loop_stalls"] = watchdog.stalls if watchdog is not None else None
+    body["process"] = {**process_stats(), "tasks": len(asyncio.all_tasks())}
     return body

@@ -15,7 +15,9 @@ from voxserve.audio.wav import read_wav
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.recognition import transcribe
 from voxserve.runtime import OPENAI_ASR_MODELS, Engines, Runtime
+from voxserve.server.auth import ANONYMOUS
 from voxserve.server.http_requests import one_of, read_form
+from voxserve.server.quotas import quotas_of
 from voxserve.types import AsrResult, Segment
 
 TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -41,6 +43,9 @@ async def transcriptions(runtime: Runtime, request: Request) -> Response:
     finally:
         await form.close()
     samples, rate = _decode_wav(data)
+    # The key's audio minute pays for the whole upload before any model work (429 if not).
+    principal = getattr(request.state, "principal", ANONYMOUS)
+    quotas_of(runtime).spend_audio(principal, samples.size / rate)
     result = await transcribe(runtime, samples, rate, language=plan.language)
     return _transcript_response(result, plan.response_format, samples.size / rate)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from types import FrameType
 
 import uvicorn
 
@@ -34,6 +36,43 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM or SIGINT drains the live sessions
+    (pipeline/drain.py: new sessions refused, turns finished, `session.ended` reason
+    `server_shutdown`) before uvicorn's own shutdown. A second signal skips what is left
+    of the drain; the signal is re-raised after shutdown as uvicorn does (exit 0)."""
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain is None and self._loop is not None and not self.should_exit:
+            self._captured_signals.append(sig)
+            # A signal handler runs between bytecodes: hand the drain to the loop.
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(
+                self._drain_then_exit(), name="voxserve-drain"
+            )
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.runtime.drain.run(self.runtime.settings.limits.drain_timeout_s)
+        finally:
+            self.should_exit = True
+
+
 def serve(
     settings: Settings,
     runtime: Runtime | None = None,
@@ -41,4 +80,5 @@ def serve(
 ) -> None:
     """Serve until stopped; `sockets` may be bound beforehand (so a busy port is reported
     before anything loads, and port 0 works)."""
-    uvicorn.Server(uvicorn_config(settings, runtime)).run(sockets=sockets)
+    runtime = runtime or Runtime(settings)
+    DrainingServer(uvicorn_config(settings, runtime), runtime).run(sockets=sockets)

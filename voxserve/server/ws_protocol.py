@@ -52,7 +52,33 @@ class MarkMessage:
     id: str | int
 
 
-ClientMessage = StartMessage | TextMessage | EndMessage | CancelMessage | MarkMessage
+@dataclass(frozen=True, slots=True)
+class CreditMessage:
+    """Output credit: the client may play `audio_ms` more of reply audio (speaker.py)."""
+
+    audio_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeMessage:
+    """First message of a reconnect: continue a parked session (limits.resume_window_s)."""
+
+    session_id: str
+    last_seq: int | None
+
+
+ClientMessage = (
+    StartMessage
+    | TextMessage
+    | EndMessage
+    | CancelMessage
+    | MarkMessage
+    | CreditMessage
+    | ResumeMessage
+)
+MAX_CREDIT_MS = 60_000
+_SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
+SEQ_MAX = (1 << 32) - 1
 
 
 def _invalid(message: str) -> VoxError:
@@ -134,6 +160,7 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         partials=_field(data, "partials", bool, None),
         chunk_ms=chunk_ms,
         trace_id=trace_id,
+        resumable=bool(_field(data, "resumable", bool, False)),
     )
 
 
@@ -167,9 +194,30 @@ def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
         if isinstance(mark_id, str) and len(mark_id) > 64:
             raise _invalid("a mark id is at most 64 characters")
         return MarkMessage(mark_id)
+    if kind == "credit":
+        audio_ms = _field(data, "audio_ms", int, None)
+        if audio_ms is None or not 1 <= audio_ms <= MAX_CREDIT_MS:
+            raise _invalid(f"field 'audio_ms' of a credit must be 1 to {MAX_CREDIT_MS}")
+        return CreditMessage(audio_ms)
+    if kind == "session.resume":
+        return parse_resume(data)
     if not isinstance(kind, str):
         raise _invalid("control message needs a string field 'type'")
     raise _invalid(f"unknown message type {kind!r}")
+
+
+def parse_resume(data: dict[str, Any]) -> ResumeMessage:
+    session_id = _field(data, "session_id", str, None)
+    if session_id is None or not _SESSION_ID.match(session_id):
+        raise VoxError(
+            ErrorCode.INVALID_MESSAGE,
+            "session.resume needs the 'session_id' of session.started",
+            fatal=True,
+        )
+    last_seq = _field(data, "last_seq", int, None)
+    if last_seq is not None and not 0 <= last_seq <= SEQ_MAX:
+        raise VoxError(ErrorCode.INVALID_MESSAGE, "last_seq must be a 32-bit seq_id", fatal=True)
+    return ResumeMessage(session_id, last_seq)
 
 
 def max_frame_bytes(sample_rate: int, max_frame_ms: int) -> int:

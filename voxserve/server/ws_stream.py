@@ -24,16 +24,21 @@ from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
 from voxserve.server.auth import (
+    ANONYMOUS,
     SUBPROTOCOL,
     KeyRing,
     bearer_token,
     origin_allowed,
     subprotocol_token,
 )
+from voxserve.server.quotas import SessionQuota, quotas_of
+from voxserve.server.ws_live import LiveStream, ParkedStreams
 from voxserve.server.ws_protocol import (
     CancelMessage,
+    CreditMessage,
     EndMessage,
     MarkMessage,
+    ResumeMessage,
     StartMessage,
     TextMessage,
     encode_event,
@@ -51,22 +56,28 @@ CLOSE_TRY_AGAIN = 1013  # overloaded or not ready: retry later
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
     keys = KeyRing.from_settings(runtime.settings)
+    parked = ParkedStreams()  # sessions whose client dropped, waiting for session.resume
 
     async def endpoint(websocket: WebSocket) -> None:
-        await StreamConnection(runtime, websocket, keys).serve()
+        await StreamConnection(runtime, websocket, keys, parked).serve()
 
     return [WebSocketRoute("/v1/stream", endpoint)]
 
 
 class StreamConnection:
-    def __init__(self, runtime: Runtime, websocket: WebSocket, keys: KeyRing) -> None:
+    def __init__(
+        self, runtime: Runtime, websocket: WebSocket, keys: KeyRing, parked: ParkedStreams
+    ) -> None:
         self.runtime = runtime
         self.ws = websocket
         self.limits = runtime.settings.limits
-        self._closing = False  # a fatal error ended the session; input is ignored
+        self.parked = parked
         self._last_message_at = time.monotonic()
+        self._client_left = False  # the socket closed under us (not a session.end)
+        self._reported_draining = False
         self.keys = keys
         self.key_id: str | None = None
+        self.quota: SessionQuota | None = None  # this session's hold on its key's quotas
 
     async def serve(self) -> None:
         # Accepted before any check, so a refused client reads why (an error event and a
@@ -75,7 +86,7 @@ class StreamConnection:
         offered = self.ws.scope.get("subprotocols") or []
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
-            session = await self._open_session()
+            live, resumed = await self._open_session()
         except VoxError as exc:
             metrics = self.runtime.metrics
             metrics.errors.labels(exc.code.value, "ws").inc()
@@ -84,18 +95,23 @@ class StreamConnection:
             return
         except WebSocketDisconnect:
             return
-        mode = session.config.mode
-        metrics = self.runtime.metrics
-        metrics.sessions_total.labels(mode).inc()
-        active = metrics.sessions_active.labels(mode)
-        active.inc()
-        self.runtime.active_sessions += 1
+        if not resumed:
+            live.start()
         try:
-            await self._run(session)
+            await self._run(live, resumed=resumed)
         finally:
-            self.runtime.active_sessions -= 1
-            active.dec()
-            metrics.session_counts(session.ended_event())
+            window = self.limits.resume_window_s
+            if (
+                self._client_left
+                and window > 0
+                and live.session.config.resumable
+                and not live.finished
+                and not live.closing
+            ):
+                live.park(window)
+            else:
+                live.close()
+                await live.wait_closed()
 
     def _authenticate(self) -> None:
         """Origin first (a browser page of another site must not use the key a user
@@ -114,9 +130,41 @@ class StreamConnection:
             token = subprotocol_token(self.ws.scope.get("subprotocols") or [])
         self.key_id = self.keys.authenticate(token)
 
-    async def _open_session(self) -> Session:
+    def _release_quota(self) -> None:
+        if self.quota is not None:
+            self.quota.release()
+            self.quota = None
+
+    async def _open_session(self) -> tuple[LiveStream, bool]:
+        """Authenticate and admit (the global rule), read the first message, then either
+        hand back the parked session it resumes or open a new one (the key's quotas)."""
         self._authenticate()
-        admit(self.runtime)
+        # Refused before the first message is read, so a refused client learns it at once.
+        admit(self.runtime, parked=len(self.parked))
+        first = await self._first_message()
+        if isinstance(first, ResumeMessage):
+            return self.parked.take(first.session_id, self.key_id), True
+        # Per-key quotas after the global rule: refused at open, before any audio.
+        self.quota = quotas_of(self.runtime).open_session(self.key_id or ANONYMOUS)
+        try:
+            outbox = Outbox(
+                self.runtime.settings.pipeline.outbox_messages, self.limits.stalled_client_s
+            )
+            try:
+                session = Session(self.runtime, first.config, outbox)
+            except VoxError as exc:
+                exc.fatal = True
+                raise
+        except BaseException:
+            self._release_quota()
+            raise
+        quota, self.quota = self.quota, None  # the stream holds it from now on
+        live = LiveStream(
+            self.runtime, session, key_id=self.key_id, quota=quota, parked=self.parked
+        )
+        return live, False
+
+    async def _first_message(self) -> StartMessage | ResumeMessage:
         timeout_s = self.limits.handshake_timeout_s
         try:
             message = await asyncio.wait_for(self.ws.receive(), timeout_s)
@@ -131,16 +179,11 @@ class StreamConnection:
                 ErrorCode.NOT_STARTED, "the first message must be a session.start", fatal=True
             )
         parsed = self._parse_fatal(message["text"])
-        if not isinstance(parsed, StartMessage):
+        if not isinstance(parsed, StartMessage | ResumeMessage):
             raise VoxError(
                 ErrorCode.NOT_STARTED, "the first message must be a session.start", fatal=True
             )
-        outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
-        try:
-            return Session(self.runtime, parsed.config, outbox)
-        except VoxError as exc:
-            exc.fatal = True
-            raise
+        return parsed
 
     def _parse_fatal(self, text: str) -> Any:
         try:
@@ -149,19 +192,24 @@ class StreamConnection:
             exc.fatal = True
             raise
 
-    async def _run(self, session: Session) -> None:
+    async def _run(self, live: LiveStream, *, resumed: bool) -> None:
+        session = live.session
         # Every log line of this connection's tasks (created below, so they copy this
         # context) carries the trace and session ids; never the audio or the text.
         bind_session(session.trace_id, session.id)
-        await self.ws.send_text(encode_event(session.started_event()))
-        log.info("session started", extra={"mode": session.config.mode})
-        pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-session")
-        sender = asyncio.create_task(self._send(session.outbox), name="voxserve-sender")
-        receiver = asyncio.create_task(self._receive(session), name="voxserve-receiver")
-        limits = asyncio.create_task(self._watch_limits(session), name="voxserve-limits")
-        tasks = {pipeline, sender, receiver, limits}
+        if resumed:
+            await self.ws.send_text(encode_event(self._resumed_event(session)))
+            log.info("session resumed", extra={"mode": session.config.mode})
+        else:
+            await self.ws.send_text(encode_event(session.started_event()))
+            log.info("session started", extra={"mode": session.config.mode})
+        sender = asyncio.create_task(self._send(live), name="voxserve-sender")
+        receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
+        limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
+        stalled = asyncio.create_task(self._watch_stall(live), name="voxserve-stall")
+        tasks = {sender, receiver, limits, stalled}
         try:
-            await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sender, receiver, stalled}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
@@ -171,45 +219,76 @@ class StreamConnection:
                 result, asyncio.CancelledError | WebSocketDisconnect
             ):
                 log.error("session task failed", exc_info=result)
+        if session.outbox.stalled:
+            await self._close_stalled(live)
         log.info("session closed")
 
-    async def _pipeline(self, session: Session) -> None:
-        try:
-            await session.run()
-        except VoxError as exc:
-            exc.fatal = True
-            await session.outbox.event(exc.to_event())
-            await session.outbox.event(session.ended_event())
-            await session.outbox.close()
-        except Exception:
-            log.exception("session pipeline failed")
-            error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
-            error_event = error.to_event() | {"trace_id": session.trace_id}
-            session.outbox.event_nowait(error_event)
-            session.outbox.event_nowait(session.ended_event())
-            await session.outbox.close()
+    def _resumed_event(self, session: Session) -> dict[str, object]:
+        """What a reconnecting client needs: send audio after `acked_seq` again."""
+        return {
+            "type": "session.resumed",
+            "session_id": session.id,
+            "trace_id": session.trace_id,
+            "acked_seq": session.acked_seq,
+            "credit_window": session.credit.size if session.credit else None,
+        }
 
-    async def _send(self, outbox: Outbox) -> None:
-        """Drain the outbox into the socket; ends the connection when the session is over."""
-        while (item := await outbox.next()) is not None:
-            if isinstance(item, bytes):
-                await self.ws.send_bytes(item)
-            else:
-                await self.ws.send_text(encode_event(item))
+    async def _send(self, live: LiveStream) -> None:
+        """Drain the outbox into the socket; ends the connection when the session is over.
+        An item taken but not written when the socket fails is kept for a resume."""
+        outbox = live.session.outbox
+        while True:
+            item = live.unsent
+            if item is None:
+                item = await outbox.next()
+                if item is None:
+                    break
+                live.unsent = item
+            try:
+                if isinstance(item, bytes):
+                    await self.ws.send_bytes(item)
+                else:
+                    await self.ws.send_text(encode_event(item))
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                self._client_left = True
+                return
+            live.unsent = None
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await self.ws.close(CLOSE_NORMAL)
 
-    async def _receive(self, session: Session) -> None:
+    async def _watch_stall(self, live: LiveStream) -> None:
+        """Returns when the client is found stalled (the pipeline's output waited
+        `limits.stalled_client_s`), which ends the connection."""
+        pipeline = live.pipeline
+        if pipeline is None:
+            return
+        while not live.session.outbox.stalled:
+            if pipeline.done():
+                await asyncio.Event().wait()  # the sender ends this connection
+            await asyncio.wait([pipeline])
+
+    async def _close_stalled(self, live: LiveStream) -> None:
+        """A client that reads nothing cannot be told in-band: close with 1008 and the
+        code as the reason (counted as the error)."""
+        live.session.end_reason = ErrorCode.CLIENT_STALLED.value
+        self.runtime.metrics.errors.labels(ErrorCode.CLIENT_STALLED.value, "ws").inc()
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
+            async with asyncio.timeout(1.0):
+                await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
+
+    async def _receive(self, live: LiveStream) -> None:
         """Read client messages until it disconnects; errors in one message are reported and
         the session goes on, fatal ones end it."""
+        session = live.session
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
         while True:
             message = await self.ws.receive()
             self._last_message_at = time.monotonic()  # read by _watch_limits
             if message["type"] == "websocket.disconnect":
+                self._client_left = True
                 return
-            if self._closing:
+            if live.closing:
                 continue  # a fatal error was sent; the sender closes the socket after it
             data = message.get("bytes")
             try:
@@ -219,6 +298,8 @@ class StreamConnection:
                     except VoxError:
                         session.rejected += 1
                         raise
+                    if not await self._audio_quota(live, len(pcm) / (2 * rate)):
+                        continue
                     await session.feed_audio(seq, pcm)
                     continue
                 parsed = parse_text_message(
@@ -232,13 +313,35 @@ class StreamConnection:
                     await session.cancel()
                 elif isinstance(parsed, MarkMessage):
                     await session.mark(parsed.id)
-                elif isinstance(parsed, StartMessage):
+                elif isinstance(parsed, CreditMessage):
+                    session.speaker.grant(parsed.audio_ms)
+                elif isinstance(parsed, StartMessage | ResumeMessage):
                     raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
             except VoxError as exc:
+                if exc.code == ErrorCode.SHUTTING_DOWN:
+                    if self._reported_draining:
+                        continue  # told once; the rest is counted in session.ended `rejected`
+                    self._reported_draining = True
                 self.runtime.metrics.errors.labels(exc.code.value, "ws").inc()
                 await session.outbox.event(exc.to_event())
                 if exc.fatal:
-                    await self._end_fatally(session, None)
+                    await self._end_fatally(live, None)
+
+    async def _audio_quota(self, live: LiveStream, seconds: float) -> bool:
+        """Charge the key's audio minute (the stream holds the session's quota). Over it the
+        message is refused (counted in `rejected`; one non-fatal `quota_exceeded` per run
+        of refusals) and the session goes on, so audio already accepted is still finished."""
+        if not isinstance(live.quota, SessionQuota):
+            return True
+        verdict = live.quota.audio(seconds)
+        if verdict.accepted:
+            return True
+        session = live.session
+        session.rejected += 1
+        if verdict.report is not None:
+            self.runtime.metrics.errors.labels(verdict.report.code.value, "ws").inc()
+            await session.outbox.event(verdict.report.to_event())
+        return False
 
     def _limit_error(self, *, expired: bool) -> VoxError:
         if expired:
@@ -251,29 +354,31 @@ class StreamConnection:
             ErrorCode.IDLE_TIMEOUT, f"no message from the client for {idle:g} s", fatal=True
         )
 
-    async def _watch_limits(self, session: Session) -> None:
+    async def _watch_limits(self, live: LiveStream) -> None:
         """End a session whose client went silent (`limits.idle_timeout_s`) or that has
         lasted `limits.max_session_s`. A task of its own, so the receive path pays one clock
         read per message, not a timer."""
         idle = self.limits.idle_timeout_s
-        expires_at = time.monotonic() + self.limits.max_session_s
-        while not self._closing:
+        expires_at = live.session.started_at + self.limits.max_session_s
+        while not live.closing:
             now = time.monotonic()
             if now >= expires_at:
-                await self._end_fatally(session, self._limit_error(expired=True))
+                await self._end_fatally(live, self._limit_error(expired=True))
                 return
             if now - self._last_message_at >= idle:
-                await self._end_fatally(session, self._limit_error(expired=False))
+                await self._end_fatally(live, self._limit_error(expired=False))
                 return
             await asyncio.sleep(min(expires_at, self._last_message_at + idle) - now + 0.001)
 
-    async def _end_fatally(self, session: Session, error: VoxError | None) -> None:
+    async def _end_fatally(self, live: LiveStream, error: VoxError | None) -> None:
         """After a fatal error: report it (unless already sent), then the counters, then
         close; the sender closes the socket once these are out."""
-        if self._closing:
+        if live.closing:
             return
-        self._closing = True
+        live.closing = True
+        session = live.session
         if error is not None:
+            session.end_reason = error.code.value
             self.runtime.metrics.errors.labels(error.code.value, "ws").inc()
             await session.outbox.event(error.to_event())
         await session.outbox.event(session.ended_event())
@@ -281,14 +386,16 @@ class StreamConnection:
 
     async def _fail(self, error: VoxError) -> None:
         """Refuse a connection that never became a session, with a code for the transport."""
-        code = (
-            CLOSE_TRY_AGAIN
-            if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY)
-            else CLOSE_POLICY
+        try_again = (
+            ErrorCode.OVERLOADED,
+            ErrorCode.NOT_READY,
+            ErrorCode.QUOTA_EXCEEDED,
+            ErrorCode.SHUTTING_DOWN,
         )
+        code = CLOSE_TRY_AGAIN if error.code in try_again else CLOSE_POLICY
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             event = error.to_event()
             if code == CLOSE_TRY_AGAIN:
-                event["retry_after_ms"] = 1000
+                event.setdefault("retry_after_ms", 1000)
             await self.ws.send_text(encode_event(event))
             await self.ws.close(code, reason=error.code.value)

@@ -10,12 +10,22 @@ Home Assistant also sends while streaming, for older servers, is ignored).
 
 Errors are `error` events whose `code` is the voxserve code (docs/protocol.md); the
 connection stays open. Each request counts against `limits.max_sessions` while it runs.
+
+Events are read by `wyoming_protocol` (lengths capped, fields checked) instead of the
+package's trusting reader; broken framing ends the connection after an `error`. A
+connection silent for `limits.idle_timeout_s` (`idle_timeout`) or open for
+`limits.max_session_s` (`session_expired`, checked between events) is closed after its
+`error`. Wyoming carries no key: the caller is `anonymous` for quotas (`quotas.anonymous`),
+each request is a session of it, and its audio is charged per chunk (over quota the
+request ends with `quota_exceeded`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -41,7 +51,10 @@ from voxserve.pipeline.recognition import transcribe
 from voxserve.pipeline.synthesis import check_text, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
+from voxserve.server.auth import ANONYMOUS
+from voxserve.server.quotas import quotas_of
 from voxserve.server.wyoming_info import server_info
+from voxserve.server.wyoming_protocol import check_event, read_event
 from voxserve.text import SentenceBuffer
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -56,6 +69,7 @@ class _Request:
 
     def __init__(self, runtime: Runtime, mode: str) -> None:
         admit(runtime)
+        self.quota = quotas_of(runtime).open_session(ANONYMOUS)
         self.runtime = runtime
         self.mode = mode
         runtime.active_sessions += 1
@@ -66,6 +80,7 @@ class _Request:
     def release(self) -> None:
         if self._open:
             self._open = False
+            self.quota.release()
             self.runtime.active_sessions -= 1
             self.runtime.metrics.sessions_active.labels(self.mode).dec()
 
@@ -127,11 +142,50 @@ class WyomingHandler(AsyncEventHandler):
         self._stream_audio_started = False
         bind_session(self.trace_id)
 
+    async def run(self) -> None:
+        """Read events until the peer leaves, the framing breaks, or a limit ends the
+        connection (the package's loop, with voxserve's reader and limits)."""
+        self._is_running = True
+        limits = self.runtime.settings.limits
+        cap = limits.max_message_bytes
+        expires_at = time.monotonic() + limits.max_session_s
+        try:
+            while self._is_running:
+                left = expires_at - time.monotonic()
+                if left <= 0:
+                    await self._error(self._limit_error(expired=True))
+                    return
+                try:
+                    async with asyncio.timeout(min(limits.idle_timeout_s, left)):
+                        event = await read_event(self.reader, max_data=cap, max_payload=cap)
+                except TimeoutError:
+                    # Which bound ran out, not a clock read after it: loop timers may fire
+                    # a clock tick early.
+                    await self._error(self._limit_error(expired=left <= limits.idle_timeout_s))
+                    return
+                except VoxError as exc:  # the stream cannot be read past a broken event
+                    await self._error(exc)
+                    return
+                if event is None or not await self.handle_event(event):
+                    return
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    def _limit_error(self, *, expired: bool) -> VoxError:
+        limits = self.runtime.settings.limits
+        if expired:
+            limit = limits.max_session_s
+            return VoxError(ErrorCode.SESSION_EXPIRED, f"connections last at most {limit:g} s")
+        idle = limits.idle_timeout_s
+        return VoxError(ErrorCode.IDLE_TIMEOUT, f"no event from the client for {idle:g} s")
+
     async def handle_event(self, event: Event) -> bool:
         handler = self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
         try:
+            check_event(event)
             await handler(event)
         except VoxError as exc:
             await self._error(exc)
@@ -160,12 +214,13 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _error(self, error: VoxError) -> None:
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
-        if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY):
+        if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY, ErrorCode.QUOTA_EXCEEDED):
             self.runtime.metrics.refused.labels(error.code.value).inc()
         # A failed request is over: its slot is free and its state forgotten.
         self._end_asr()
         self._end_stream()
-        await self.write_event(Error(text=error.message, code=error.code.value).event())
+        with contextlib.suppress(ConnectionError):  # the peer may be gone already
+            await self.write_event(Error(text=error.message, code=error.code.value).event())
 
     # -- info ---------------------------------------------------------------------------
 
@@ -197,6 +252,8 @@ class WyomingHandler(AsyncEventHandler):
             self._begin_asr(chunk.rate)
         assert self._recording is not None
         self._recording.add(chunk)
+        seconds = len(chunk.audio) / (PCM_WIDTH * max(1, chunk.channels) * chunk.rate)
+        quotas_of(self.runtime).spend_audio(ANONYMOUS, seconds)
 
     async def _audio_stop(self, event: Event) -> None:
         recording = self._recording

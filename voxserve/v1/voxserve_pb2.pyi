@@ -233,7 +233,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., fatal: _Optional[bool] = ..., stage: _Optional[str] = ..., segment: _Optional[int] = ..., reply: _Optional[int] = ...) -> None: ...
 
 class SessionEnded(_message.Message):
-    __slots__ = ("session_id", "trace_id", "received", "duplicates", "accepted", "processed", "dropped", "rejected", "gaps", "reordered", "segments", "replies", "interrupted", "duration_ms")
+    __slots__ = ("session_id", "trace_id", "received", "duplicates", "accepted", "processed", "dropped", "rejected", "gaps", "reordered", "segments", "replies", "interrupted", "duration_ms", "reason")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +248,7 @@ class SessionEnded(_message.Message):
     REPLIES_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     trace_id: str
     received: int
@@ -262,7 +263,8 @@ class SessionEnded(_message.Message):
     replies: int
     interrupted: int
     duration_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., received: _Optional[int] = ..., duplicates: _Optional[int] = ..., accepted: _Optional[int] = ..., processed: _Optional[int] = ..., dropped: _Optional[int] = ..., rejected: _Optional[int] = ..., gaps: _Optional[int] = ..., reordered: _Optional[int] = ..., segments: _Optional[int] = ..., replies: _Optional[int] = ..., interrupted: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., received: _Optional[int] = ..., duplicates: _Optional[int] = ..., accepted: _Optional[int] = ..., processed: _Optional[int] = ..., dropped: _Optional[int] = ..., rejected: _Optional[int] = ..., gaps: _Optional[int] = ..., reordered: _Optional[int] = ..., segments: _Optional[int] = ..., replies: _Optional[int] = ..., interrupted: _Optional[int] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ConverseResponse(_message.Message):
     __slots__ = ("started", "vad_start", "vad_end", "transcript", "response_delta", "response_text", "tts_start", "audio", "tts_end", "barge_in", "mark", "error", "ended")

@@ -1,0 +1,53 @@
+"""deploy/rayservice.yaml: its voxserve config is valid, and its Serve config is one Ray
+Serve accepts, with import paths that build the core's applications."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.conftest import need_ray
+from voxserve.config import load_settings
+
+MANIFEST = Path(__file__).parents[2] / "deploy" / "rayservice.yaml"
+
+
+def documents() -> dict[str, Any]:
+    import yaml
+
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(MANIFEST.read_text())}
+
+
+def test_the_rayservice_config_deploys_both_tiers_from_the_configmap(tmp_path: Path) -> None:
+    need_ray()
+    import yaml
+    from ray.serve.deployment import Application
+    from ray.serve.schema import ServeDeploySchema
+
+    docs = documents()
+    config = tmp_path / "voxserve.toml"
+    config.write_text(docs["ConfigMap"]["data"]["voxserve.toml"])
+    settings = load_settings(config)
+    assert settings.cluster.asr.autoscaling is not None
+    assert settings.cluster.asr.autoscaling["max_replicas"] == 8
+
+    serve_config = ServeDeploySchema.model_validate(
+        yaml.safe_load(docs["RayService"]["spec"]["serveConfigV2"])
+    )
+    apps = {app.name: app for app in serve_config.applications}
+    assert set(apps) == {"voxserve-asr", "voxserve-tts"}  # what the gateways look up
+    for app in apps.values():
+        module, _, name = app.import_path.partition(":")
+        builder = getattr(importlib.import_module(module), name)
+        built = builder({"config": str(config)})
+        assert isinstance(built, Application)
+
+
+def test_gateways_join_the_cluster_without_cpus_and_serve_with_cluster() -> None:
+    docs = documents()
+    gateway = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    command = " ".join(gateway["args"])
+    assert "ray start" in command and "--num-cpus=0" in command
+    assert "voxserve serve" in command and "--cluster auto" in command
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -1,0 +1,146 @@
+"""Credit windows, stage pressure, the flow monitor, the bounded outbox and the audio
+hand-off: pure units with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from voxserve.config import FlowConfig
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.ahead import AudioAhead
+from voxserve.pipeline.credit import CreditWindow, StagePressure
+from voxserve.pipeline.flow import FlowMonitor
+from voxserve.pipeline.outbox import Outbox
+
+
+def test_window_halves_under_pressure_and_grows_back_by_one() -> None:
+    changes: list[int] = []
+    window = CreditWindow(8)
+    window.on_change = changes.append
+    assert [window.pressure() for _ in range(4)] == [True, True, True, False]
+    assert window.size == 1 and window.shrinks == 3
+    for _ in range(10):
+        window.healthy()
+    assert window.size == 8
+    assert changes == [4, 2, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_window_bounds() -> None:
+    with pytest.raises(ValueError):
+        CreditWindow(0)
+    assert CreditWindow(8, size=99).size == 8 and CreditWindow(8, size=0).size == 1
+
+
+def test_stage_pressure_from_a_long_smoothed_wait_and_a_spell_that_survives_a_gap() -> None:
+    judge = StagePressure(queue_limit=10, wait_limit_s=0.5, calm_s=1.0)
+    assert judge.judge(0.0, waiting=0, timeouts=0, late=0, queue_wait=0.6)
+    assert not judge.judge(0.5, waiting=0, timeouts=0, late=0, queue_wait=0.1)
+    assert judge.lasted(0.5) == 0.5  # a calm moment does not end the spell
+    assert judge.judge(0.7, waiting=11, timeouts=0, late=0)
+    assert not judge.judge(1.0, waiting=0, timeouts=0, late=0)
+    assert not judge.judge(2.0, waiting=0, timeouts=0, late=0)
+    assert judge.lasted(2.0) == 0.0  # calm for calm_s: over
+
+
+def test_stage_pressure_from_queue_timeouts_and_late_starts() -> None:
+    judge = StagePressure(queue_limit=2)
+    assert not judge.judge(0.0, waiting=2, timeouts=0, late=0)
+    assert judge.judge(1.0, waiting=3, timeouts=0, late=0) and judge.since == 1.0
+    assert judge.judge(2.0, waiting=0, timeouts=1, late=0)  # a timeout since the last tick
+    assert judge.lasted(2.5) == 1.5
+    assert judge.judge(3.0, waiting=0, timeouts=1, late=1)  # a late start
+    assert not judge.judge(4.0, waiting=0, timeouts=1, late=1)  # nothing new: healthy
+    assert judge.since is None and judge.lasted(5.0) == 0.0
+
+
+@dataclass
+class StageLoad:
+    """What the flow monitor reads of an EngineStage."""
+
+    waiting: int = 0
+    timeouts: int = 0
+    late: int = 0
+    queue_wait: float = 0.0
+
+
+def test_monitor_moves_stream_windows_and_sheds_after_sustained_pressure() -> None:
+    now = [0.0]
+    asr = StageLoad()
+    stages = {"asr": asr, "tts": StageLoad()}
+    cfg = FlowConfig(credit_window=8, queue_limit=1, shed_after_s=1.0, calm_s=0.4)
+    monitor = FlowMonitor(cfg, stages, clock=lambda: now[0])  # type: ignore[arg-type]
+    stream = monitor.input_window()
+    assert stream.size == 8 and monitor.streams == 1
+    asr.waiting = 5
+    for step in range(3):
+        now[0] = step * 0.5
+        monitor.tick()
+    assert stream.size == 1 and monitor.stage_windows["asr"].size == 1
+    assert monitor.stage_windows["tts"].size == 8  # tts had no pressure
+    assert monitor.overloaded() == "asr"  # under pressure since t=0, now t=1.0
+    late_joiner = monitor.input_window()
+    assert late_joiner.size == 1  # new streams start at the stage's window
+    asr.waiting = 0
+    now[0] = 1.5
+    monitor.tick()
+    assert monitor.overloaded() == "asr"  # calm for less than calm_s: the spell goes on
+    assert stream.size == 2 and late_joiner.size == 2
+    now[0] = 2.0
+    monitor.tick()
+    assert monitor.overloaded() is None
+    del stream, late_joiner
+    assert monitor.streams == 0  # windows are held weakly: ended sessions drop out
+
+
+def test_tts_pressure_does_not_shrink_input_windows() -> None:
+    tts = StageLoad(waiting=9)
+    monitor = FlowMonitor(FlowConfig(queue_limit=0), {"tts": tts})  # type: ignore[dict-item]
+    stream = monitor.input_window()
+    monitor.tick()
+    assert stream.size == 8 and monitor.stage_windows["tts"].size == 4
+
+
+async def test_outbox_reports_a_stalled_reader() -> None:
+    outbox = Outbox(2, stall_s=0.1)
+    await outbox.event({"n": 1})
+    await outbox.audio(b"\0\0")
+    with pytest.raises(VoxError) as caught:
+        await outbox.event({"n": 3})
+    assert caught.value.code is ErrorCode.CLIENT_STALLED and caught.value.fatal
+    assert outbox.stalled and not outbox.close_nowait()
+    assert await outbox.next() == {"n": 1}  # what was queued is still in order
+
+
+async def test_outbox_without_stall_limit_waits_for_the_reader() -> None:
+    outbox = Outbox(1)
+    await outbox.event({"n": 1})
+    waiting = asyncio.create_task(outbox.event({"n": 2}))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert await outbox.next() == {"n": 1}
+    await waiting
+    assert await outbox.next() == {"n": 2} and not outbox.stalled
+
+
+async def test_audio_ahead_is_bounded_by_audio_length_and_keeps_order() -> None:
+    ahead = AudioAhead(max_samples=300)
+    chunk = np.zeros(200, dtype=np.int16)
+    await ahead.put(chunk)
+    await ahead.put({"type": "tts.fallback"})  # events do not count against the bound
+    await ahead.put(chunk)  # 200 < 300: accepted, now 400 queued
+    blocked = asyncio.create_task(ahead.put(chunk))
+    await asyncio.sleep(0.02)
+    assert not blocked.done() and ahead.samples == 400
+    first = await ahead.get()
+    assert isinstance(first, np.ndarray)
+    await asyncio.wait_for(blocked, 1)
+    assert await ahead.get() == {"type": "tts.fallback"}
+    ahead.finish(RuntimeError("engine failed"))
+    assert isinstance(await ahead.get(), np.ndarray)
+    assert isinstance(await ahead.get(), np.ndarray)
+    with pytest.raises(RuntimeError):
+        await ahead.get()

@@ -1,0 +1,31 @@
+"""The CI-sized soak: `voxserve bench soak` against a spawned server for ~25 s of paced
+streams. Checks what a short run can: no leaked tasks or fds, every pool buffer back, a
+tracemalloc diff taken, and no gross RSS growth (the 2% criterion needs the 10-minute run
+in docs/benchmarks.md; warm-up effects dominate a short one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_short_soak_leaks_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    cmd = [sys.executable, "-m", "voxserve", "bench", "soak", "--spawn"]
+    cmd += ["--server-config", "bench/load-engines.toml", "--streams", "20"]
+    cmd += ["--duration", "20", "--warmup", "6", "--sample-every", "1"]
+    cmd += ["--max-rss-growth", "15", "--procs", "0", "--quiet", "--out", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    summary = json.loads((out / "soak.json").read_text())
+    assert run.returncode == 0, (summary["problems"], run.stderr[-2000:])
+    assert summary["pass"] and not summary["problems"]
+    before, after = summary["idle_before"], summary["idle_after"]
+    assert after["tasks"] <= before["tasks"] and after["fds"] <= before["fds"]
+    assert after["pool_in_use"] == 0 and after["sessions"] == 0
+    assert summary["tracemalloc"]["top"], summary["tracemalloc"]
+    assert summary["load"]["errors"] == {} and summary["load"]["counts"]["finals"] > 0
+    assert "tracemalloc, warm-up -> end of load" in (out / "soak.md").read_text()

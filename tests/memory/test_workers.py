@@ -1,0 +1,151 @@
+"""`voxserve serve --workers N`: fork safety of the engines loaded before fork, one port
+served by every worker, supervision (a killed worker comes back), SIGHUP and the CLI reload,
+and SIGTERM ending everything with exit 0. Real processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+from tests.conftest import free_port
+from voxserve.server.workers import FORK_SAFE
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "workers-admin-key"
+
+# Builds one engine, forks, and calls it in the child under an alarm: a library whose
+# threads did not survive the fork hangs there (CTranslate2 does; tests the table).
+PROBE = """
+import os, signal, sys
+import numpy as np
+from voxserve.config import EngineSpec
+from voxserve.runtime import _build
+kind, name = sys.argv[1], sys.argv[2]
+engine, _ = _build(kind, EngineSpec(name=name), 1)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    if kind == "vad":
+        engine.speech_probs(engine.new_state(), np.zeros(1024, dtype=np.float32))
+    elif kind == "asr":
+        engine.transcribe(np.zeros(16000, dtype=np.float32))
+    else:
+        list(engine.synthesize("Hello there.", voice=engine.voices()[0].id))
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize(("kind", "name"), sorted(k for k in FORK_SAFE if k[0] != "responder"))
+def test_engines_loaded_before_fork_work_in_the_child(kind: str, name: str) -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, kind, name], cwd=ROOT, capture_output=True, timeout=120
+    )
+    assert probe.returncode == 0, probe.stderr.decode()[-2000:]
+
+
+def children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found |= {int(child) for child in text}
+    return found
+
+
+def transcribe_once(url: str) -> dict[str, object]:
+    with connect(url) as ws:
+        ws.send(json.dumps({"type": "session.start", "mode": "asr"}))
+        assert json.loads(ws.recv())["type"] == "session.started"
+        tone = (0.3 * 32767 * np.sin(np.arange(8000) * 0.1)).astype("<i2")
+        for seq in range(25):
+            ws.send(seq.to_bytes(4, "big") + tone[seq * 320 : (seq + 1) * 320].tobytes())
+        ws.send(json.dumps({"type": "audio.end"}))
+        while True:
+            event = json.loads(ws.recv(timeout=10))
+            if event["type"] == "session.ended":
+                return dict(event)
+
+
+def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "VOXSERVE_ADMIN_KEY": ADMIN, "XDG_CACHE_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "voxserve", "serve", "--config", "bench/load-engines.toml"]
+    cmd += ["--port", str(port), "--workers", "2", "--log-format", "text"]
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        while len(children_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = children_of(proc.pid)
+        assert len(workers) == 2
+        # Both workers accept on the one port (the kernel spreads the connections).
+        seen = set()
+        while seen != workers and time.monotonic() < deadline:
+            with httpx.Client() as fresh:  # a new connection each time
+                seen.add(int(fresh.get(f"{base}/debug/memory", headers=_admin()).json()["pid"]))
+        assert seen == workers
+        ended = transcribe_once(f"ws://127.0.0.1:{port}/v1/stream")
+        assert ended["processed"] == ended["received"] == 25
+
+        # A worker that dies is started again.
+        victim = next(iter(workers))
+        os.kill(victim, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            now = children_of(proc.pid)
+            if len(now) == 2 and victim not in now:
+                break
+            time.sleep(0.1)
+        assert len(children_of(proc.pid)) == 2 and victim not in children_of(proc.pid)
+
+        # SIGHUP reloads every worker's engines; the CLI reloads the one it reaches.
+        os.kill(proc.pid, signal.SIGHUP)
+        cli = subprocess.run(
+            [sys.executable, "-m", "voxserve", "engines", "reload", "--url", base],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "engines reloaded: generation" in cli.stdout
+        while time.monotonic() < deadline:
+            with httpx.Client() as fresh:
+                current = fresh.get(f"{base}/admin/engines", headers=_admin()).json()["current"]
+            if current >= 2:
+                break
+            time.sleep(0.1)
+        assert current >= 2
+        assert transcribe_once(f"ws://127.0.0.1:{port}/v1/stream")["processed"] == 25
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    assert code == 0, text[-3000:]
+    assert "engine loaded before fork (shared)" in text
+    assert "worker exited; starting it again" in text
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}

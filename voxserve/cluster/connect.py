@@ -1,0 +1,84 @@
+"""One Ray connection per process, and the handles of the core deployments.
+
+The gateway connects as a Ray driver when its remote engines load (in the runtime's load
+thread); `voxserve cluster` commands connect the same way. A process that is already
+connected (a test, `cluster up`'s own head) is reused, never re-initialised.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from voxserve.config import ClusterConfig
+
+ASR_DEPLOYMENT = "AsrCore"
+TTS_DEPLOYMENT = "TtsCore"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+_lock = threading.Lock()
+
+
+def asr_app(config: ClusterConfig) -> str:
+    return f"{config.app_name}-asr"
+
+
+def tts_app(config: ClusterConfig) -> str:
+    return f"{config.app_name}-tts"
+
+
+def is_local(address: str | None) -> bool:
+    """A cluster on this host: started here (None) or addressed by loopback."""
+    return address is None or address.rsplit(":", 1)[0] in LOOPBACK_HOSTS
+
+
+def sandbox_env() -> None:
+    """For a cluster on loopback: without this Ray turns 127.0.0.1 into the host's first
+    interface address, which may be unreachable (seen in containers). Ray reads it once,
+    at import, so this runs before the first `import ray`; a value already set is kept."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    local_token_auth()
+
+
+def local_token_auth() -> None:
+    """Ray (2.5x+) starts a local head with token auth and the token in ~/.ray/auth_token,
+    but never sends it to an explicit address unless RAY_AUTH_MODE says so: for a cluster
+    on this host with a token here, say so (a value already set is kept). Read when Ray
+    is imported, like the variable above."""
+    if "RAY_AUTH_MODE" in os.environ or "RAY_AUTH_TOKEN" in os.environ:
+        return
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def init_kwargs(address: str | None) -> dict[str, Any]:
+    """ray.init options: quiet, no dashboard, loopback node address for a local cluster."""
+    kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
+    if is_local(address):
+        kwargs["_node_ip_address"] = "127.0.0.1"
+    if address is not None:
+        kwargs.pop("include_dashboard")  # only valid when starting a new cluster
+        kwargs["address"] = address
+    return kwargs
+
+
+def connect(config: ClusterConfig) -> None:
+    """Connect this process to the cluster at `config.address` (once)."""
+    if is_local(config.address):
+        sandbox_env()
+    import ray
+
+    with _lock:
+        if ray.is_initialized():
+            return
+        ray.init(namespace=config.namespace, **init_kwargs(config.address))
+
+
+def deployment_handle(config: ClusterConfig, deployment: str, app: str) -> Any:
+    """A DeploymentHandle (typed Any: Ray ships no stubs)."""
+    connect(config)
+    from ray import serve
+
+    return serve.get_deployment_handle(deployment, app_name=app)

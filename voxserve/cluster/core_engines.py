@@ -1,0 +1,106 @@
+"""The real engines inside core replicas, built through the same registry as in-process.
+
+A replica loads a model per multiplexed id (an ASR language, a TTS voice) on first use and
+keeps `max_models_per_replica` of them (Ray Serve evicts the least recently used, calling
+`__del__`, which closes the engine). What the tier serves (languages, voices, sample rates)
+is read from the engines themselves, so the gateway advertises exactly what the core has.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from voxserve.config import EnginesConfig, EngineSpec
+from voxserve.engines.base import Int16Array, TtsEngine, close_engine
+from voxserve.engines.registry import engine_class
+from voxserve.types import EngineInfo, Voice
+
+
+def build_engine(kind: str, spec: EngineSpec, default_threads: int) -> Any:
+    """Construct one engine as runtime.py does (threads from the config unless set)."""
+    options = dict(spec.options)
+    options.setdefault("threads", default_threads)
+    return engine_class(kind, spec.name)(**options)
+
+
+class Loaded:
+    """A model held by the multiplexing cache; closed when Serve evicts it."""
+
+    def __init__(self, model_id: str, engine: Any, on_unload: Any = None) -> None:
+        self.model_id = model_id
+        self.engine = engine
+        self._on_unload = on_unload
+
+    def __del__(self) -> None:
+        if self._on_unload is not None:
+            self._on_unload(self.model_id)
+        close_engine(self.engine)
+
+
+@dataclass(frozen=True)
+class TtsEngineEntry:
+    """One core TTS engine as the gateway sees it (its RemoteTts mirrors this)."""
+
+    name: str
+    info: EngineInfo
+    sample_rate: int
+    voices: tuple[Voice, ...]
+    cache_fingerprint: str = ""
+
+
+@dataclass
+class TtsCatalogue:
+    """Which configured engine serves which voice; built once per replica."""
+
+    engines: dict[str, TtsEngineEntry] = field(default_factory=dict)
+    voice_spec: dict[str, EngineSpec] = field(default_factory=dict)  # id and aliases
+    spare: dict[str, Any] = field(default_factory=dict)  # built while reading, reused once
+
+    @classmethod
+    def read(cls, config: EnginesConfig) -> TtsCatalogue:
+        found = cls()
+        for spec in config.tts:
+            engine = build_engine("tts", spec, config.default_threads)
+            voices = tuple(engine.voices())
+            found.engines[spec.name] = TtsEngineEntry(
+                spec.name,
+                engine.info,
+                int(engine.sample_rate),
+                voices,
+                str(getattr(engine, "cache_fingerprint", "")),
+            )
+            for voice in voices:
+                for key in (voice.id, *voice.aliases):
+                    found.voice_spec.setdefault(key, spec)
+            found.spare[spec.name] = engine
+        return found
+
+    def engine_for(self, voice: str, default_threads: int) -> TtsEngine:
+        spec = self.voice_spec.get(voice)
+        if spec is None:
+            raise ValueError(f"unknown voice {voice!r}; valid voices: {sorted(self.voice_spec)}")
+        spare = self.spare.pop(spec.name, None)
+        if spare is not None:
+            return spare  # type: ignore[no-any-return]
+        return build_engine("tts", spec, default_threads)  # type: ignore[no-any-return]
+
+
+class LockedChunks:
+    """An engine generator pulled on worker threads; `close` waits for a running `next`."""
+
+    def __init__(self, chunks: Iterator[Int16Array]) -> None:
+        self._chunks = chunks
+        self._lock = threading.Lock()
+
+    def next_chunk(self) -> Int16Array | None:
+        with self._lock:
+            return next(self._chunks, None)
+
+    def close(self) -> None:
+        with self._lock:
+            close = getattr(self._chunks, "close", None)
+            if callable(close):
+                close()

@@ -1,0 +1,143 @@
+"""Engine generations: what makes a hot model swap safe.
+
+Each load of the engines is one `Generation`. A session holds a `Lease` on the generation
+that was current when it started and keeps using those engines (and that generation's
+batchers) to its end, so a reload never changes the model under a live stream. A reload
+makes a new generation current and retires the old one; the old one is closed once its last
+lease is released (and, for model work already running in the executor, after a grace that
+covers the longest stage timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from voxserve.engines.base import close_engine
+
+if TYPE_CHECKING:
+    from voxserve.pipeline.asr_batch import AsrBatcher
+    from voxserve.pipeline.vad_batch import VadBatcher
+    from voxserve.runtime import Engines
+
+log = logging.getLogger(__name__)
+
+
+class Generation:
+    """One set of loaded engines, the batchers built on them, and the sessions using them."""
+
+    def __init__(self, number: int, engines: Engines) -> None:
+        self.number = number
+        self.engines = engines
+        self.vad_batcher: VadBatcher | None = None  # built on first use (needs the loop)
+        self.asr_batcher: AsrBatcher | None = None
+        self.sessions = 0  # live leases
+        self.sessions_total = 0
+        self.retired = False
+        self.closed = False
+        self.loaded_at = time.time()
+        # Called once the generation is retired and unused (the runtime closes it).
+        self.on_unused: Callable[[Generation], None] | None = None
+
+    def lease(self) -> Lease:
+        self.sessions += 1
+        self.sessions_total += 1
+        return Lease(self)
+
+    def _release(self) -> None:
+        self.sessions -= 1
+        if self.retired and self.sessions == 0 and self.on_unused is not None:
+            self.on_unused(self)
+
+    def retire(self) -> None:
+        """No new sessions start here; closed when the last lease is released."""
+        self.retired = True
+        if self.sessions == 0 and self.on_unused is not None:
+            self.on_unused(self)
+
+    def close_batchers(self) -> None:
+        for batcher in (self.vad_batcher, self.asr_batcher):
+            if batcher is not None:
+                batcher.close()
+
+    def close_engines(self, keep: Engines | None = None) -> None:
+        """Close every engine of this generation that `keep` (the current one) does not
+        share (a reload of some kinds carries the others over)."""
+        if self.closed:
+            return
+        self.closed = True
+        kept = _engine_ids(keep) if keep is not None else set()
+        for engine in _engine_list(self.engines):
+            if id(engine) not in kept:
+                close_engine(engine)
+        # Drop every reference out of this generation: it may sit in gc's frozen
+        # generation (the first load is frozen), which the cycle collector never scans,
+        # so anything reachable from it would only be freed by reference counting.
+        self.engines = _CLOSED
+        self.vad_batcher = self.asr_batcher = None
+        self.on_unused = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "generation": self.number,
+            "sessions": self.sessions,
+            "sessions_total": self.sessions_total,
+            "retired": self.retired,
+            "closed": self.closed,
+            "loaded_at": self.loaded_at,
+        }
+
+
+class Lease:
+    """A session's hold on one generation; released at the session's end, or when the
+    session object is collected if it never ran (so a lease cannot leak)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self._finalizer = weakref.finalize(self, generation._release)
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def release(self) -> None:
+        self._finalizer()  # runs once; later calls do nothing
+
+
+async def close_when_idle(
+    generation: Generation,
+    keep: Callable[[], Engines | None],
+    running_work: Callable[[], int],
+    grace_s: float,
+) -> None:
+    """Close a retired, unused generation: its batchers at once, its engines once no stage
+    has work running (a cancelled session's model call may still be inside the engine) or
+    after `grace_s` (the longest stage timeout), whichever comes first."""
+    generation.close_batchers()
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(asyncio.CancelledError):
+        while time.monotonic() < deadline:
+            if not running_work():
+                break
+            await asyncio.sleep(0.05)  # a poll: stage slots signal no event per release
+    generation.close_engines(keep())
+    log.info(
+        "engine generation closed",
+        extra={"generation": generation.number, "sessions_total": generation.sessions_total},
+    )
+
+
+_CLOSED: Any = None  # what a closed generation's engines are: nothing
+
+
+def _engine_list(engines: Engines) -> list[object]:
+    return [engines.vad, engines.asr, *engines.tts, engines.responder]
+
+
+def _engine_ids(engines: Engines) -> set[int]:
+    return {id(engine) for engine in _engine_list(engines)}

@@ -1,0 +1,38 @@
+"""Scrape-time gauges of flow control: credit windows per stage, streams under credit,
+and the drain."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from voxserve.runtime import Runtime
+
+
+class FlowCollector(Collector):
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        flow = self.runtime.flow
+        windows = GaugeMetricFamily(
+            "voxserve_credit_window",
+            "The stage's credit window (chunks in flight per stream; halves under pressure, "
+            "grows back by one a tick); new streams start at it",
+            labels=["stage"],
+        )
+        for name, window in list(flow.stage_windows.items()):
+            windows.add_metric([name], window.size)
+        yield windows
+        yield GaugeMetricFamily(
+            "voxserve_credit_streams", "Streams whose input is under a credit window", flow.streams
+        )
+        yield GaugeMetricFamily(
+            "voxserve_draining",
+            "1 while the server drains for shutdown",
+            1 if self.runtime.drain.draining else 0,
+        )

@@ -1,0 +1,192 @@
+"""`voxserve serve --workers N`: N server processes on one listening socket, models shared.
+
+The parent binds the port, loads the engines that are safe to fork (below), runs one full
+collection and `gc.freeze()`, and forks N workers *before any other thread starts*. The
+workers inherit the loaded weights copy-on-write: the pages stay shared as long as nobody
+writes them (model weights are read-only; frozen objects are not scanned by the collector).
+Each worker then loads the remaining engines itself and runs the usual server on the
+inherited socket (the kernel spreads accepted connections over the workers).
+
+Fork safety is measured, not assumed: a library that started threads in the parent has
+none in the child, and a call that waits for them hangs. CTranslate2 (whisper) does that
+(its replica worker thread): a forked child's first transcription never returns. silero,
+piper, espeak and the load engines run on the calling thread (onnxruntime with one intra-op
+thread starts no pool), so they work in a child (tests/memory/test_workers.py forks and
+calls each). An engine class may declare `fork_safe = True/False` itself.
+
+The parent only supervises: a worker that dies is started again (after a pause if it dies
+young), SIGTERM/SIGINT are forwarded to the workers (each drains and exits 0) and the parent
+exits 0 when they all did, SIGHUP is forwarded (each worker hot-reloads its engines).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from voxserve.config import EngineSpec, Settings
+from voxserve.engines.registry import engine_class
+from voxserve.observe import gc_control
+
+log = logging.getLogger(__name__)
+
+# (kind, name) measured fork-safe on this stack (onnxruntime 1 intra-op thread, espeak-ng).
+FORK_SAFE = {
+    ("vad", "silero"),
+    ("tts", "piper"),
+    ("tts", "espeak"),
+    ("vad", "load"),
+    ("asr", "load"),
+    ("tts", "load"),
+    ("responder", "rules"),
+    ("responder", "echo"),
+}
+RESTART_PAUSE_S = 1.0  # a worker that dies within this of its start waits this long
+MAX_QUICK_DEATHS = 5  # in a row: the workers cannot start; give up (exit 1)
+
+WorkerMain = Callable[[Settings, dict[str, Any], int], int]
+
+
+def fork_safe(kind: str, name: str) -> bool:
+    declared = getattr(engine_class(kind, name), "fork_safe", None)
+    if isinstance(declared, bool):
+        return declared
+    return (kind, name) in FORK_SAFE
+
+
+def preload_engines(settings: Settings) -> dict[str, Any]:
+    """Build the fork-safe engines in the parent ("vad", "asr", "tts.NAME", "responder"),
+    for `load_engines(preloaded=...)` in every worker."""
+    from voxserve.runtime import _build
+
+    cfg = settings.engines
+    specs: list[tuple[str, str, EngineSpec]] = [
+        ("vad", "vad", cfg.vad),
+        ("asr", "asr", cfg.asr),
+        *[("tts", f"tts.{spec.name}", spec) for spec in cfg.tts],
+        ("responder", "responder", cfg.responder),
+    ]
+    loaded: dict[str, Any] = {}
+    for kind, key, spec in specs:
+        if not fork_safe(kind, spec.name):
+            log.info("engine loaded in each worker (not fork-safe)", extra={"engine": key})
+            continue
+        loaded[key], seconds = _build(kind, spec, cfg.default_threads)
+        log.info(
+            "engine loaded before fork (shared)",
+            extra={"engine": key, "seconds": round(seconds, 3)},
+        )
+    return loaded
+
+
+def worker_settings(settings: Settings, index: int) -> Settings:
+    """Each worker's TTS cache in its own directory (one server per cache directory)."""
+    cache = settings.cache.model_copy(
+        update={"dir": settings.cache.path().parent / f"worker-{index}"}
+    )
+    return settings.model_copy(update={"cache": cache, "workers": 1})
+
+
+class Supervisor:
+    """Forks the workers and keeps them running until told to stop."""
+
+    def __init__(
+        self, settings: Settings, count: int, preloaded: dict[str, Any], main: WorkerMain
+    ) -> None:
+        self.settings = settings
+        self.count = count
+        self.preloaded = preloaded
+        self.main = main
+        self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
+        self.stopping = False
+        self.failed = False
+        self.quick_deaths = 0
+
+    def _spawn(self, index: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns into the supervisor's code
+            code = 1
+            try:
+                # Its own process group: a terminal's Ctrl-C reaches the parent only, which
+                # forwards it once (a second SIGINT would cut a worker's drain short).
+                os.setpgid(0, 0)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                code = self.main(worker_settings(self.settings, index), self.preloaded, index)
+            except BaseException:
+                log.exception("worker failed", extra={"worker": index})
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        self.children[pid] = (index, time.monotonic())
+        log.info("worker started", extra={"worker": index, "pid": pid})
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def run(self) -> int:
+        """Start the workers and supervise them; 0 when they all stopped cleanly."""
+        if threading.active_count() > 1:
+            log.warning("threads running before fork", extra={"threads": threading.active_count()})
+        previous = {
+            sig: signal.signal(sig, self._forward)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
+        codes: list[int] = []
+        try:
+            for index in range(self.count):
+                self._spawn(index)
+            while self.children:
+                pid, status = os.waitpid(-1, 0)
+                if pid not in self.children:
+                    continue
+                index, started = self.children.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if self.stopping or self.failed:
+                    codes.append(code)
+                    continue
+                self._restart(index, started, code)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.failed:
+            return 1
+        return 0 if all(code == 0 for code in codes) else 1
+
+    def _restart(self, index: int, started: float, code: int) -> None:
+        log.error("worker exited; starting it again", extra={"worker": index, "code": code})
+        young = time.monotonic() - started < RESTART_PAUSE_S
+        self.quick_deaths = self.quick_deaths + 1 if young else 0
+        if self.quick_deaths >= MAX_QUICK_DEATHS:
+            log.error("workers keep dying at start; stopping", extra={"worker": index})
+            self.failed = True
+            self._forward(signal.SIGTERM, None)
+            return
+        if young:
+            time.sleep(RESTART_PAUSE_S)
+        if not self.stopping:
+            self._spawn(index)
+
+
+def serve_workers(
+    settings: Settings, count: int, sockets: list[socket.socket], main: WorkerMain
+) -> int:
+    """Preload, freeze, fork `count` workers running `main(settings, preloaded, index)`."""
+    preloaded = preload_engines(settings)
+    gc_control.after_load(settings.gc)  # freeze before fork: the pages stay shared
+    for sock in sockets:
+        sock.set_inheritable(True)
+    return Supervisor(settings, count, preloaded, main).run()
