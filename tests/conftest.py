@@ -35,9 +35,22 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
 def _no_tts_load_shedding() -> Iterator[None]:
     """Test servers never refuse uncached speech as degraded: on a busy shared machine real
     engines can be slow for seconds, and tests about engines are not about load shedding.
-    Tests of degradation configure it explicitly (tests/cache)."""
+    Tests of degradation configure it explicitly (tests/cache, tests/flow)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VOXSERVE_TTS__DEGRADE__ENABLED", "false")
+        # Nor refuse sessions for load: a test that loads a shared server's stage on purpose
+        # would otherwise shed the next test's sessions. tests/flow sets it explicitly.
+        patch.setenv("VOXSERVE_FLOW__SHED_AFTER_S", "1000000")
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_gc_freeze_in_tests() -> Iterator[None]:
+    """In-process test servers do not gc.freeze(): the freeze is process-wide, and in the
+    test process it would pin every live object of earlier tests (a stopped server's
+    engines) out of the cycle collector for good. Tests of GC control turn it on."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VOXSERVE_GC__FREEZE_AFTER_LOAD", "false")
         yield
 
 

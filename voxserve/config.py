@@ -65,11 +65,16 @@ class PipelineConfig(BaseModel):
     # (one batched model call per window step): hops cost more than silero's windows.
     vad_batch_wait_ms: float = 8.0
     vad_max_batch: int = 64
-    # Finals of different sessions ending within this wait run as one Whisper batch
-    # (utterances sharing an encoder window encode together; results equal one at a time).
+    # Finals of different sessions run as one Whisper batch (utterances sharing an encoder
+    # window encode together; results equal one at a time): those that end while Whisper is
+    # busy are held for its next batch, and an idle Whisper waits up to asr_batch_wait_ms
+    # when the arrival rate says more are coming (pipeline/batcher.py).
     asr_batch_enabled: bool = True
     asr_batch_wait_ms: float = 30.0
-    asr_max_batch: int = 8
+    asr_max_batch: int = 4  # CPU per utterance: 134 ms alone, 95-100 at 4, 120 at 8
+    # Earliest-deadline-first admission to engine stages (pipeline/stage.py); False admits in
+    # arrival order (FIFO), which exists to measure what EDF buys (docs/benchmarks.md).
+    edf: bool = True
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
     outbox_messages: int = 256

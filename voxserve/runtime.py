@@ -307,7 +307,9 @@ class Runtime:
         found = self.stages.get(name)
         if found is None:
             cfg = getattr(self.settings.pipeline, name)
-            found = EngineStage(name, cfg.concurrency, cfg.timeout_s, self.executor)
+            found = EngineStage(
+                name, cfg.concurrency, cfg.timeout_s, self.executor, edf=self.settings.pipeline.edf
+            )
             found.on_latency = self.metrics.observe_stage
             self.stages[name] = found
         return found
@@ -480,12 +482,18 @@ class SessionRuntime(Runtime):
     """The runtime seen by one session: everything is the shared runtime's (looked up on
     it), except the engines and batchers, which are those of the session's generation."""
 
+    _shared: Runtime
+    _lease: Lease
+
     def __init__(self, runtime: Runtime, lease: Lease) -> None:  # shares; builds nothing
-        self._shared = runtime
-        self._lease = lease
+        object.__setattr__(self, "_shared", runtime)
+        object.__setattr__(self, "_lease", lease)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._shared, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._shared, name, value)  # counters and the like live on the shared one
 
     @property
     def engines(self) -> Engines:

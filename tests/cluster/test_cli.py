@@ -28,12 +28,13 @@ tts = {num_cpus = 0.25, num_replicas = 2, max_replicas_per_node = 1}
 """
 
 
-def voxserve(*args: str) -> subprocess.CompletedProcess[str]:
+def voxserve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "voxserve", *args],
         capture_output=True,
         text=True,
         timeout=90,
+        env={**os.environ, **env},
     )
 
 
@@ -187,3 +188,22 @@ def test_ray_engines_refuse_without_the_gateway_settings() -> None:
         RemoteAsr()
     with pytest.raises(ValueError, match="serve --cluster"):
         RemoteTts(cluster={"address": "127.0.0.1:1"})
+
+
+def test_cluster_up_refuses_a_local_cluster_too_small_for_its_replicas(tmp_path: Path) -> None:
+    need_ray()
+    config = tmp_path / "core.toml"
+    config.write_text(LOAD_CORE)  # asr 0.25 CPU + tts 2 replicas x 1 CPU (the env)
+    proc = voxserve(
+        "cluster",
+        "up",
+        "--num-cpus",
+        "1",
+        "--config",
+        str(config),
+        VOXSERVE_CLUSTER__TTS__NUM_CPUS="1",
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("voxserve: error: the ASR and TTS replicas need 2.25 CPUs"), last

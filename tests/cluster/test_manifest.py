@@ -51,3 +51,29 @@ def test_gateways_join_the_cluster_without_cpus_and_serve_with_cluster() -> None
     assert "ray start" in command and "--num-cpus=0" in command
     assert "voxserve serve" in command and "--cluster auto" in command
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_tier_settings_become_serve_deployment_options() -> None:
+    need_ray()
+    from voxserve.cluster.deployments import deployment_options
+    from voxserve.config import ClusterDeployment
+
+    fixed = deployment_options(
+        ClusterDeployment(
+            num_replicas=3, num_cpus=0.5, max_ongoing_requests=2, max_queued_requests=8
+        )
+    )
+    assert fixed == {
+        "ray_actor_options": {"num_cpus": 0.5},
+        "max_ongoing_requests": 2,
+        "max_queued_requests": 8,
+        "num_replicas": 3,
+    }
+    scaled = deployment_options(
+        ClusterDeployment(
+            max_replicas_per_node=1, autoscaling={"min_replicas": 1, "max_replicas": 4}
+        )
+    )
+    assert "num_replicas" not in scaled  # Serve refuses both
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4}
+    assert scaled["max_replicas_per_node"] == 1

@@ -154,8 +154,12 @@ def test_closing_a_stream_cancels_the_remote_synthesis(tight: ClusterConfig) -> 
     tts = RemoteTts(**options(tight))
     core = handle(tight, "tts")
     before = where(core, "load")
+    in_flight = tts.client.credits.in_flight
     stream = tts.synthesize(LONG_TEXT, voice="load")
     next(stream)
+    # The credit is back once the core answered: a reply playing out at real-time pace
+    # does not hold the tier's window.
+    assert tts.client.credits.in_flight == in_flight
     stream.close()  # what the pipeline does on barge-in or a client gone
     after = wait_until(
         lambda: (w := where(core, "load"))["cancelled"] == before["cancelled"] + 1 and w

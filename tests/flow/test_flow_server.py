@@ -6,6 +6,7 @@ limit, and resume after a dropped connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -32,6 +33,16 @@ def configured(**sections: dict[str, Any]) -> Settings:
         name: getattr(settings, name).model_copy(update=fields) for name, fields in sections.items()
     }
     return settings.model_copy(update=update)
+
+
+@contextlib.contextmanager
+def serving(settings: Settings, **engines: Any) -> Iterator[LiveServer]:
+    """A live server on fake engines (these tests are about the pipeline)."""
+    live = start_server(settings, fake_runtime(settings, **engines))
+    try:
+        yield live
+    finally:
+        stop_server(live)
 
 
 def utterances(count: int, freq: float = 440.0) -> np.ndarray:
@@ -61,10 +72,8 @@ def slow_asr_server() -> Iterator[LiveServer]:
     pipeline = settings.pipeline.model_copy(
         update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
     )
-    settings = settings.model_copy(update={"pipeline": pipeline})
-    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.4)))
-    yield live
-    stop_server(live)
+    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.4)) as live:
+        yield live
 
 
 async def test_slow_stage_shrinks_credit_sheds_new_sessions_and_recovers(
@@ -161,9 +170,8 @@ def tts_server() -> Iterator[LiveServer]:
         limits={"stalled_client_s": 0.6},
         cache={"enabled": False},
     )
-    live = start_server(settings, fake_runtime(settings, tts=FakeTts(seconds_per_word=0.2)))
-    yield live
-    stop_server(live)
+    with serving(settings, tts=FakeTts(seconds_per_word=0.2)) as live:
+        yield live
 
 
 async def _speak(ws: ClientConnection, words: int) -> None:
@@ -234,9 +242,7 @@ async def test_bad_credit_message_is_refused(tts_server: LiveServer) -> None:
 
 
 async def test_session_limit_refuses_at_once_with_a_retry_hint() -> None:
-    settings = configured(limits={"max_sessions": 2})
-    live = start_server(settings, fake_runtime(settings))
-    try:
+    with serving(configured(limits={"max_sessions": 2})) as live:
         async with connect(live.ws_url) as one, connect(live.ws_url) as two:
             for ws in (one, two):
                 assert (await start(ws, mode="asr"))["type"] == "session.started"
@@ -246,8 +252,6 @@ async def test_session_limit_refuses_at_once_with_a_retry_hint() -> None:
         await eventually(lambda: not live.runtime.active_sessions, 5)
         async with connect(live.ws_url) as ws:  # room again
             assert (await start(ws, mode="asr"))["type"] == "session.started"
-    finally:
-        stop_server(live)
 
 
 def test_max_sessions_flag() -> None:
@@ -263,10 +267,8 @@ def test_max_sessions_flag() -> None:
 
 @pytest.fixture(scope="module")
 def resume_server() -> Iterator[LiveServer]:
-    settings = configured(limits={"resume_window_s": 1.5})
-    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.05)))
-    yield live
-    stop_server(live)
+    with serving(configured(limits={"resume_window_s": 1.5}), asr=FakeAsr(0.05)) as live:
+        yield live
 
 
 async def test_dropped_client_resumes_without_losing_accepted_audio(

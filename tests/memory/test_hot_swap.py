@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import silence, tone
 from tests.wsclient import collect, of_type, send_audio, start
-from voxserve.config import EngineSpec, Settings, load_settings
+from voxserve.config import EngineSpec, GcConfig, Settings, load_settings
 
 ADMIN = "test-admin-key"
 STREAMS = 8
@@ -48,7 +48,8 @@ def server() -> Iterator[LiveServer]:
         log_level="warning",
         admin_key=SecretStr(ADMIN),
     )
-    live = start_server(with_asr_text(base, "gen1"))
+    # GC frozen after load as in production: the retired engines must still be freed.
+    live = start_server(with_asr_text(base, "gen1").model_copy(update={"gc": GcConfig()}))
     yield live
     stop_server(live)
 

@@ -97,8 +97,8 @@ def test_sizing_rule_and_release_detaches_the_ring() -> None:
     first.release()  # idempotent
     second = pool.acquire("b")
     assert second.pooled and np.shares_memory(second.samples, first.samples)
-    ring.write(np.full(320, 9, dtype=np.int16))
-    assert not np.any(second.samples == 9)
+    assert ring.write(np.full(320, 9, dtype=np.int16)) == 0  # discarded, nothing allocated
+    assert not np.any(second.samples == 9) and ring.read().size == 0
     assert pool.in_use == 1
     del second  # a session collected without having run gives its buffer back too
     assert pool.in_use == 0

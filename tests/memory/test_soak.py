@@ -6,6 +6,7 @@ in docs/benchmarks.md; warm-up effects dominate a short one)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ def test_short_soak_leaks_nothing(tmp_path: Path) -> None:
     cmd += ["--server-config", "bench/load-engines.toml", "--streams", "20"]
     cmd += ["--duration", "20", "--warmup", "6", "--sample-every", "1"]
     cmd += ["--max-rss-growth", "15", "--procs", "0", "--quiet", "--out", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    env = {**os.environ, "VOXSERVE_GC__FREEZE_AFTER_LOAD": "true"}  # the production setting
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
     summary = json.loads((out / "soak.json").read_text())
     assert run.returncode == 0, (summary["problems"], run.stderr[-2000:])
     assert summary["pass"] and not summary["problems"]

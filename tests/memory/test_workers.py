@@ -80,6 +80,7 @@ def transcribe_once(url: str) -> dict[str, object]:
 def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "VOXSERVE_ADMIN_KEY": ADMIN, "XDG_CACHE_HOME": str(tmp_path)}
+    env["VOXSERVE_GC__FREEZE_AFTER_LOAD"] = "true"  # as in production: frozen before fork
     cmd = [sys.executable, "-m", "voxserve", "serve", "--config", "bench/load-engines.toml"]
     cmd += ["--port", str(port), "--workers", "2", "--log-format", "text"]
     log = (tmp_path / "server.log").open("wb")
@@ -117,8 +118,23 @@ def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path:
             time.sleep(0.1)
         assert len(children_of(proc.pid)) == 2 and victim not in children_of(proc.pid)
 
-        # SIGHUP reloads every worker's engines; the CLI reloads the one it reaches.
+        # SIGHUP reloads every worker's engines: each worker answers generation 2.
+        workers = children_of(proc.pid)
+        ready: set[int] = set()
+        while ready != workers and time.monotonic() < deadline:  # the new worker serves
+            with httpx.Client() as fresh:
+                body = fresh.get(f"{base}/debug/memory", headers=_admin()).json()
+            if body["generations"]:
+                ready.add(int(body["pid"]))
         os.kill(proc.pid, signal.SIGHUP)
+        reloaded: set[int] = set()
+        while reloaded != workers and time.monotonic() < deadline:
+            with httpx.Client() as fresh:  # a new connection: any worker may answer
+                body = fresh.get(f"{base}/debug/memory", headers=_admin()).json()
+            if max(g["generation"] for g in body["generations"]) >= 2:
+                reloaded.add(int(body["pid"]))
+        assert reloaded == workers
+        # The CLI reloads the worker it reaches once more.
         cli = subprocess.run(
             [sys.executable, "-m", "voxserve", "engines", "reload", "--url", base],
             cwd=ROOT,
@@ -128,14 +144,7 @@ def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path:
             timeout=60,
         )
         assert cli.returncode == 0, cli.stderr
-        assert "engines reloaded: generation" in cli.stdout
-        while time.monotonic() < deadline:
-            with httpx.Client() as fresh:
-                current = fresh.get(f"{base}/admin/engines", headers=_admin()).json()["current"]
-            if current >= 2:
-                break
-            time.sleep(0.1)
-        assert current >= 2
+        assert "engines reloaded: generation 2 -> 3" in cli.stdout
         assert transcribe_once(f"ws://127.0.0.1:{port}/v1/stream")["processed"] == 25
     finally:
         proc.send_signal(signal.SIGTERM)

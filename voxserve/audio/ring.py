@@ -36,6 +36,7 @@ class SampleRing:
         self._write = 0  # total samples ever written
         self._read = 0  # total samples ever read
         self.dropped_samples = 0
+        self._detached = False
 
     def __len__(self) -> int:
         return self._write - self._read
@@ -51,7 +52,7 @@ class SampleRing:
 
     @property
     def free(self) -> int:
-        return self.capacity - len(self)
+        return self.capacity if self._detached else self.capacity - len(self)
 
     def write(self, samples: Int16Array, *, drop_oldest: bool = False) -> int:
         """Append samples. When they do not fit: drop the oldest unread samples (counted) if
@@ -59,6 +60,8 @@ class SampleRing:
         n = int(samples.size)
         if n > self.capacity:
             raise ValueError("write larger than the ring")
+        if self._detached:
+            return 0
         dropped = 0
         if n > self.free:
             if not drop_oldest:
@@ -75,13 +78,17 @@ class SampleRing:
         return dropped
 
     def detach(self) -> None:
-        """Stop using the (pooled) buffer before it goes back to the pool: a late write
-        after the session's end lands in private memory, never in another session's."""
-        self._buf = np.zeros(self.capacity, dtype=np.int16)
+        """Stop using the (pooled) buffer before it goes back to the pool: the session is
+        over, so later writes are discarded (never land in another session's buffer) and
+        nothing is allocated for them."""
+        self._buf = np.zeros(0, dtype=np.int16)
+        self._detached = True
 
     def read(self, max_samples: int | None = None) -> Int16Array:
         """Take up to `max_samples` (default: all) unread samples as one contiguous copy."""
         n = len(self) if max_samples is None else min(max_samples, len(self))
+        if self._detached:
+            n = 0
         start = self._read % self.capacity
         first = min(n, self.capacity - start)
         if first == n:

@@ -114,6 +114,12 @@ def _streams() -> argparse.ArgumentParser:
     )
     g.add_argument("--mark-every", type=float, default=0.5, help="seconds between marks per stream")
     g.add_argument(
+        "--sentences-per-text",
+        type=int,
+        default=1,
+        help="tts mode: sentences in each text message (default 1; 3 gives replies a tail)",
+    )
+    g.add_argument(
         "--hangover-ms",
         type=int,
         default=500,
@@ -180,6 +186,11 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--budget-metric",
         default="mark_lag",
         help="latency the budget applies to (default %(default)s)",
+    )
+    ramp.add_argument(
+        "--all-steps",
+        action="store_true",
+        help="run every step even past the budget or an invalid step (for on/off comparisons)",
     )
     ramp.add_argument(
         "--standalone",

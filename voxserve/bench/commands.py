@@ -27,6 +27,14 @@ def ramp_seconds(args: argparse.Namespace) -> float:
     return float(args.ramp) if args.ramp is not None else min(5.0, args.duration / 4)
 
 
+def tts_texts(args: argparse.Namespace) -> tuple[str, ...]:
+    """The tts streams' messages: --sentences-per-text of the bench sentences each, so a
+    reply can have a tail (later sentences) for other replies' first chunks to overtake."""
+    k = max(1, getattr(args, "sentences_per_text", 1))
+    n = len(SENTENCES)
+    return tuple(" ".join(SENTENCES[(i + j) % n] for j in range(k)) for i in range(n))
+
+
 def session_fields(args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if args.voice:
@@ -57,7 +65,7 @@ def stream_step(
         duration_s=args.duration,
         ramp_s=ramp_seconds(args),
         program=program if mode != "tts" else None,
-        texts=SENTENCES,
+        texts=tts_texts(args),
         session={**session_fields(args), **(session or {})},
         mark_every_s=args.mark_every,
         hangover_s=args.hangover_ms / 1000,
@@ -69,7 +77,7 @@ def stream_step(
     params = {"mode": mode, "procs": len(specs), **spec.session}
     plan = Plan(label, streams, args.duration, spec.ramp_s, args.drain, params)
     eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {tgt.url}")
-    return run_step(
+    step = run_step(
         plan,
         loadgen.run,
         specs,
@@ -77,6 +85,23 @@ def stream_step(
         inline=args.procs == 0,
         progress=not args.quiet,
     )
+    step.record["per_server_core"] = per_server_core(step.record)
+    return step
+
+
+def per_server_core(record: dict[str, Any]) -> dict[str, float | None]:
+    """Finals/s and reply speech s/s per core of server CPU: what one core of the server
+    delivers, comparable with the engine standalone (bench/standalone.py)."""
+    cpu = (record.get("server") or {}).get("cpu_percent")
+    rates = record.get("throughput") or {}
+    if not cpu:
+        return {"finals_per_s": None, "speech_s_per_s": None}
+    cores = cpu / 100
+    finals, speech = rates.get("finals_per_s"), rates.get("reply_audio_streams_realtime")
+    return {
+        "finals_per_s": round(finals / cores, 2) if finals else None,
+        "speech_s_per_s": round(speech / cores, 2) if speech else None,
+    }
 
 
 @contextlib.contextmanager
@@ -118,7 +143,7 @@ def cmd_ramp(args: argparse.Namespace) -> int:
             step.record |= {"within_budget": not problems, "budget_problems": problems}
             report.add(step.record)
             steps.append(step)
-            if problems or not step.record["valid"]:
+            if (problems or not step.record["valid"]) and not args.all_steps:
                 break
             time.sleep(args.cooldown)
         records = [s.record for s in steps]

@@ -9,9 +9,11 @@ deploys onto an existing cluster and returns; the deployments stay until `down`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
-import threading
+import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -19,7 +21,7 @@ from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import configure_cli_logging, load_cli_settings
 
 if TYPE_CHECKING:
-    from voxserve.config import Settings
+    from voxserve.config import ClusterConfig, Settings
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 CLUSTER_HINT = "pip install 'voxserve[cluster]'"
@@ -49,9 +51,9 @@ def add_cluster_parser(commands: Subparsers, common: argparse.ArgumentParser) ->
     up = action("up", "deploy the ASR and TTS tiers (on a local Ray head unless --address)")
     up.add_argument(
         "--num-cpus",
-        type=float,
+        type=int,
         metavar="N",
-        help="CPUs each local node offers to replicas (default: all of this host's; "
+        help="whole CPUs each local node offers to replicas (default: all of this host's; "
         "1 with --nodes)",
     )
     up.add_argument(
@@ -77,7 +79,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         settings = settings.model_copy(
             update={"cluster": settings.cluster.model_copy(update={"address": args.address})}
         )
-    check_ray(settings.cluster.address if args.address else None)
+    local_up = args.action == "up" and not args.address
+    check_ray(None if local_up else settings.cluster.address)
     if args.action == "up":
         if args.nodes < 1 or (args.nodes > 1 and args.address):
             raise CliError("--nodes takes N >= 1, and only for a local cluster", EXIT_USAGE)
@@ -106,18 +109,34 @@ def check_ray(address: str | None) -> None:
         raise CliError(f"the cluster commands need Ray Serve ({exc}); {CLUSTER_HINT}") from exc
 
 
-def _up(settings: Settings, *, local: bool, num_cpus: float | None, nodes: int = 1) -> int:
+def _up(settings: Settings, *, local: bool, num_cpus: int | None, nodes: int = 1) -> int:
+    """Stopping is the normal way to end a local `up`: SIGINT or SIGTERM at any point
+    (starting Ray, deploying, serving) shuts Serve and Ray down and exits 0."""
+    started: list[Any] = []  # what to stop: the simulated cluster, if any
+    with _sigterm_interrupts():
+        try:
+            _deploy(settings, local=local, num_cpus=num_cpus, nodes=nodes, started=started)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if local:
+                _stop_local(started)
+    return EXIT_OK
+
+
+def _deploy(
+    settings: Settings, *, local: bool, num_cpus: int | None, nodes: int, started: list[Any]
+) -> None:
     import ray
 
     from voxserve.cluster.connect import init_kwargs
     from voxserve.cluster.control import deploy, describe_tiers
 
     cluster = settings.cluster
-    simulated: Any = None  # ray.cluster_utils.Cluster when --nodes > 1
     if local and nodes > 1:
-        simulated = _simulated_cluster(nodes, num_cpus or 1.0)
+        started.append(_simulated_cluster(nodes, num_cpus or 1))
         ray.init(
-            address=simulated.address,
+            address=started[0].address,
             namespace=cluster.namespace,
             _node_ip_address="127.0.0.1",
             log_to_driver=False,
@@ -128,33 +147,55 @@ def _up(settings: Settings, *, local: bool, num_cpus: float | None, nodes: int =
             kwargs["num_cpus"] = num_cpus
         ray.init(namespace=cluster.namespace, **kwargs)
     if local:
-        address = ray.get_runtime_context().gcs_address
-        cluster = cluster.model_copy(update={"address": address})
+        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own (exit 15)
+        cluster = cluster.model_copy(update={"address": ray.get_runtime_context().gcs_address})
         settings = settings.model_copy(update={"cluster": cluster})
-    try:
-        deploy(settings)
-        served = describe_tiers(cluster)
-        print(
-            f"{PROG} cluster up at {cluster.address}: asr languages "
-            f"{', '.join(served['languages'])}; tts voices {', '.join(served['voices'])}",
-            flush=True,
+        offered = ray.cluster_resources().get("CPU", 0.0)  # type: ignore[no-untyped-call]
+        _check_cpus(cluster, float(offered))
+    deploy(settings)
+    served = describe_tiers(cluster)
+    print(
+        f"{PROG} cluster up at {cluster.address}: asr languages "
+        f"{', '.join(served['languages'])}; tts voices {', '.join(served['voices'])}",
+        flush=True,
+    )
+    print(f"gateways: {PROG} serve --cluster {cluster.address}", flush=True)
+    if local:
+        print("serving until Ctrl-C or SIGTERM (then Serve and Ray stop)", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+def _check_cpus(cluster: ClusterConfig, offered: float) -> None:
+    """A local cluster that cannot place every replica would make Serve wait forever: say
+    so instead (a remote cluster may add nodes on demand, so it is not checked)."""
+    needed = 0.0
+    for tier in (cluster.asr, cluster.tts):
+        replicas = tier.num_replicas
+        if tier.autoscaling is not None:
+            replicas = int(tier.autoscaling.get("min_replicas", 1))
+        needed += replicas * tier.num_cpus
+    if needed > offered + 1e-9:
+        raise CliError(
+            f"the ASR and TTS replicas need {needed:g} CPUs and this cluster offers "
+            f"{offered:g}: raise --num-cpus or --nodes, or lower cluster.asr/tts num_cpus "
+            "or num_replicas",
+            EXIT_USAGE,
         )
-        print(f"gateways: {PROG} serve --cluster {cluster.address}", flush=True)
-        if local:
-            print("serving until Ctrl-C or SIGTERM (then Serve and Ray stop)", flush=True)
-            _wait_for_signal()
-    finally:
-        if local:
-            from ray import serve
-
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()
-            if simulated is not None:
-                simulated.shutdown()
-    return EXIT_OK
 
 
-def _simulated_cluster(nodes: int, num_cpus: float) -> Any:
+def _stop_local(started: list[Any]) -> None:
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+    for simulated in started:
+        simulated.shutdown()
+
+
+def _simulated_cluster(nodes: int, num_cpus: int) -> Any:
     """A head and nodes-1 worker nodes on this host (Ray's own test utility)."""
     from ray.cluster_utils import Cluster
 
@@ -166,19 +207,19 @@ def _simulated_cluster(nodes: int, num_cpus: float) -> Any:
     return cluster
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM as Ctrl-C (KeyboardInterrupt), so either one runs the clean-up."""
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        while not stop.wait(0.5):
-            pass
+        yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _status(settings: Settings, *, as_json: bool) -> int:

@@ -90,28 +90,34 @@ class TierClient:
         self, method: str, model_id: str, chunk_timeout_s: float, *args: Any
     ) -> Iterator[Any]:
         """A streamed call; after a lost replica it resumes on another one, asking it to
-        skip the items already received (the last argument is that count)."""
+        skip the items already received (the last argument is that count).
+
+        The credit is given back at the first item: it counts calls waiting for the core
+        to answer (the queueing that backpressure is about), not replies the pipeline is
+        still playing out at real-time pace. Late items and refusals after it still
+        shrink the window."""
         received = 0
         attempt = 0
         while True:
             self._take_credit()
             response = self._send(method, model_id, True, (*args, received))
-            outcome = self.credits.release
+            credit = _Credit(self.credits)
             try:
                 for item in _with_deadline(response, chunk_timeout_s):
+                    credit.settle(self.credits.success)
                     received += 1
                     yield item
-                outcome = self.credits.success
+                credit.settle(self.credits.success)
                 return
             except _ChunkLate:
-                outcome = self.credits.missed
+                credit.settle(self.credits.missed, pressure=self.credits.shrink)
                 raise timed_out(self.tier, chunk_timeout_s) from None
             except GeneratorExit:  # the caller closed the stream: barge-in, a client gone
                 response.cancel()
                 raise
             except Exception as exc:
                 if is_refusal(exc):
-                    outcome = self.credits.refused
+                    credit.settle(self.credits.refused, pressure=self.credits.shrink)
                     if received == 0:
                         raise self._refused() from None
                     raise overloaded(self.tier) from None
@@ -124,7 +130,25 @@ class TierClient:
                 attempt += 1
                 self.failovers += 1
             finally:
-                outcome()
+                credit.settle(self.credits.release)
+
+
+class _Credit:
+    """One call's credit: settled exactly once (the first outcome wins); an outcome that
+    comes after it was settled only adds its pressure, if any."""
+
+    def __init__(self, credits: TierCredits) -> None:
+        self._credits = credits
+        self._held = True
+
+    def settle(
+        self, outcome: Callable[[], None], *, pressure: Callable[[], None] | None = None
+    ) -> None:
+        if self._held:
+            self._held = False
+            outcome()
+        elif pressure is not None:
+            pressure()
 
 
 class _ChunkLate(Exception):

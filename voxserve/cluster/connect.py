@@ -54,12 +54,16 @@ def local_token_auth() -> None:
 
 
 def init_kwargs(address: str | None) -> dict[str, Any]:
-    """ray.init options: quiet, no dashboard, loopback node address for a local cluster."""
-    kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
+    """ray.init options: quiet, loopback node address for a local cluster. `None` starts a
+    new local instance (Ray's "local"; never one that RAY_ADDRESS points to), without the
+    dashboard."""
+    kwargs: dict[str, Any] = {"log_to_driver": False}
     if is_local(address):
         kwargs["_node_ip_address"] = "127.0.0.1"
-    if address is not None:
-        kwargs.pop("include_dashboard")  # only valid when starting a new cluster
+    if address is None:
+        kwargs["address"] = "local"
+        kwargs["include_dashboard"] = False  # only valid when starting a new cluster
+    else:
         kwargs["address"] = address
     return kwargs
 

@@ -78,6 +78,11 @@ class TierCredits:
             self._shrink()
             self._release()
 
+    def shrink(self) -> None:
+        """Pressure seen by a call whose credit was already given back."""
+        with self._cond:
+            self._shrink()
+
     def release(self) -> None:
         """The call ended without saying anything about load (cancelled, failed)."""
         with self._cond:

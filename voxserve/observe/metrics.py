@@ -200,7 +200,7 @@ class Metrics:
             self.chunk_gap.observe(seconds)
 
     def track_ring(self, ring: SampleRing) -> None:
-        """Count a session's sample ring in voxserve_pool_usage_ratio (weakly held)."""
+        """Count a session's sample ring in voxserve_ring_fill_max_ratio (weakly held)."""
         self.rings.add(ring)
 
     def session_counts(self, ended: dict[str, object]) -> None:

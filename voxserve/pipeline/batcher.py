@@ -2,16 +2,30 @@
 engine call through the engine's stage.
 
 Handing work to a thread costs more than many model calls (GIL hand-offs, context switches),
-and batched models share per-call overhead and matrix products. Requests are gathered for up
-to `max_wait_ms` (or until `max_batch`); the wait is only taken when other requests are
-expected within it (from the recent arrival rate), so a quiet server adds no latency. A
-batch's deadline on the stage is its earliest member's, so batching never demotes a request.
+and batched models share per-call overhead and matrix products. Two ways a batch forms:
+
+- *Held while busy*: at most `max_inflight` batches run at once (what the engine really runs
+  in parallel, e.g. CTranslate2's replicas); requests arriving meanwhile wait here and go
+  together when a batch ends. They would have waited for the engine anyway, so this costs
+  no latency, and it is what makes finals of different sessions coincide under load.
+- *A short wait*: with the engine idle, requests are gathered for up to `max_wait_ms` (or
+  until `max_batch`), but only when the recent arrival rate says company is coming, so a
+  quiet server adds no latency.
+
+A batch's deadline on the stage is its earliest member's, so batching never demotes a
+request; when more than `max_batch` are held, the earliest deadlines go first (arrival order
+when the stage's EDF is off). Held requests count in the stage's `waiting` as the engine
+calls they will take (ceil(held / max_batch)), as queued batches did before holding, so
+partials, flow control and metrics see them queued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
@@ -20,6 +34,14 @@ from voxserve.pipeline.stage import EngineStage
 _RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
 Req = TypeVar("Req")
 Res = TypeVar("Res")
+
+
+@dataclass(slots=True)
+class _Item(Generic[Req, Res]):
+    request: Req
+    deadline: float | None
+    future: asyncio.Future[Res]
+    arrived: float = field(default_factory=time.perf_counter)
 
 
 class Batcher(Generic[Req, Res]):
@@ -31,58 +53,90 @@ class Batcher(Generic[Req, Res]):
         *,
         max_wait_ms: float,
         max_batch: int,
+        max_inflight: int | None = None,
     ) -> None:
         self.name = name
         self.stage = stage
         self.run_many = run_many  # blocking; one result per request, in order
         self.max_wait_s = max_wait_ms / 1000
         self.max_batch = max(1, max_batch)
-        self._pending: list[tuple[Req, float | None, asyncio.Future[Res]]] = []
+        # Batches running at once; default: the stage's limit (never queue in the stage).
+        self.max_inflight = max(1, max_inflight or stage.concurrency)
+        self._pending: list[_Item[Req, Res]] = []
+        self._held = 0  # what this batcher has added to stage.held
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()  # owned here, awaited by their callers
+        self._closed = False
         self._last_arrival = 0.0
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self.batches = 0
         self.requests = 0
         self.on_batch: Callable[[str, int], None] | None = None  # (engine, size): metrics
 
+    @property
+    def pending(self) -> int:
+        """Requests gathered or held, not yet handed to the engine."""
+        return len(self._pending)
+
     async def submit(self, request: Req, *, deadline: float | None = None) -> Res:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Res] = loop.create_future()
-        self._pending.append((request, deadline, future))
+        self._pending.append(_Item(request, deadline, future))
         now = loop.time()
         self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
         self._last_arrival = now
-        expected = self.max_wait_s / max(self._mean_gap_s, 1e-6)
-        if len(self._pending) >= self.max_batch:
+        if len(self._running) >= self.max_inflight:
+            self._report_held()  # the engine is busy: held until a batch ends
+        elif len(self._pending) >= self.max_batch:
             self._flush()
         elif self._timer is None:
+            expected = self.max_wait_s / max(self._mean_gap_s, 1e-6)
             delay = self.max_wait_s if expected >= 2.0 else 0.0
             self._timer = loop.call_later(delay, self._flush)
         return await future
 
     def _flush(self) -> None:
+        """Start batches while the engine has room; whatever is left stays held."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch = [item for item in self._pending if not item[2].done()]
-        self._pending = []
-        if not batch:
-            return
-        task = asyncio.get_running_loop().create_task(self._run(batch))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._pending = [item for item in self._pending if not item.future.done()]
+        if self.stage.edf and len(self._pending) > self.max_batch:
+            self._pending.sort(key=lambda i: math.inf if i.deadline is None else i.deadline)
+        while self._pending and len(self._running) < self.max_inflight:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._batch_done)
+        self._report_held()
 
-    async def _run(self, batch: list[tuple[Req, float | None, asyncio.Future[Res]]]) -> None:
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._pending and self._timer is None and not self._closed:
+            self._flush()
+        else:
+            self._report_held()
+
+    def _report_held(self) -> None:
+        busy = len(self._running) >= self.max_inflight
+        held = -(-len(self._pending) // self.max_batch) if busy else 0  # engine calls' worth
+        self.stage.held += held - self._held
+        self._held = held
+
+    async def _run(self, batch: list[_Item[Req, Res]]) -> None:
         self.batches += 1
         self.requests += len(batch)
         if self.on_batch is not None:
             self.on_batch(self.name, len(batch))
-        requests = [request for request, _, _ in batch]
-        deadlines = [d for _, d, _ in batch if d is not None]
+        requests = [item.request for item in batch]
+        deadlines = [item.deadline for item in batch if item.deadline is not None]
         try:
             results = await self.stage.run(
-                self.run_many, requests, deadline=min(deadlines) if deadlines else None
+                self.run_many,
+                requests,
+                deadline=min(deadlines) if deadlines else None,
+                queued_at=min(item.arrived for item in batch),
             )
         except VoxError as exc:
             if len(batch) > 1 and exc.code in _RETRY_ALONE:
@@ -93,24 +147,33 @@ class Batcher(Generic[Req, Res]):
             self._fail(batch, exc)
             return
         except BaseException as exc:
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, _, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        for item, result in zip(batch, results, strict=True):
+            if not item.future.done():
+                item.future.set_result(result)
 
     @staticmethod
-    def _fail(batch: list[tuple[Req, float | None, asyncio.Future[Res]]], exc: VoxError) -> None:
-        for _, _, future in batch:
-            if not future.done():
-                future.set_exception(exc)
+    def _fail(batch: list[_Item[Req, Res]], exc: VoxError) -> None:
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(exc)
 
     def close(self) -> None:
+        """Cancel running batches and anything still gathered or held (their callers see
+        CancelledError); the stage's held count is given back."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         for task in self._running:
             task.cancel()
+        for item in self._pending:
+            item.future.cancel()
+        self._pending = []
+        self.stage.held -= self._held
+        self._held = 0

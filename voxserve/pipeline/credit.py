@@ -53,14 +53,14 @@ class StagePressure:
     bursts does not restart the clock."""
 
     __slots__ = (
-        "queue_limit",
-        "wait_limit_s",
-        "calm_s",
-        "_timeouts",
-        "_late",
-        "since",
         "_calm_since",
+        "_late",
+        "_timeouts",
+        "calm_s",
+        "queue_limit",
+        "since",
         "under",
+        "wait_limit_s",
     )
 
     def __init__(self, queue_limit: int, wait_limit_s: float = 0.5, calm_s: float = 0.0) -> None:

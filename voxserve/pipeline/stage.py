@@ -9,6 +9,7 @@ final transcript or a first TTS chunk someone is waiting for overtakes a partial
 reply's tail that has time to spare. Deadlines are absolute (`time.monotonic()`) and every
 caller's deadline is finite (default: now + the stage timeout), so a queued item cannot
 starve: later arrivals carry later deadlines, and its own turns earliest in time.
+`edf=False` (`pipeline.edf`) admits in arrival order instead, to measure what EDF buys.
 """
 
 from __future__ import annotations
@@ -41,17 +42,23 @@ _Waiter = tuple[float, int, int, "asyncio.Future[None]"]  # deadline, priority, 
 
 
 class EngineStage:
-    def __init__(self, name: str, concurrency: int, timeout_s: float, executor: Executor) -> None:
+    def __init__(
+        self, name: str, concurrency: int, timeout_s: float, executor: Executor, *, edf: bool = True
+    ) -> None:
         if concurrency < 1:
             raise ValueError(f"stage {name}: concurrency must be >= 1")
         self.name = name
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self._executor = executor
+        self.edf = edf  # False: first come, first served (deadlines still count `late`)
         self._free = concurrency  # slots nobody holds
         self._queue: list[_Waiter] = []  # heap; withdrawn waiters stay until popped
         self._seq = itertools.count()
-        self.waiting = 0  # callers queued for a slot (the stage queue length)
+        self._queued = 0  # callers queued for a slot
+        # Batches' worth of requests a batcher holds back while the engine is busy
+        # (pipeline/batcher.py): they wait as queued callers do, so they count in `waiting`.
+        self.held = 0
         self.running = 0
         self.calls = 0
         self.timeouts = 0
@@ -60,6 +67,11 @@ class EngineStage:
         self.errors = 0
         self.on_latency: Callable[[str, float], None] | None = None
 
+    @property
+    def waiting(self) -> int:
+        """Callers queued for a slot plus requests held by a batcher (the stage queue length)."""
+        return self._queued + self.held
+
     async def run(
         self,
         fn: Callable[..., T],
@@ -67,11 +79,13 @@ class EngineStage:
         timeout_s: float | None = None,
         deadline: float | None = None,
         priority: int = PRIORITY_LIVE,
+        queued_at: float | None = None,
     ) -> T:
         """Run `fn(*args)` on the executor under this stage's limit and timeout.
 
         `deadline` (time.monotonic(), see deadline_in) orders the wait for a slot only; the
-        timeout still bounds the whole call. Default: now + the timeout."""
+        timeout still bounds the whole call. Default: now + the timeout. `queued_at`
+        (perf_counter) is when the work began waiting, if before this call (a held batch)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         started = time.perf_counter()
         due = time.monotonic() + limit if deadline is None else deadline
@@ -83,7 +97,7 @@ class EngineStage:
                 if now > due:
                     self.late += 1
                 # Smoothed wait for a slot: the load signal admission and credit read.
-                waited = time.perf_counter() - started
+                waited = time.perf_counter() - min(started, queued_at or started)
                 self.queue_wait += (waited - self.queue_wait) * WAIT_SMOOTHING
                 return await self._run_in_slot(fn, args)
         except TimeoutError:
@@ -99,12 +113,13 @@ class EngineStage:
 
     async def _acquire(self, deadline: float, priority: int) -> None:
         """Take a free slot, or queue until `_pass_slot` hands one over (earliest first)."""
-        if self._free > 0 and not self.waiting:
+        if self._free > 0 and not self._queued:
             self._free -= 1
             return
         handoff: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._queue, (deadline, priority, next(self._seq), handoff))
-        self.waiting += 1
+        key = (deadline, priority) if self.edf else (0.0, 0)  # FIFO: the sequence decides
+        heapq.heappush(self._queue, (*key, next(self._seq), handoff))
+        self._queued += 1
         try:
             await handoff
         except asyncio.CancelledError:
@@ -114,7 +129,7 @@ class EngineStage:
                 handoff.cancel()  # withdrawn: skipped when popped
             raise
         finally:
-            self.waiting -= 1
+            self._queued -= 1
 
     def _pass_slot(self) -> None:
         """A slot came free: give it to the earliest-deadline live waiter, else keep it."""

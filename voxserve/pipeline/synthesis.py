@@ -41,9 +41,14 @@ MAX_SPEED = 4.0
 POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
 # TTS stage deadlines (earliest-deadline-first, pipeline/stage.py): a first chunk is awaited
 # by a listener in silence; a later chunk is due when the audio already made would have
-# played out (less a margin), so a stream about to run dry overtakes one far ahead.
+# played out, less a margin and less what the previous chunk took to come (a chunk must
+# *finish* before playback runs dry, not start), so a stream about to run dry overtakes one
+# far ahead.
 FIRST_CHUNK_DUE_S = 0.2
 PLAYOUT_MARGIN_S = 0.1
+# A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
+# the `waiting` that TTS health and flow control read, then hold only work that is due.
+QUEUE_HORIZON_S = 0.5
 
 
 class _LockedGenerator:
@@ -222,6 +227,16 @@ async def cache_speech(
     return samples, True
 
 
+async def _until_nearly_due(stage: EngineStage, due: float) -> None:
+    """While the stage is busy, wait until `due` is QUEUE_HORIZON_S away: a reply far ahead
+    of its playback would only sit in the queue, counted as load, behind work that is due."""
+    while stage.edf and (stage.waiting or stage.running >= stage.concurrency):
+        ahead = due - QUEUE_HORIZON_S - time.monotonic()
+        if ahead <= 0:
+            return
+        await asyncio.sleep(min(ahead, POLITE_POLL_S))
+
+
 async def _spare_slot(stage: EngineStage) -> None:
     """Wait until nobody queues for the stage and a slot would be left for a live arrival.
     Polled: the stage has no idle event, and 20 looks a second while busy cost nothing."""
@@ -272,6 +287,7 @@ async def _engine_chunks(
     priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
     started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
     made_s = 0.0  # audio produced so far
+    took = 0.0  # how long the last chunk took to come (queue + synthesis): the next's lead
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
     chunker = request.chunker()
     source = _LockedGenerator(
@@ -286,8 +302,11 @@ async def _engine_chunks(
             elif made_s == 0.0:
                 due = deadline_in(FIRST_CHUNK_DUE_S)
             else:
-                due = started + made_s - PLAYOUT_MARGIN_S
+                due = started + made_s - PLAYOUT_MARGIN_S - took
+                await _until_nearly_due(stage, due)
+            asked = time.monotonic()
             chunk = await stage.run(source.next_chunk, deadline=due, priority=priority)
+            took = time.monotonic() - asked
             if chunk is None:
                 break
             if made_s == 0.0:

@@ -73,13 +73,12 @@ def install_sighup(runtime: Runtime) -> bool:
     tasks: set[asyncio.Task[None]] = set()
 
     async def reload() -> None:
+        await runtime.loaded.wait()  # a SIGHUP during start-up reloads once loaded
         with contextlib.suppress(VoxError):  # logged and counted by the runtime
             await runtime.reload()
 
     def on_sighup() -> None:
-        if not runtime.ready:
-            log.warning("SIGHUP ignored: the engines are still loading")
-            return
+        log.info("SIGHUP: reloading the engines")
         task = loop.create_task(reload(), name="voxserve-sighup-reload")
         tasks.add(task)
         task.add_done_callback(tasks.discard)

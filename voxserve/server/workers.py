@@ -117,8 +117,11 @@ class Supervisor:
                 # Its own process group: a terminal's Ctrl-C reaches the parent only, which
                 # forwards it once (a second SIGINT would cut a worker's drain short).
                 os.setpgid(0, 0)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
+                # SIGHUP's default would kill a worker still starting; the app installs the
+                # reload handler once it runs (a worker still loading loads new files anyway).
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 code = self.main(worker_settings(self.settings, index), self.preloaded, index)
             except BaseException:
                 log.exception("worker failed", extra={"worker": index})

@@ -257,15 +257,12 @@ class StreamConnection:
             await self.ws.close(CLOSE_NORMAL)
 
     async def _watch_stall(self, live: LiveStream) -> None:
-        """Returns when the client is found stalled (the pipeline's output waited
-        `limits.stalled_client_s`), which ends the connection."""
-        pipeline = live.pipeline
-        if pipeline is None:
-            return
-        while not live.session.outbox.stalled:
-            if pipeline.done():
-                await asyncio.Event().wait()  # the sender ends this connection
-            await asyncio.wait([pipeline])
+        """Returns when the pipeline ended because the client stalled (its output waited
+        `limits.stalled_client_s`), which ends the connection; otherwise the sender does."""
+        if live.pipeline is not None:
+            await asyncio.wait([live.pipeline])
+        if not live.session.outbox.stalled:
+            await asyncio.Event().wait()
 
     async def _close_stalled(self, live: LiveStream) -> None:
         """A client that reads nothing cannot be told in-band: close with 1008 and the

@@ -1,0 +1,186 @@
+"""Fairness between sessions at an engine stage (fake engines of scripted cost).
+
+EDF is what keeps one busy session from holding back another: a stream far ahead of its
+playback has late deadlines, a new reply's first chunk an early one. Each test also runs
+with `edf=False` (plain FIFO, `pipeline.edf`) where that shows the order is EDF's doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.fakes import FakeTts, fake_runtime
+from voxserve.config import Settings
+from voxserve.pipeline.stage import PRIORITY_BULK, EngineStage, deadline_in
+from voxserve.pipeline.synthesis import synthesize
+
+COST_S = 0.004  # scripted engine cost per call
+
+
+async def _occupy(stage: EngineStage, gate: threading.Event) -> asyncio.Future[bool]:
+    """Hold the stage's only slot until `gate` is set, so callers queue behind it."""
+    blocker = asyncio.ensure_future(stage.run(gate.wait, 5.0))
+    while stage.running < stage.concurrency:  # noqa: ASYNC110 (a test poll)
+        await asyncio.sleep(0.001)
+    return blocker
+
+
+@pytest.mark.parametrize("edf", [True, False])
+async def test_two_sessions_calls_interleave_by_deadline(edf: bool) -> None:
+    """Session A queues its whole backlog first; B's calls, due as soon, are not stuck
+    behind it: EDF interleaves them call by call (FIFO runs A's backlog first)."""
+    executor = ThreadPoolExecutor(2)
+    stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor, edf=edf)
+    gate = threading.Event()
+    blocker = await _occupy(stage, gate)
+    order: list[str] = []
+
+    def work(name: str) -> None:
+        order.append(name)
+        time.sleep(COST_S)
+
+    t0 = time.monotonic() + 0.5
+    calls = [stage.run(work, f"A{k}", deadline=t0 + 0.1 * k) for k in range(6)]
+    calls += [stage.run(work, f"B{k}", deadline=t0 + 0.01 + 0.1 * k) for k in range(6)]
+    waiting = [asyncio.ensure_future(c) for c in calls]
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.gather(blocker, *waiting)
+    if edf:
+        assert order == [f"{s}{k}" for k in range(6) for s in "AB"]
+    else:
+        assert order == [f"A{k}" for k in range(6)] + [f"B{k}" for k in range(6)]
+    executor.shutdown()
+
+
+async def test_bulk_flood_yields_to_a_live_call() -> None:
+    """Prewarm work queued first (bulk priority, due a stage timeout out) does not delay a
+    live first chunk that arrives after it: the live call is next."""
+    executor = ThreadPoolExecutor(2)
+    stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor)
+    gate = threading.Event()
+    blocker = await _occupy(stage, gate)
+    order: list[str] = []
+    bulk = [
+        asyncio.ensure_future(
+            stage.run(order.append, f"bulk{i}", deadline=deadline_in(5.0), priority=PRIORITY_BULK)
+        )
+        for i in range(10)
+    ]
+    await asyncio.sleep(0.005)
+    live = asyncio.ensure_future(stage.run(order.append, "live", deadline=deadline_in(0.2)))
+    await asyncio.sleep(0.005)
+    gate.set()
+    await asyncio.gather(blocker, live, *bulk)
+    assert order[0] == "live" and len(order) == 11
+    executor.shutdown()
+
+
+async def test_bulk_is_not_starved_by_continuous_live_load() -> None:
+    """Live calls arrive faster than the stage serves them, each due 50 ms after arrival.
+    A bulk call due 150 ms out still runs once its deadline is the earliest queued: after
+    the live calls that arrived before (its deadline - 50 ms), long before the flood ends.
+    (A priority-first queue would run it last.)"""
+    executor = ThreadPoolExecutor(2)
+    stage = EngineStage("tts", concurrency=1, timeout_s=10.0, executor=executor)
+    order: list[str] = []
+    arrivals: dict[str, float] = {}
+
+    def work(name: str) -> None:
+        order.append(name)
+        time.sleep(0.01)  # 100 calls/s of capacity against 200/s of arrivals
+
+    t0 = time.monotonic()
+    tasks = [
+        asyncio.ensure_future(stage.run(work, "bulk", deadline=t0 + 0.15, priority=PRIORITY_BULK))
+    ]
+    for i in range(80):
+        name = f"live{i}"
+        arrivals[name] = time.monotonic()
+        tasks.append(asyncio.ensure_future(stage.run(work, name, deadline=deadline_in(0.05))))
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*tasks)
+    position = order.index("bulk")
+    assert position < 60, position  # not last: the flood went on long after it ran
+    ahead = order[:position]
+    # Only live calls due before the bulk deadline ran ahead of it.
+    assert all(arrivals[name] + 0.05 <= t0 + 0.15 + 0.02 for name in ahead), ahead
+    executor.shutdown()
+
+
+def _tts_settings(edf: bool) -> Settings:
+    settings = Settings()
+    settings.cache.enabled = False
+    settings.pipeline.tts.concurrency = 1
+    settings.pipeline.edf = edf
+    return settings
+
+
+@pytest.mark.parametrize("edf", [True, False])
+async def test_a_new_reply_is_not_held_back_by_another_sessions_long_replies(edf: bool) -> None:
+    """Through the real synthesis path: session A streams eight long replies at once (as
+    eight HTTP requests would), each already far ahead of its playback; session B's first
+    chunk then waits for the chunk in progress only (FIFO: for A's whole queue)."""
+    tts = FakeTts(chunk_delay_s=COST_S, seconds_per_word=0.2)  # 50x faster than real time
+    runtime = fake_runtime(_tts_settings(edf), tts=tts)
+    made: list[str] = []
+    b_asked = asyncio.Event()
+    b_first: list[int] = []
+
+    async def session_a(i: int) -> None:
+        async for _ in synthesize(runtime, " ".join(["word"] * 200), voice="fake"):
+            made.append(f"A{i}")
+            if b_asked.is_set() and b_first:
+                return
+
+    async def session_b() -> None:
+        b_asked.set()
+        before = tts.chunks_made
+        async for _ in synthesize(runtime, "hello there", voice="fake"):
+            b_first.append(tts.chunks_made - before - 1)  # others' chunks made before it
+            return
+
+    a_tasks = [asyncio.ensure_future(session_a(i)) for i in range(8)]
+    while len(made) < 8 * 12:  # noqa: ASYNC110 (each A reply well ahead of its playback)
+        await asyncio.sleep(0.005)
+    await session_b()
+    await asyncio.gather(*a_tasks)
+    if edf:
+        assert b_first[0] <= 1, b_first  # only the chunk in progress
+    else:
+        assert b_first[0] >= 6, b_first  # behind A's queued chunks
+    runtime.executor.shutdown()
+
+
+@pytest.mark.parametrize("edf", [True, False])
+async def test_a_chunk_far_ahead_of_playback_waits_outside_a_busy_stage(edf: bool) -> None:
+    """A later chunk due well in the future does not join a busy stage's queue (where it
+    would count as load for TTS health and flow control) until it is nearly due; it goes at
+    once when the stage frees up. With EDF off (plain FIFO) it queues at once."""
+    from voxserve.pipeline.synthesis import QUEUE_HORIZON_S, _until_nearly_due
+
+    executor = ThreadPoolExecutor(2)
+    stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor, edf=edf)
+    gate = threading.Event()
+    blocker = await _occupy(stage, gate)
+    t0 = time.monotonic()
+    await _until_nearly_due(stage, t0 + QUEUE_HORIZON_S + 0.15)
+    waited = time.monotonic() - t0
+    if edf:
+        assert 0.14 <= waited < 0.5, waited
+        assert stage.waiting == 0  # it waited outside the queue
+        freed = asyncio.ensure_future(_until_nearly_due(stage, time.monotonic() + 10.0))
+        await asyncio.sleep(0.02)
+        assert not freed.done()
+        gate.set()
+        await asyncio.wait_for(freed, timeout=1.0)  # the stage went idle: no more waiting
+    else:
+        assert waited < 0.05, waited
+        gate.set()
+    await blocker
+    executor.shutdown()
