@@ -144,3 +144,28 @@ async def test_audio_ahead_is_bounded_by_audio_length_and_keeps_order() -> None:
     assert isinstance(await ahead.get(), np.ndarray)
     with pytest.raises(RuntimeError):
         await ahead.get()
+
+
+async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -> None:
+    from tests.fakes import fake_runtime
+    from voxserve.config import load_settings
+    from voxserve.pipeline.session import Session
+    from voxserve.pipeline.stream_config import StreamConfig
+
+    settings = load_settings()
+    outbox = Outbox(64)
+    session = Session(fake_runtime(settings), StreamConfig(mode="asr"), outbox)
+    credit = session.credit
+    assert credit is not None and credit.size == 8
+    credit.pressure()
+    credit.pressure()  # 8 -> 4 -> 2: both told at once
+    for _ in range(5):
+        credit.healthy()  # 3, 4, 5, 6, 7 within a second: told at most once
+    credit.healthy()  # 8, whole again: told
+    told = []
+    while outbox.qsize():
+        event = await outbox.next()
+        assert isinstance(event, dict) and event["type"] == "credit"
+        told.append(event["window"])
+    assert told == [4, 2, 8]
+    session.release()

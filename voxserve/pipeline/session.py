@@ -35,6 +35,7 @@ from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 TEXT_QUEUE = 64  # sentences waiting for TTS in tts mode before the receiver waits
+CREDIT_GROWTH_EVERY_S = 1.0  # the most often a growing credit window is announced
 HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
 _FLUSH = object()  # end of one tts-mode utterance
 
@@ -90,6 +91,9 @@ class Session:
         if config.mode != "tts":
             self.credit = runtime.flow.input_window()
             self.credit.on_change = self._announce_credit
+        # The window last told to the client (session.started tells the first) and when.
+        self._credit_told = self.credit.size if self.credit else 0
+        self._credit_told_at = 0.0
         self.speaker = Speaker(
             runtime,
             outbox,
@@ -173,9 +177,19 @@ class Session:
             await listener.space.wait()
 
     def _announce_credit(self, window: int) -> None:
-        """Tell the client its new input window (and what has been accepted so far); never
-        waits: a client not reading learns the next change instead."""
-        self.outbox.event_nowait({"type": "credit", "window": window, "acked_seq": self.acked_seq})
+        """Tell the client its new input window (and what has been accepted so far). A
+        smaller window is told at once; growth at most once a second, and when the window
+        is whole again, so a window climbing back tick by tick is not an event per tick per
+        stream. Never waits: a client not reading learns a later change instead."""
+        now = time.monotonic()
+        grows = window > self._credit_told
+        whole = self.credit is not None and window == self.credit.maximum
+        if grows and not whole and now - self._credit_told_at < CREDIT_GROWTH_EVERY_S:
+            return
+        if self.outbox.event_nowait(
+            {"type": "credit", "window": window, "acked_seq": self.acked_seq}
+        ):
+            self._credit_told, self._credit_told_at = window, now
 
     async def _write(self, samples: Int16Array) -> None:
         assert self.listener is not None
