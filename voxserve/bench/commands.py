@@ -91,16 +91,19 @@ def stream_step(
 
 def per_server_core(record: dict[str, Any]) -> dict[str, float | None]:
     """Finals/s and reply speech s/s per core of server CPU: what one core of the server
-    delivers, comparable with the engine standalone (bench/standalone.py)."""
-    cpu = (record.get("server") or {}).get("cpu_percent")
-    rates = record.get("throughput") or {}
-    if not cpu:
-        return {"finals_per_s": None, "speech_s_per_s": None}
-    cores = cpu / 100
-    finals, speech = rates.get("finals_per_s"), rates.get("reply_audio_streams_realtime")
+    delivers, comparable with the engine standalone (bench/standalone.py). From the server's
+    CPU seconds over the whole step (drain included) and everything delivered in it, so a
+    server that fell behind and caught up in the drain is not flattered."""
+    server = record.get("server") or {}
+    cpu_s = server.get("cpu_s_whole_step")
+    counts = record.get("counts") or {}
+    if not cpu_s:
+        return {"finals_per_s": None, "speech_s_per_s": None, "cpu_ms_per_final": None}
+    finals, speech_s = counts.get("finals", 0), counts.get("audio_ms", 0) / 1000
     return {
-        "finals_per_s": round(finals / cores, 2) if finals else None,
-        "speech_s_per_s": round(speech / cores, 2) if speech else None,
+        "finals_per_s": round(finals / cpu_s, 2) if finals else None,
+        "speech_s_per_s": round(speech_s / cpu_s, 2) if speech_s else None,
+        "cpu_ms_per_final": round(cpu_s * 1000 / finals, 1) if finals else None,
     }
 
 

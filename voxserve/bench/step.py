@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from voxserve.bench.procstat import Sampler
+from voxserve.bench.procstat import Sampler, snapshot
 from voxserve.bench.records import METRICS, Raw
 from voxserve.bench.stats import summarize, wer
 from voxserve.bench.verdict import generator_problems
@@ -92,6 +92,7 @@ def run_step(
         ticker.start(start_at)
 
     run_s = plan.ramp_s + plan.duration_s + plan.drain_s + 30
+    cpu_before = _cpu_s(server_pid)
     try:
         raw = run_jobs(job, specs, run_s=run_s, on_start=on_start, inline=inline)
     finally:
@@ -100,9 +101,24 @@ def run_step(
     if sampler is not None:
         sampler.join(timeout=5)
         server = sampler.summary()
+        cpu_after = _cpu_s(server_pid)
+        if server is not None and cpu_before is not None and cpu_after is not None:
+            # The whole step, drain included: work a backlog pushed past the steady window
+            # still counts (per-final CPU; cpu_percent covers the steady window only).
+            server["cpu_s_whole_step"] = round(cpu_after - cpu_before, 3)
     if on_raw is not None:
         on_raw(raw)
     return Step(build_record(plan, raw, server), raw)
+
+
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds the server process has used so far (None if it cannot be read)."""
+    if pid is None:
+        return None
+    try:
+        return snapshot(pid).cpu_s
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def build_record(plan: Plan, raw: Raw, server: dict[str, Any] | None) -> dict[str, Any]:

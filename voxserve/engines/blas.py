@@ -3,7 +3,7 @@
 Engines run on executor threads with one intra-op thread each, so N concurrent calls use N
 cores. numpy's BLAS pool breaks that rule: Whisper's mel features (a matrix product per call)
 wake it, and its idle workers spin before they sleep. Measured on the 2-core dev VM: 39 ms of
-spinning per utterance next to 115 ms of Whisper work (docs/benchmarks.md, 2026-11-29 12:05).
+spinning per utterance next to 115 ms of Whisper work (docs/benchmarks.md, "Issue 12").
 The pool is process-wide, so the cap is too; nothing in the server needs a parallel BLAS.
 """
 
