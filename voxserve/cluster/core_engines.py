@@ -8,13 +8,11 @@ is read from the engines themselves, so the gateway advertises exactly what the 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from voxserve.config import EnginesConfig, EngineSpec
-from voxserve.engines.base import Int16Array, TtsEngine, close_engine
+from voxserve.engines.base import TtsEngine, close_engine
 from voxserve.engines.registry import engine_class
 from voxserve.types import EngineInfo, Voice
 
@@ -86,21 +84,3 @@ class TtsCatalogue:
         if spare is not None:
             return spare  # type: ignore[no-any-return]
         return build_engine("tts", spec, default_threads)  # type: ignore[no-any-return]
-
-
-class LockedChunks:
-    """An engine generator pulled on worker threads; `close` waits for a running `next`."""
-
-    def __init__(self, chunks: Iterator[Int16Array]) -> None:
-        self._chunks = chunks
-        self._lock = threading.Lock()
-
-    def next_chunk(self) -> Int16Array | None:
-        with self._lock:
-            return next(self._chunks, None)
-
-    def close(self) -> None:
-        with self._lock:
-            close = getattr(self._chunks, "close", None)
-            if callable(close):
-                close()

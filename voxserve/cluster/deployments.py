@@ -23,13 +23,13 @@ from ray.serve.deployment import Application
 from voxserve.cluster.connect import ASR_DEPLOYMENT, TTS_DEPLOYMENT
 from voxserve.cluster.core_engines import (
     Loaded,
-    LockedChunks,
     TtsCatalogue,
     TtsEngineEntry,
     build_engine,
 )
 from voxserve.config import ClusterConfig, ClusterDeployment, EnginesConfig, load_settings
 from voxserve.engines.base import Float32Array, Int16Array, close_engine
+from voxserve.pipeline.synthesis import LockedChunks
 from voxserve.types import AsrResult
 
 Loader = Callable[[str], Awaitable[Loaded]]

@@ -51,8 +51,9 @@ PLAYOUT_MARGIN_S = 0.1
 QUEUE_HORIZON_S = 0.5
 
 
-class _LockedGenerator:
-    """Lets `close()` wait for a `next()` still running on another thread."""
+class LockedChunks:
+    """An engine's chunk generator pulled on worker threads: `close()` waits for a
+    `next()` still running on another thread (also used by the cluster's TTS replicas)."""
 
     def __init__(self, gen: Iterator[Int16Array]) -> None:
         self._gen = gen
@@ -290,7 +291,7 @@ async def _engine_chunks(
     took = 0.0  # how long the last chunk took to come (queue + synthesis): the next's lead
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
     chunker = request.chunker()
-    source = _LockedGenerator(
+    source = LockedChunks(
         engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
     )
     try:
