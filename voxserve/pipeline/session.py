@@ -80,6 +80,7 @@ class Session:
         self._frame_ends: deque[int] = deque()  # ring position where each accepted frame ends
         self.input_closed = False
         self.draining = False  # the server is shutting down: input closed, turn finishing
+        self._drain_told = False  # the client was told its audio is refused (once)
         self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
         self.acked_seq: int | None = None  # highest seq_id accepted (kept for resume)
         # After a resume: frames at or below this seq_id were accepted before the drop, so
@@ -146,6 +147,9 @@ class Session:
         if self.draining:
             self.received += 1
             self.rejected += 1
+            if self._drain_told:
+                return  # told once; the rest is counted in session.ended `rejected`
+            self._drain_told = True
             raise VoxError(
                 ErrorCode.SHUTTING_DOWN, "the server is shutting down; no more audio is accepted"
             )

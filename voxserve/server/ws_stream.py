@@ -74,7 +74,6 @@ class StreamConnection:
         self.parked = parked
         self._last_message_at = time.monotonic()
         self._client_left = False  # the socket closed under us (not a session.end)
-        self._reported_draining = False
         self.keys = keys
         self.key_id: str | None = None
         self.quota: SessionQuota | None = None  # this session's hold on its key's quotas
@@ -206,10 +205,9 @@ class StreamConnection:
         sender = asyncio.create_task(self._send(live), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
         limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
-        stalled = asyncio.create_task(self._watch_stall(live), name="voxserve-stall")
-        tasks = {sender, receiver, limits, stalled}
+        tasks = {sender, receiver, limits}
         try:
-            await asyncio.wait({sender, receiver, stalled}, return_when=asyncio.FIRST_COMPLETED)
+            await self._wait_end(live, sender, receiver)
         finally:
             for task in tasks:
                 task.cancel()
@@ -256,13 +254,20 @@ class StreamConnection:
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await self.ws.close(CLOSE_NORMAL)
 
-    async def _watch_stall(self, live: LiveStream) -> None:
-        """Returns when the pipeline ended because the client stalled (its output waited
-        `limits.stalled_client_s`), which ends the connection; otherwise the sender does."""
-        if live.pipeline is not None:
-            await asyncio.wait([live.pipeline])
-        if not live.session.outbox.stalled:
-            await asyncio.Event().wait()
+    @staticmethod
+    async def _wait_end(
+        live: LiveStream, sender: asyncio.Task[None], receiver: asyncio.Task[None]
+    ) -> None:
+        """Until the sender (session over) or the receiver (client gone) ends, or the
+        pipeline ends because the client stalled (it reads nothing, so the sender never
+        would). A pipeline that ends otherwise leaves the goodbye to the sender."""
+        ends: set[asyncio.Task[None]] = {sender, receiver}
+        pipeline = live.pipeline
+        if pipeline is not None and not pipeline.done():
+            done, _ = await asyncio.wait(ends | {pipeline}, return_when=asyncio.FIRST_COMPLETED)
+            if done & ends or live.session.outbox.stalled:
+                return
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
 
     async def _close_stalled(self, live: LiveStream) -> None:
         """A client that reads nothing cannot be told in-band: close with 1008 and the
@@ -315,10 +320,6 @@ class StreamConnection:
                 elif isinstance(parsed, StartMessage | ResumeMessage):
                     raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
             except VoxError as exc:
-                if exc.code == ErrorCode.SHUTTING_DOWN:
-                    if self._reported_draining:
-                        continue  # told once; the rest is counted in session.ended `rejected`
-                    self._reported_draining = True
                 self.runtime.metrics.errors.labels(exc.code.value, "ws").inc()
                 await session.outbox.event(exc.to_event())
                 if exc.fatal:
