@@ -34,6 +34,21 @@ def test_ring_full_waits_or_drops_oldest_counted() -> None:
     assert ring.read().tolist() == [3, 4, 5, 6, 7, 8, 9, 10]
 
 
+def test_ring_takes_pcm_bytes_without_an_array() -> None:
+    ring = SampleRing(10)
+    pcm = np.arange(6, dtype="<i2").tobytes()
+    assert ring.write_pcm(memoryview(pcm))
+    assert ring.read(4).tolist() == [0, 1, 2, 3]
+    wrap = np.arange(6, 14, dtype="<i2").tobytes()
+    assert ring.write_pcm(memoryview(wrap))  # wraps around the end
+    assert ring.read().tolist() == list(range(4, 14))
+    ring.write_pcm(memoryview(np.arange(10, dtype="<i2").tobytes()))
+    assert not ring.write_pcm(memoryview(b"\x01\x00"))  # full: nothing written
+    assert len(ring) == 10 and ring.read().tolist() == list(range(10))
+    ring.detach()
+    assert ring.write_pcm(memoryview(pcm)) and len(ring) == 0  # a finished session's ring
+
+
 def test_dedup_window_expires_after_500ms() -> None:
     dedup = SeqDedup(0.5)
     assert dedup.accept(1, 0.0)
@@ -57,7 +72,16 @@ def test_dedup_memory_is_bounded_by_the_window() -> None:
     dedup = SeqDedup(0.5)
     for seq in range(10_000):
         dedup.accept(seq, seq * 0.02)
-    assert len(dedup) <= 26  # 500 ms of 20 ms frames
+    # 500 ms of 20 ms frames, expired once per quarter window: at most 625 ms remembered.
+    assert 25 <= len(dedup) <= 32
+
+
+def test_dedup_expires_in_quarter_window_steps() -> None:
+    dedup = SeqDedup(0.5)
+    assert dedup.accept(1, 0.0)
+    assert dedup.accept(2, 0.3)  # expiry ran at 0.0 and 0.3 (due every 0.125 s)
+    assert not dedup.accept(1, 0.49)  # inside the window: a duplicate
+    assert dedup.accept(1, 0.63)  # 630 ms later: forgotten (at most 1.25 windows)
 
 
 def test_stream_audio_slices_by_absolute_position() -> None:

@@ -14,9 +14,13 @@ Never unbounded growth.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from voxserve.audio.pcm import Int16Array
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 class RingFull(Exception):
@@ -32,6 +36,7 @@ class SampleRing:
         if buffer is not None and buffer.size < capacity_samples:
             raise ValueError("buffer smaller than the capacity")
         self._buf = buffer if buffer is not None else np.zeros(capacity_samples, dtype=np.int16)
+        self._bytes = self._buf.data.cast("B")  # for write_pcm: no array per frame
         self.capacity = capacity_samples
         self._write = 0  # total samples ever written
         self._read = 0  # total samples ever read
@@ -77,11 +82,33 @@ class SampleRing:
         self._write += n
         return dropped
 
+    def write_pcm(self, pcm: memoryview) -> bool:
+        """Append little-endian PCM16 bytes as they came off the socket, without making an
+        array of them (the receive fast path, once per 20 ms frame). False, writing
+        nothing, when they do not fit."""
+        n = len(pcm) // 2
+        if self._detached:
+            return True
+        if not _LITTLE_ENDIAN:  # the ring holds native int16
+            self.write(np.frombuffer(pcm, dtype="<i2").astype(np.int16))
+            return True
+        if n > self.capacity - (self._write - self._read):
+            return False
+        start = self._write % self.capacity
+        first = min(n, self.capacity - start)
+        view = self._bytes
+        view[2 * start : 2 * (start + first)] = pcm[: 2 * first]
+        if first < n:
+            view[: 2 * (n - first)] = pcm[2 * first :]
+        self._write += n
+        return True
+
     def detach(self) -> None:
         """Stop using the (pooled) buffer before it goes back to the pool: the session is
         over, so later writes are discarded (never land in another session's buffer) and
         nothing is allocated for them."""
         self._buf = np.zeros(0, dtype=np.int16)
+        self._bytes = self._buf.data.cast("B")
         self._detached = True
 
     def read(self, max_samples: int | None = None) -> Int16Array:

@@ -58,6 +58,13 @@ class Metrics:
         self.frames = Counter(
             "voxserve_frames_total", "Audio frames by outcome", ["outcome"], registry=r
         )
+        self.ws_audio_messages = Counter(
+            "voxserve_ws_audio_messages_total",
+            "WebSocket audio messages by path: taken in the socket's parser (direct) or "
+            "through the ASGI queue (queued); counted when the connection ends",
+            ["path"],
+            registry=r,
+        )
         self.stage_latency = Histogram(
             "voxserve_stage_latency_seconds",
             "Time per engine call, queueing included",

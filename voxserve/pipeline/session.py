@@ -73,6 +73,7 @@ class Session:
         runtime.metrics.track_ring(self.ring)
         self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
         self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
+        self._passthrough = self.resampler.passthrough
         self.received = 0
         self.rejected = 0
         self.processed = 0
@@ -142,13 +143,48 @@ class Session:
     # -- input, called by the transport ---------------------------------------------------
 
     async def feed_audio(self, seq: int, pcm: memoryview) -> None:
+        if not self._admit_audio(seq):
+            return
+        # Past the window already: the fast path (which never waits) wrote the frame that
+        # crossed it, so this one waits before it is written, not only after.
+        await self._within_credit()
+        samples = self.resampler.process(int16_from_bytes(pcm))
+        await self._write(samples)
+        self._accepted(seq)
+        await self._within_credit()
+
+    def can_take_audio_now(self, size: int) -> bool:
+        """Whether `take_audio_now` may have a frame of `size` bytes: nothing to wait for
+        (under the credit window, room in the ring) and nothing to report (an audio session,
+        input open, not draining). 16 kHz input only: a resampler's output size varies."""
+        listener, credit, ring = self.listener, self.credit, self.ring
+        if listener is None or credit is None or self.draining or self.input_closed:
+            return False
+        queued = len(ring)
+        return (
+            self._passthrough
+            and queued < credit.size * listener.batch_samples
+            and (self.drop_oldest or ring.capacity - queued >= size // 2)
+        )
+
+    def take_audio_now(self, seq: int, pcm: memoryview) -> None:
+        """`feed_audio` without a wait, for the socket's fast path (server/ws_fastpath.py),
+        which checks `can_take_audio_now` first; the same counters and dedup."""
+        if self._admit_audio(seq):
+            if not self.ring.write_pcm(pcm):  # full, drop_oldest: the counted way
+                self._write_now(int16_from_bytes(pcm))
+            self._accepted(seq)
+
+    def _admit_audio(self, seq: int) -> bool:
+        """Count a received frame; False for a duplicate (counted) or, once told, audio
+        while draining; raises what the client must be told."""
         if self.listener is None:
             raise VoxError(ErrorCode.WRONG_MODE, "tts sessions take text, not audio")
         if self.draining:
             self.received += 1
             self.rejected += 1
             if self._drain_told:
-                return  # told once; the rest is counted in session.ended `rejected`
+                return False  # told once; the rest is counted in session.ended `rejected`
             self._drain_told = True
             raise VoxError(
                 ErrorCode.SHUTTING_DOWN, "the server is shutting down; no more audio is accepted"
@@ -159,17 +195,17 @@ class Session:
         floor = self.resume_floor
         if floor is not None and seq_delta(seq, floor) <= 0:
             self.dedup.duplicates += 1  # resent after a resume: accepted before the drop
-            return
-        if not self.dedup.accept(seq, time.monotonic()):
-            return
-        samples = self.resampler.process(int16_from_bytes(pcm))
-        await self._write(samples)
+            return False
+        return self.dedup.accept(seq, time.monotonic())
+
+    def _accepted(self, seq: int) -> None:
+        """A frame is in the ring: advance the acknowledgement, wake VAD per batch."""
+        assert self.listener is not None
         if self.acked_seq is None or seq_delta(seq, self.acked_seq) > 0:
             self.acked_seq = seq
         self._frame_ends.append(self.ring.write_total)
         self._count_processed()
         self.listener.poke()
-        await self._within_credit()
 
     async def _within_credit(self) -> None:
         """Hold the receiver while more than the credit window of audio waits for VAD."""
@@ -199,15 +235,18 @@ class Session:
         assert self.listener is not None
         if not samples.size:
             return
-        if self.drop_oldest:
-            self.dropped_samples += self.ring.write(samples, drop_oldest=True)
-            return
         # "wait": stop reading from the client until the pipeline frees space (TCP pushes back).
-        while self.ring.free < samples.size:
+        while not self.drop_oldest and self.ring.free < samples.size:
             self.listener.space.clear()
             self.listener.wake.set()
             await self.listener.space.wait()
-        self.ring.write(samples)
+        self._write_now(samples)
+
+    def _write_now(self, samples: Int16Array) -> None:
+        if self.drop_oldest:
+            self.dropped_samples += self.ring.write(samples, drop_oldest=True)
+        else:
+            self.ring.write(samples)
 
     def _count_processed(self) -> None:
         done = self.ring.read_total

@@ -11,6 +11,7 @@ import uvicorn
 from voxserve.config import Settings
 from voxserve.runtime import Runtime
 from voxserve.server.app import create_app
+from voxserve.server.ws_fastpath import websocket_protocol
 
 
 def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicorn.Config:
@@ -21,7 +22,7 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # logging is voxserve's (observe/logs.py), uvicorn's loggers included
-        ws="websockets-sansio",
+        ws=websocket_protocol(),  # uvicorn's websockets-sansio + the audio fast path
         ws_max_size=settings.limits.max_message_bytes,
         # PCM does not compress; deflate would only cost CPU on both ends.
         ws_per_message_deflate=False,

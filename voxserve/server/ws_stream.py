@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -32,6 +33,7 @@ from voxserve.server.auth import (
     subprotocol_token,
 )
 from voxserve.server.quotas import SessionQuota, quotas_of
+from voxserve.server.ws_fastpath import FastPath, fast_path_of
 from voxserve.server.ws_live import LiveStream, ParkedStreams
 from voxserve.server.ws_protocol import (
     CancelMessage,
@@ -77,6 +79,7 @@ class StreamConnection:
         self.keys = keys
         self.key_id: str | None = None
         self.quota: SessionQuota | None = None  # this session's hold on its key's quotas
+        self.fast: FastPath | None = fast_path_of(websocket.scope)
 
     async def serve(self) -> None:
         # Accepted before any check, so a refused client reads why (an error event and a
@@ -202,6 +205,9 @@ class StreamConnection:
         else:
             await self.ws.send_text(encode_event(session.started_event()))
             log.info("session started", extra={"mode": session.config.mode})
+        fast = self.fast
+        if fast is not None:
+            fast.sink = self._audio_sink(live)
         sender = asyncio.create_task(self._send(live), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
         limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
@@ -212,6 +218,12 @@ class StreamConnection:
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
+            if fast is not None:
+                fast.sink, fast.open = None, False
+                counted = self.runtime.metrics.ws_audio_messages
+                counted.labels("direct").inc(fast.direct)
+                counted.labels("queued").inc(fast.queued)
+                fast.direct = fast.queued = 0
         for result in results:
             if isinstance(result, BaseException) and not isinstance(
                 result, asyncio.CancelledError | WebSocketDisconnect
@@ -284,8 +296,13 @@ class StreamConnection:
         session = live.session
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
+        fast = self.fast or FastPath()  # no fast path: a switch nobody reads
         while True:
-            message = await self.ws.receive()
+            fast.open = True  # frames may go straight to the session while we wait
+            try:
+                message = await self.ws.receive()
+            finally:
+                fast.open = False
             self._last_message_at = time.monotonic()  # read by _watch_limits
             if message["type"] == "websocket.disconnect":
                 self._client_left = True
@@ -324,6 +341,39 @@ class StreamConnection:
                 await session.outbox.event(exc.to_event())
                 if exc.fatal:
                     await self._end_fatally(live, None)
+
+    def _audio_sink(self, live: LiveStream) -> Callable[[bytes], bool]:
+        """The fast path's sink (server/ws_fastpath.py): a valid frame the session can take
+        without waiting is taken here, inside the socket's `data_received`; False leaves
+        the message to `_receive`, which reports errors and waits for credit."""
+        session = live.session
+        max_frame_ms = self.limits.max_frame_ms
+        rate = session.config.sample_rate
+
+        def sink(data: bytes) -> bool:
+            if live.closing:
+                return False
+            try:
+                seq, pcm = parse_audio_frame(data, rate, max_frame_ms)
+            except VoxError:
+                return False
+            if not session.can_take_audio_now(len(pcm)):
+                return False
+            self._last_message_at = time.monotonic()
+            if isinstance(live.quota, SessionQuota):
+                verdict = live.quota.audio(len(pcm) / (2 * rate))
+                if not verdict.accepted:
+                    session.rejected += 1
+                    if verdict.report is not None:
+                        # Cannot wait here: an outbox full means a client not reading,
+                        # and the refused audio is still counted in `rejected`.
+                        self.runtime.metrics.errors.labels(verdict.report.code.value, "ws").inc()
+                        session.outbox.event_nowait(verdict.report.to_event())
+                    return True
+            session.take_audio_now(seq, pcm)
+            return True
+
+        return sink
 
     async def _audio_quota(self, live: LiveStream, seconds: float) -> bool:
         """Charge the key's audio minute (the stream holds the session's quota). Over it the

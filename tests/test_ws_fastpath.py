@@ -1,0 +1,139 @@
+"""The WebSocket audio fast path (server/ws_fastpath.py) on a real uvicorn server and real
+sockets, with fake engines (the tests are about the receive path): frames are taken inside
+the socket's parser, order with text messages holds, and everything the fast path leaves
+(errors, other sample rates, credit waits) still goes the queued way with the same results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.fakes import FakeAsr, fake_runtime, silence, tone
+from tests.helpers import eventually
+from tests.wsclient import collect, frame_message, of_type, send_audio, start
+from voxserve.config import load_settings
+from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
+    yield live
+    stop_server(live)
+
+
+def counted(live: LiveServer) -> dict[str, float]:
+    registry = live.runtime.metrics.registry
+    return {
+        path: registry.get_sample_value("voxserve_ws_audio_messages_total", {"path": path}) or 0.0
+        for path in ("direct", "queued")
+    }
+
+
+async def counted_after(live: LiveServer, before: dict[str, float], total: int) -> dict[str, float]:
+    """Per-path counts of this test's connection (added when the connection ends)."""
+
+    def all_counted() -> bool:
+        now = counted(live)
+        return sum(now.values()) - sum(before.values()) >= total
+
+    await eventually(all_counted)
+    now = counted(live)
+    return {path: now[path] - before[path] for path in now}
+
+
+def speech() -> np.ndarray:
+    return np.concatenate([silence(0.3), tone(440, 1.0), silence(0.8)])
+
+
+def test_uvicorn_runs_the_fast_path_protocol() -> None:
+    assert websocket_protocol() is AudioFastPathProtocol
+    assert fast_path_of({"type": "websocket", "extensions": {}}) is None  # another server
+
+
+async def test_frames_are_taken_in_the_parser_with_the_same_results(server: LiveServer) -> None:
+    before = counted(server)
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr")
+        frames = await send_audio(ws, speech(), speedup=4.0)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
+    ended = events[-1]
+    assert ended["received"] == frames and ended["processed"] == frames
+    paths = await counted_after(server, before, frames)
+    # Paced frames find the receiver waiting: (nearly) all go straight to the session.
+    assert paths["direct"] >= 0.9 * frames, paths
+
+
+async def test_audio_after_end_is_refused_even_when_sent_at_once(server: LiveServer) -> None:
+    """The fast path is closed while the receiver handles audio.end, so a frame right
+    behind it cannot overtake it into the session."""
+    audio = speech()
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr")
+        frames = await send_audio(ws, audio, speedup=8.0)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        await ws.send(frame_message(frames, audio[:320]))
+        events, _ = await collect(ws)
+    errors = of_type(events, "error")
+    assert [e["code"] for e in errors] == ["invalid_message"], errors
+    assert events[-1]["received"] == frames and events[-1]["processed"] == frames
+
+
+async def test_bad_frames_take_the_queued_path_and_are_reported(server: LiveServer) -> None:
+    audio = speech()
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr")
+        frames = await send_audio(ws, audio[:16000], speedup=4.0)
+        await ws.send(b"\x00\x00")  # shorter than the seq header
+        await ws.send(frame_message(frames, audio[:320]) + b"\x01")  # odd PCM length
+        frames = await send_audio(ws, audio[16000:], speedup=4.0, first_seq=frames + 1)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    codes = [e["code"] for e in of_type(events, "error")]
+    assert codes == ["frame_too_short", "odd_length_pcm"], codes
+    ended = events[-1]
+    # Every good frame counted once; the bad ones counted as rejected, the session went on.
+    assert ended["processed"] == frames - 1 and ended["rejected"] == 2, ended
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
+
+
+async def test_marks_follow_the_frames_sent_before_them(server: LiveServer) -> None:
+    audio = speech()
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr")
+        for seq in range(50):  # a burst: frames queue behind each other in the socket
+            await ws.send(frame_message(seq, audio[seq * 320 : (seq + 1) * 320]))
+        await ws.send(json.dumps({"type": "mark", "id": "m"}))
+        mark = None
+        async with asyncio.timeout(10):
+            while mark is None:
+                event = json.loads(await ws.recv())
+                if event["type"] == "mark":
+                    mark = event
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert mark["id"] == "m" and mark["acked_seq"] == 49
+    assert events[-1]["processed"] == 50
+
+
+async def test_other_sample_rates_take_the_queued_path(server: LiveServer) -> None:
+    before = counted(server)
+    audio8k = speech()[::2].copy()
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr", sample_rate=8000)
+        frames = await send_audio(ws, audio8k, rate=8000, speedup=4.0)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert events[-1]["received"] == frames and events[-1]["processed"] == frames
+    assert len(of_type(events, "transcript.final")) == 1
+    paths = await counted_after(server, before, frames)
+    assert paths == {"direct": 0, "queued": frames}
