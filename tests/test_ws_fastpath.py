@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tests.helpers import eventually
 from tests.wsclient import collect, frame_message, of_type, send_audio, start
 from voxserve.config import load_settings
 from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
+from voxserve.server.ws_stream import StreamConnection
 
 
 @pytest.fixture(scope="module")
@@ -135,5 +137,30 @@ async def test_other_sample_rates_take_the_queued_path(server: LiveServer) -> No
         events, _ = await collect(ws)
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames
     assert len(of_type(events, "transcript.final")) == 1
+    paths = await counted_after(server, before, frames)
+    assert paths == {"direct": 0, "queued": frames}
+
+
+async def test_a_failing_sink_costs_the_stream_nothing(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the fast path must not close the connection (an exception in
+    data_received would): the stream's audio takes the queue from then on."""
+
+    def broken_sink(self: StreamConnection, live: Any) -> Callable[[bytes], bool]:
+        def sink(data: bytes) -> bool:
+            raise RuntimeError("fast path bug")
+
+        return sink
+
+    monkeypatch.setattr(StreamConnection, "_audio_sink", broken_sink)
+    before = counted(server)
+    async with connect(server.ws_url) as ws:
+        await start(ws, mode="asr")
+        frames = await send_audio(ws, speech(), speedup=4.0)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
+    assert events[-1]["received"] == frames and events[-1]["processed"] == frames
     paths = await counted_after(server, before, frames)
     assert paths == {"direct": 0, "queued": frames}

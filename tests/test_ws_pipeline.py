@@ -15,6 +15,9 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
 from tests.wsclient import collect, frame_message, of_type, send_audio, start
 from voxserve.config import load_settings
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.session import Session
+from voxserve.pipeline.stream_config import StreamConfig
 
 
 @pytest.fixture(scope="module")
@@ -419,3 +422,25 @@ async def test_idle_clients_and_endless_sessions_are_ended_with_their_codes() ->
         assert events[-1]["type"] == "session.ended" and events[-1]["received"] > 0
     finally:
         stop_server(live)
+
+
+async def test_larger_vad_batches_give_the_same_turns() -> None:
+    """pipeline.vad_batch_windows = 4: the listener wakes per 128 ms of audio, and the
+    turns, transcripts and counts are those of the default 64 ms batches."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    settings = settings.model_copy(
+        update={"pipeline": settings.pipeline.model_copy(update={"vad_batch_windows": 4})}
+    )
+    runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.02))
+    listener = Session(runtime, StreamConfig(mode="asr"), Outbox(8)).listener
+    assert listener is not None and listener.batch_samples == 4 * FakeVad.window_samples
+    live = start_server(settings, runtime)
+    try:
+        _, frames, events = await run_asr(live.ws_url, two_utterances(440, 880))
+    finally:
+        stop_server(live)
+    finals = of_type(events, "transcript.final")
+    assert [f["text"] for f in finals] == ["tone440", "tone880"]
+    assert abs(finals[0]["start_ms"] - 300) <= 70 and abs(finals[0]["end_ms"] - 1300) <= 70
+    ended = events[-1]
+    assert ended["received"] == frames and ended["processed"] == frames

@@ -64,6 +64,10 @@ class PipelineConfig(BaseModel):
     # VAD work of all sessions is gathered for up to this long and run as one executor call
     # (one batched model call per window step): hops cost more than silero's windows.
     vad_batch_wait_ms: float = 8.0
+    # VAD windows (32 ms each) a stream gathers before its listener wakes: one wake-up, one
+    # VAD request per batch. 2 (64 ms) keeps turn detection quick; 4 (128 ms) cuts the
+    # server's CPU per frame ~10% at +64 ms on VAD decisions (docs/benchmarks.md).
+    vad_batch_windows: int = Field(default=2, ge=1, le=8)
     vad_max_batch: int = 64
     # Finals of different sessions run as one Whisper batch (utterances sharing an encoder
     # window encode together; results equal one at a time): those that end while Whisper is

@@ -232,6 +232,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     base.add_argument(
         "--rounds", type=int, default=2, help="alternations voxserve/echo (default %(default)s)"
     )
+    base.add_argument(
+        "--echo-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the echo server's event loop (default %(default)s, as in earlier figures; "
+        "DESIGN.md's reference ceiling is websockets + uvloop)",
+    )
     eng = add(
         "engines",
         "cmd_engines",

@@ -3,7 +3,7 @@ same paced load as voxserve (session.start, audio frames, marks, audio.end) and 
 else. Measured in the same run as voxserve, it turns voxserve's cost into a ratio that a noisy
 machine affects equally on both sides.
 
-Run: python -m voxserve.bench.echo_server --port PORT   (loopback only)
+Run: python -m voxserve.bench.echo_server --port PORT [--loop uvloop]   (loopback only)
 """
 
 from __future__ import annotations
@@ -51,4 +51,11 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(main(parser.parse_args().port))
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    options = parser.parse_args()
+    if options.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(options.port))
+    else:
+        asyncio.run(main(options.port))

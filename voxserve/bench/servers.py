@@ -102,10 +102,10 @@ def spawn_voxserve(
 
 
 @contextlib.contextmanager
-def spawn_echo(log: Path, timeout_s: float = 30) -> Iterator[Spawned]:
-    """The baseline echo server on a free port."""
+def spawn_echo(log: Path, timeout_s: float = 30, *, loop: str = "asyncio") -> Iterator[Spawned]:
+    """The baseline echo server on a free port, on asyncio's own loop or uvloop."""
     port = free_port()
-    cmd = [sys.executable, "-m", "voxserve.bench.echo_server", "--port", str(port)]
+    cmd = [sys.executable, "-m", "voxserve.bench.echo_server", "--port", str(port), "--loop", loop]
     with _running(cmd, log, None) as proc:
 
         def ready() -> bool:

@@ -32,7 +32,6 @@ from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
 
-VAD_BATCH_WINDOWS = 2  # judge 2 x 32 ms at a time: one executor hop per 64 ms per stream
 FINAL_QUEUE = 4  # utterances waiting for their final decode before the listener waits
 KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn latencies
 # ASR stage deadlines (earliest-deadline-first admission, pipeline/stage.py): someone is
@@ -92,7 +91,8 @@ class Listener:
         self._last_partial_text = ""
         self._partial_task: asyncio.Task[None] | None = None
         self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
-        self.batch_samples = VAD_BATCH_WINDOWS * self.window
+        # pipeline.vad_batch_windows x 32 ms judged per wake-up: one VAD request per batch
+        self.batch_samples = settings.pipeline.vad_batch_windows * self.window
         # (ring position, client's mark id, highest seq_id accepted before the mark)
         self._marks: deque[tuple[int, object, int | None]] = deque()
         # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start

@@ -64,17 +64,25 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path
         if fast is not None and fast.sink is not None:
-            if (
-                fast.open
-                and event.fin
-                and not self.close_sent
-                and self.queue.empty()
-                and fast.sink(event.data)
-            ):
-                fast.direct += 1
-                return
+            if fast.open and event.fin and not self.close_sent and self.queue.empty():
+                try:
+                    taken = fast.sink(event.data)
+                except Exception:
+                    # A bug here must not cost the connection (an exception in
+                    # data_received closes it): this stream goes the queued way from now on.
+                    log.exception("audio fast path failed; this stream's audio takes the queue")
+                    fast.sink = _refuse
+                    taken = False
+                if taken:
+                    fast.direct += 1
+                    return
             fast.queued += 1
         super().handle_bytes(event)
+
+
+def _refuse(data: bytes) -> bool:
+    """The sink of a connection whose fast path failed: every message takes the queue."""
+    return False
 
 
 def websocket_protocol() -> type[WebSocketsSansIOProtocol] | str:
