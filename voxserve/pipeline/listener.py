@@ -106,6 +106,15 @@ class Listener:
         self._turn_marks: dict[int, TurnMarks] = {}
         self.turn_done: Callable[[TurnMarks], None] | None = None  # asr mode: emit at final
 
+    def release(self) -> None:
+        """Drop the stream's audio now that its pipeline is over. A finished session can sit
+        in a reference cycle until a full GC pass (rare under gc_control's thresholds); it
+        should wait there as a few small objects, not with its utterance audio."""
+        self.audio = StreamAudio()
+        self._leftover = np.zeros(0, dtype=np.float32)
+        self._ended_at.clear()
+        self._turn_marks.clear()
+
     def close_input(self) -> None:
         self.closed = True
         self.wake.set()

@@ -349,10 +349,13 @@ class Session:
         await self.outbox.close()
 
     def release(self) -> None:
-        """Give back the pooled buffer and the engine generation (the pipeline is over)."""
+        """Give back the pooled buffer and the engine generation (the pipeline is over),
+        and drop the stream's audio at once rather than at the next full GC pass."""
         if self.buffer is not None:
             self.ring.detach()
             self.buffer.release()
+        if self.listener is not None:
+            self.listener.release()
         self.lease.release()
 
     def ended_event(self) -> dict[str, object]:
