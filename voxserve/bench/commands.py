@@ -71,6 +71,7 @@ def stream_step(
         hangover_s=args.hangover_ms / 1000,
         drain_s=args.drain,
         deflate=args.deflate,
+        session_s=getattr(args, "session_s", 0.0),
     )
     parts = split_evenly(streams, max(1, min(args.procs, streams)))
     specs = [dataclasses.replace(spec, first=first, count=count) for first, count in parts]

@@ -41,6 +41,9 @@ class StepSpec:
     hangover_s: float = 0.5
     drain_s: float = 15.0
     deflate: bool = False
+    # > 0: each stream is a run of sessions of this many seconds (session churn, as in a
+    # call centre), each opened as the last one ends; 0: one session for the whole step.
+    session_s: float = 0.0
     first: int = 0  # this process drives streams first .. first + count - 1
     count: int = -1  # -1: all
 
@@ -111,15 +114,14 @@ async def drive(spec: StepSpec, start_at: float) -> Raw:
     offsets = start_offsets(spec.streams, spec.ramp_s)
     end_at = start_at + spec.ramp_s + spec.duration_s
     watcher = asyncio.create_task(watch(raw, start_at + spec.ramp_s, end_at))
-    streams = [make_stream(spec, i, raw, end_at) for i in spec.indices]
     await asyncio.gather(
-        *(_at(start_at + offsets[i], s.run()) for i, s in zip(spec.indices, streams, strict=True))
+        *(_at(start_at + offsets[i], _sessions(spec, i, raw, end_at)) for i in spec.indices)
     )
     cpu_s, wall_s = await watcher
     raw.procs.append(
         {
             "pid": os.getpid(),
-            "streams": len(streams),
+            "streams": len(spec.indices),
             "cpu_percent": round(100 * cpu_s / wall_s, 1) if wall_s else None,
             "lateness_p99_ms": round(percentile(raw.lateness, 99) * 1000, 3)
             if raw.lateness
@@ -127,6 +129,17 @@ async def drive(spec: StepSpec, start_at: float) -> Raw:
         }
     )
     return raw
+
+
+async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None:
+    """One stream slot: a single session until end_at, or (session_s > 0) sessions of
+    session_s seconds back to back until end_at."""
+    while True:
+        now = time.monotonic()
+        until = min(end_at, now + spec.session_s) if spec.session_s > 0 else end_at
+        await make_stream(spec, index, raw, until).run()
+        if spec.session_s <= 0 or time.monotonic() >= end_at - spec.session_s / 2:
+            return
 
 
 def run(spec: StepSpec, start_at: float) -> Raw:

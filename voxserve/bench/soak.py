@@ -1,6 +1,7 @@
 """`voxserve bench soak`: a long paced run that checks memory stays flat and nothing leaks.
 
-The load is `bench stream` (N paced streams for --duration s). Meanwhile the server is
+The load is `bench stream` (N paced streams for --duration s); with --session-s S each
+stream is a run of S-second sessions back to back (session churn). Meanwhile the server is
 sampled every --sample-every s: RSS from /proc, and from GET /debug/memory (admin key) its
 PSS/USS, threads, fds, asyncio tasks and buffer pool. After --warmup s a tracemalloc
 baseline is taken in the server (POST /debug/tracemalloc/snapshot; the server needs
@@ -182,6 +183,8 @@ def _soak(args: argparse.Namespace, tgt: Target, out: Path, key: str) -> int:
         "streams": args.streams,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
+        "session_s": args.session_s,
+        "sessions": step.record["counts"].get("sessions"),
         "rss_growth": growth,
         "idle_before": before,
         "idle_after": after,
@@ -207,6 +210,9 @@ def soak_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# soak: {summary['streams']} streams, {summary['duration_s']:g} s "
         f"(warm-up {summary['warmup_s']:g} s): {'PASS' if summary['pass'] else 'FAIL'}",
+        "",
+        f"sessions: {summary['sessions']}"
+        + (f" (a new one every {summary['session_s']:g} s)" if summary["session_s"] else ""),
         "",
         f"RSS after warm-up: {growth.get('first_mb')} MB -> {growth.get('last_mb')} MB "
         f"({growth.get('growth_pct')}%), max {growth.get('max_mb')} MB, "
@@ -248,3 +254,10 @@ def add_soak_arguments(soak: argparse.ArgumentParser) -> None:
         "--tracemalloc", type=int, default=1, help="frames per trace for --spawn (0 = off)"
     )
     soak.add_argument("--admin-key", help="admin key (default: VOXSERVE_ADMIN_KEY)")
+    soak.add_argument(
+        "--session-s",
+        type=float,
+        default=0.0,
+        help="session churn: each stream reconnects as a new session every this many "
+        "seconds (default: one session per stream for the whole run)",
+    )
