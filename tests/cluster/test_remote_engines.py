@@ -134,7 +134,11 @@ def test_a_full_core_queue_refuses_with_tts_degraded_and_shrinks_the_window(
     # One call runs, one waits in the gateway's queue for the core; the rest are refused.
     assert outcomes.count("ok") >= 1 and outcomes.count("refused") >= 2, outcomes
     after = credits.snapshot()
-    assert after["refusals"] - before["refusals"] == outcomes.count("refused")
+    # Each refusal is the core's (its queue full) or, once those shrank the window, the
+    # gateway's own (no credit came free within wait_ms): both are tts_degraded.
+    by_core = after["refusals"] - before["refusals"]
+    by_window = after["rejected"] - before["rejected"]
+    assert by_core >= 1 and by_core + by_window == outcomes.count("refused"), (after, before)
     assert after["window"] < before["window"] and after["in_flight"] == 0
 
 
