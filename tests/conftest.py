@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.fakes import FakeAsr, fake_runtime
 from voxserve.config import Settings, load_settings
 from voxserve.runtime import Runtime
 from voxserve.server.serve import uvicorn_config
@@ -128,5 +129,14 @@ def live_server() -> Iterator[LiveServer]:
     Wyoming transports are on (tests/transports)."""
     settings = load_settings(port=free_port(), log_level="warning")
     live = start_server(settings, grpc_port=free_port(), wyoming_port=free_port())
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[LiveServer]:
+    """A real server on fake engines (ASR answers in 20 ms), for tests about the pipeline."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
     yield live
     stop_server(live)

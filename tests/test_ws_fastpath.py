@@ -7,28 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import FakeAsr, fake_runtime, silence, tone
+from tests.conftest import LiveServer
+from tests.fakes import silence, tone
 from tests.helpers import eventually
-from tests.wsclient import collect, frame_message, of_type, send_audio, start
-from voxserve.config import load_settings
+from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
 from voxserve.server.ws_stream import StreamConnection
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
-    yield live
-    stop_server(live)
 
 
 def counted(live: LiveServer) -> dict[str, float]:
@@ -60,26 +51,24 @@ def test_uvicorn_runs_the_fast_path_protocol() -> None:
     assert fast_path_of({"type": "websocket", "extensions": {}}) is None  # another server
 
 
-async def test_frames_are_taken_in_the_parser_with_the_same_results(server: LiveServer) -> None:
-    before = counted(server)
-    async with connect(server.ws_url) as ws:
-        await start(ws, mode="asr")
-        frames = await send_audio(ws, speech(), speedup=4.0)
-        await ws.send(json.dumps({"type": "audio.end"}))
-        events, _ = await collect(ws)
+async def test_frames_are_taken_in_the_parser_with_the_same_results(
+    fake_server: LiveServer,
+) -> None:
+    before = counted(fake_server)
+    _, frames, events = await run_asr(fake_server.ws_url, speech())
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
     ended = events[-1]
     assert ended["received"] == frames and ended["processed"] == frames
-    paths = await counted_after(server, before, frames)
+    paths = await counted_after(fake_server, before, frames)
     # Paced frames find the receiver waiting: (nearly) all go straight to the session.
     assert paths["direct"] >= 0.9 * frames, paths
 
 
-async def test_audio_after_end_is_refused_even_when_sent_at_once(server: LiveServer) -> None:
+async def test_audio_after_end_is_refused_even_when_sent_at_once(fake_server: LiveServer) -> None:
     """The fast path is closed while the receiver handles audio.end, so a frame right
     behind it cannot overtake it into the session."""
     audio = speech()
-    async with connect(server.ws_url) as ws:
+    async with connect(fake_server.ws_url) as ws:
         await start(ws, mode="asr")
         frames = await send_audio(ws, audio, speedup=8.0)
         await ws.send(json.dumps({"type": "audio.end"}))
@@ -90,9 +79,9 @@ async def test_audio_after_end_is_refused_even_when_sent_at_once(server: LiveSer
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames
 
 
-async def test_bad_frames_take_the_queued_path_and_are_reported(server: LiveServer) -> None:
+async def test_bad_frames_take_the_queued_path_and_are_reported(fake_server: LiveServer) -> None:
     audio = speech()
-    async with connect(server.ws_url) as ws:
+    async with connect(fake_server.ws_url) as ws:
         await start(ws, mode="asr")
         frames = await send_audio(ws, audio[:16000], speedup=4.0)
         await ws.send(b"\x00\x00")  # shorter than the seq header
@@ -108,9 +97,9 @@ async def test_bad_frames_take_the_queued_path_and_are_reported(server: LiveServ
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
 
 
-async def test_marks_follow_the_frames_sent_before_them(server: LiveServer) -> None:
+async def test_marks_follow_the_frames_sent_before_them(fake_server: LiveServer) -> None:
     audio = speech()
-    async with connect(server.ws_url) as ws:
+    async with connect(fake_server.ws_url) as ws:
         await start(ws, mode="asr")
         for seq in range(50):  # a burst: frames queue behind each other in the socket
             await ws.send(frame_message(seq, audio[seq * 320 : (seq + 1) * 320]))
@@ -127,22 +116,17 @@ async def test_marks_follow_the_frames_sent_before_them(server: LiveServer) -> N
     assert events[-1]["processed"] == 50
 
 
-async def test_other_sample_rates_take_the_queued_path(server: LiveServer) -> None:
-    before = counted(server)
-    audio8k = speech()[::2].copy()
-    async with connect(server.ws_url) as ws:
-        await start(ws, mode="asr", sample_rate=8000)
-        frames = await send_audio(ws, audio8k, rate=8000, speedup=4.0)
-        await ws.send(json.dumps({"type": "audio.end"}))
-        events, _ = await collect(ws)
+async def test_other_sample_rates_take_the_queued_path(fake_server: LiveServer) -> None:
+    before = counted(fake_server)
+    _, frames, events = await run_asr(fake_server.ws_url, speech()[::2].copy(), sample_rate=8000)
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames
     assert len(of_type(events, "transcript.final")) == 1
-    paths = await counted_after(server, before, frames)
+    paths = await counted_after(fake_server, before, frames)
     assert paths == {"direct": 0, "queued": frames}
 
 
 async def test_a_failing_sink_costs_the_stream_nothing(
-    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+    fake_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug in the fast path must not close the connection (an exception in
     data_received would): the stream's audio takes the queue from then on."""
@@ -154,13 +138,9 @@ async def test_a_failing_sink_costs_the_stream_nothing(
         return sink
 
     monkeypatch.setattr(StreamConnection, "_audio_sink", broken_sink)
-    before = counted(server)
-    async with connect(server.ws_url) as ws:
-        await start(ws, mode="asr")
-        frames = await send_audio(ws, speech(), speedup=4.0)
-        await ws.send(json.dumps({"type": "audio.end"}))
-        events, _ = await collect(ws)
+    before = counted(fake_server)
+    _, frames, events = await run_asr(fake_server.ws_url, speech())
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames
-    paths = await counted_after(server, before, frames)
+    paths = await counted_after(fake_server, before, frames)
     assert paths == {"direct": 0, "queued": frames}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,33 +12,15 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
-from tests.wsclient import collect, frame_message, of_type, send_audio, start
+from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.config import load_settings
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.pipeline.stream_config import StreamConfig
 
 
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
-    yield live
-    stop_server(live)
-
-
 def two_utterances(f1: float, f2: float) -> np.ndarray:
     return np.concatenate([silence(0.3), tone(f1, 1.0), silence(0.8), tone(f2, 1.0), silence(0.8)])
-
-
-async def run_asr(url: str, audio: np.ndarray, *, speedup: float = 4.0, **config: object):
-    async with connect(url) as ws:
-        started = await start(ws, mode="asr", **config)
-        assert started["type"] == "session.started", started
-        frames = await send_audio(ws, audio, speedup=speedup)
-        await ws.send(json.dumps({"type": "audio.end"}))
-        events, _ = await collect(ws)
-        return started, frames, events
 
 
 async def test_asr_mode_turns_partials_and_finals(fake_server: LiveServer) -> None:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 
 FRAME = 320
 
@@ -67,3 +67,19 @@ async def collect(
 
 def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] == kind]
+
+
+async def run_asr(
+    url: str, audio: np.ndarray, *, speedup: float = 4.0, **config: object
+) -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
+    """One asr session: start, `audio` at `speedup` x real time, audio.end, every event
+    until session.ended. Returns (session.started, frames sent, events)."""
+    async with connect(url) as ws:
+        started = await start(ws, mode="asr", **config)
+        assert started["type"] == "session.started", started
+        rate = config.get("sample_rate", 16_000)
+        assert isinstance(rate, int)
+        frames = await send_audio(ws, audio, rate=rate, speedup=speedup)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
+        return started, frames, events

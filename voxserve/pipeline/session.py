@@ -73,7 +73,6 @@ class Session:
         runtime.metrics.track_ring(self.ring)
         self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
         self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
-        self._passthrough = self.resampler.passthrough
         self.received = 0
         self.rejected = 0
         self.processed = 0
@@ -162,7 +161,7 @@ class Session:
             return False
         queued = len(ring)
         return (
-            self._passthrough
+            self.resampler.passthrough
             and queued < credit.size * listener.batch_samples
             and (self.drop_oldest or ring.capacity - queued >= size // 2)
         )

@@ -360,36 +360,38 @@ class StreamConnection:
             if not session.can_take_audio_now(len(pcm)):
                 return False
             self._last_message_at = time.monotonic()
-            if isinstance(live.quota, SessionQuota):
-                verdict = live.quota.audio(len(pcm) / (2 * rate))
-                if not verdict.accepted:
-                    session.rejected += 1
-                    if verdict.report is not None:
-                        # Cannot wait here: an outbox full means a client not reading,
-                        # and the refused audio is still counted in `rejected`.
-                        self.runtime.metrics.errors.labels(verdict.report.code.value, "ws").inc()
-                        session.outbox.event_nowait(verdict.report.to_event())
-                    return True
-            session.take_audio_now(seq, pcm)
+            accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
+            if report is not None:
+                # Cannot wait here: an outbox full means a client not reading, and the
+                # refused audio is still counted in `rejected`.
+                session.outbox.event_nowait(report.to_event())
+            if accepted:
+                session.take_audio_now(seq, pcm)
             return True
 
         return sink
 
     async def _audio_quota(self, live: LiveStream, seconds: float) -> bool:
+        """`_charge_audio`, its report sent (waiting for the outbox like any event)."""
+        accepted, report = self._charge_audio(live, seconds)
+        if report is not None:
+            await live.session.outbox.event(report.to_event())
+        return accepted
+
+    def _charge_audio(self, live: LiveStream, seconds: float) -> tuple[bool, VoxError | None]:
         """Charge the key's audio minute (the stream holds the session's quota). Over it the
         message is refused (counted in `rejected`; one non-fatal `quota_exceeded` per run
-        of refusals) and the session goes on, so audio already accepted is still finished."""
+        of refusals, returned to be sent) and the session goes on, so audio already
+        accepted is still finished."""
         if not isinstance(live.quota, SessionQuota):
-            return True
+            return True, None
         verdict = live.quota.audio(seconds)
         if verdict.accepted:
-            return True
-        session = live.session
-        session.rejected += 1
+            return True, None
+        live.session.rejected += 1
         if verdict.report is not None:
             self.runtime.metrics.errors.labels(verdict.report.code.value, "ws").inc()
-            await session.outbox.event(verdict.report.to_event())
-        return False
+        return False, verdict.report
 
     def _limit_error(self, *, expired: bool) -> VoxError:
         if expired:
