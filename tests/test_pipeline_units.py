@@ -236,3 +236,99 @@ async def test_asr_batcher_runs_concurrent_finals_as_one_engine_batch() -> None:
     assert sorted(sizes) == [("asr", 2), ("asr", 4)]
     batcher.close()
     executor.shutdown()
+
+
+class _Job:
+    """A VadJob with fixed audio, recording its answer (and optionally failing to give one)."""
+
+    def __init__(self, audio: object, *, broken: bool = False) -> None:
+        self.audio = audio
+        self.broken = broken
+        self.answers: list[tuple[object, BaseException | None]] = []
+        self.answered = asyncio.Event()
+
+    def vad_input(self) -> tuple[object, object] | None:
+        if self.broken:
+            raise RuntimeError("this stream's state is broken")
+        return None if self.audio is None else ({}, self.audio)
+
+    def vad_result(self, probs: object, error: BaseException | None) -> None:
+        self.answers.append((None if probs is None else probs.tolist(), error))  # type: ignore[attr-defined]
+        self.answered.set()
+
+
+async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
+    """Listeners enqueued together are judged in one engine call and answered in place; a
+    stream that fails to give its audio, or has none, is answered alone; streams that
+    become due during a round go together in the next."""
+    import numpy as np
+
+    from tests.fakes import FakeVad
+    from voxserve.pipeline.vad_batch import VadBatcher
+
+    class CountingVad(FakeVad):
+        def __init__(self) -> None:
+            super().__init__()
+            self.many_calls: list[int] = []
+
+        def speech_probs_many(self, states: list[object], audios: list[np.ndarray]) -> list[object]:
+            self.many_calls.append(len(audios))
+            time.sleep(0.05)  # the round is busy long enough for others to queue behind it
+            return [self.speech_probs(s, a) for s, a in zip(states, audios, strict=True)]
+
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    vad = CountingVad()
+    stage = EngineStage("vad", concurrency=2, timeout_s=2.0, executor=executor)
+    batcher = VadBatcher(vad, stage, max_wait_ms=0, max_batch=4)
+    sizes: list[int] = []
+    batcher.on_batch = lambda engine, size: sizes.append(size)
+    loud = np.full(1024, 0.5, dtype=np.float32)
+    quiet = np.zeros(1024, dtype=np.float32)
+    first = [_Job(loud if i % 2 else quiet) for i in range(6)]
+    odd = [_Job(None), _Job(loud, broken=True)]
+    for job in first + odd:
+        batcher.enqueue(job)
+    await asyncio.sleep(0.02)  # the first round is in the engine now
+    later = [_Job(loud) for _ in range(3)]
+    for job in later:
+        batcher.enqueue(job)
+    assert stage.waiting == 1  # held behind the running round: one engine call's worth
+    await asyncio.wait_for(asyncio.gather(*(j.answered.wait() for j in first + odd + later)), 5)
+    # max_batch 4 (two calls at once: the stage runs two), then the next round
+    assert sorted(vad.many_calls[:2]) == [2, 4] and vad.many_calls[2:] == [3]
+    assert sizes == [4, 2, 3]
+    assert [j.answers for j in first] == [[([0.0, 0.0], None)], [([1.0, 1.0], None)]] * 3
+    assert odd[0].answers == [(None, None)]
+    ((probs, error),) = odd[1].answers
+    assert probs is None and isinstance(error, RuntimeError)
+    assert all(j.answers == [([1.0, 1.0], None)] for j in later)
+    assert stage.waiting == 0
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_vad_round_failure_is_retried_alone_so_only_the_culprit_fails() -> None:
+    import numpy as np
+
+    from tests.fakes import FakeVad
+    from voxserve.pipeline.vad_batch import VadBatcher
+
+    class PoisonedVad(FakeVad):
+        def speech_probs(self, state: object, audio: np.ndarray) -> np.ndarray:
+            if audio.size == 512:
+                raise RuntimeError("this input breaks the model")
+            return super().speech_probs(state, audio)
+
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    stage = EngineStage("vad", concurrency=2, timeout_s=2.0, executor=executor)
+    batcher = VadBatcher(PoisonedVad(), stage, max_wait_ms=0, max_batch=8)
+    good = [_Job(np.zeros(1024, dtype=np.float32)) for _ in range(3)]
+    bad = _Job(np.zeros(512, dtype=np.float32))
+    for job in [good[0], bad, *good[1:]]:
+        batcher.enqueue(job)
+    await asyncio.wait_for(asyncio.gather(*(j.answered.wait() for j in [*good, bad])), 5)
+    assert all(j.answers == [([0.0, 0.0], None)] for j in good)
+    ((probs, error),) = bad.answers
+    assert probs is None and isinstance(error, VoxError) and error.code is ErrorCode.ENGINE_ERROR
+    batcher.close()
+    executor.shutdown()

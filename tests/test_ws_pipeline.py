@@ -425,3 +425,33 @@ async def test_larger_vad_batches_give_the_same_turns() -> None:
     assert abs(finals[0]["start_ms"] - 300) <= 70 and abs(finals[0]["end_ms"] - 1300) <= 70
     ended = events[-1]
     assert ended["received"] == frames and ended["processed"] == frames
+
+
+async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> None:
+    """VAD rounds judge a stream's audio and detect its turns without waking its task
+    (pipeline/vad_batch.py): 3.9 s of audio is ~60 VAD batches, and the task wakes only to
+    send the two turns' events and to finish, with the same transcripts as ever."""
+    settings = load_settings(log_level="warning")
+    runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.0))
+    outbox = Outbox(1024)
+    session = Session(runtime, StreamConfig(mode="asr", partials=False), outbox)
+    listener = session.listener
+    assert listener is not None
+    running = asyncio.create_task(session.run())
+    audio = two_utterances(440, 880)
+    frames = [audio[i : i + 320] for i in range(0, audio.size, 320)]
+    for seq, frame in enumerate(frames):
+        await session.feed_audio(seq, memoryview(frame.tobytes()))
+        await asyncio.sleep(0.001)  # a paced client: the rounds keep up with the frames
+    await session.end_input()
+    await asyncio.wait_for(running, 10)
+    events = []
+    while outbox.qsize():
+        item = await outbox.next()
+        if isinstance(item, dict):
+            events.append(item)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]
+    assert events[-1]["type"] == "session.ended" and events[-1]["processed"] == len(frames)
+    judged = runtime.vad_batcher().requests
+    assert judged >= len(frames) // 4  # a request per 64 ms batch (or more, when partial)
+    assert listener.task_wakeups <= 8 < judged

@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.stage import EngineStage
 
-_RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
+RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
@@ -139,7 +139,7 @@ class Batcher(Generic[Req, Res]):
                 queued_at=min(item.arrived for item in batch),
             )
         except VoxError as exc:
-            if len(batch) > 1 and exc.code in _RETRY_ALONE:
+            if len(batch) > 1 and exc.code in RETRY_ALONE:
                 # One poisoned request must not fail (or time out) the others batched with
                 # it: each is run again on its own, and only the culprit fails (tests/faults).
                 await asyncio.gather(*(self._run([item]) for item in batch))

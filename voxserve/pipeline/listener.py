@@ -1,10 +1,13 @@
 """The listening half of a session: ring -> VAD -> turns -> partial and final transcripts.
 
-The receiver writes frames into the ring; this task wakes once per batch of frames (not per
-frame), runs VAD on whole windows through the shared VAD stage, and turns speech into
-utterances. Partials re-decode the growing utterance (best effort: skipped when the ASR stage
-is busy); finals are decoded in order by one worker per session, so the recognizer state of
-one utterance (its audio) never mixes with the next or with another stream's.
+The receiver writes frames into the ring; once per batch of frames (not per frame) the
+listener is enqueued on the generation's VAD batcher, whose round judges every due stream's
+whole windows in one engine call and feeds the probabilities to the turn detector right there
+(pipeline/vad_batch.py). The listener's own task wakes only when that needs it: a turn event
+to send, a mark to echo, the end of input. Partials re-decode the growing utterance (best
+effort: skipped when the ASR stage is busy); finals are decoded in order by one worker per
+session, so the recognizer state of one utterance (its audio) never mixes with the next or
+with another stream's.
 """
 
 from __future__ import annotations
@@ -82,8 +85,15 @@ class Listener:
         self._leftover = np.zeros(0, dtype=np.float32)
         self._on_speech_start = on_speech_start
         self._on_final = on_final
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # the task has work: `_inbox`, marks, end of input
         self.space = asyncio.Event()  # set whenever the listener frees ring space
+        # Who may touch the ring, VAD and turn state now: the batcher's round (`_queued`),
+        # this listener's task (`_with_task`), or nobody (both False, waiting for audio).
+        self._queued = False
+        self._with_task = False
+        self._inbox: deque[list[TurnEvent] | BaseException] = deque()  # judged, for the task
+        self._group: asyncio.TaskGroup | None = None
+        self.task_wakeups = 0  # times the task had work (not once per batch: tests check)
         self.closed = False
         self.segment = -1
         self._finalized = -1
@@ -114,22 +124,85 @@ class Listener:
         self._leftover = np.zeros(0, dtype=np.float32)
         self._ended_at.clear()
         self._turn_marks.clear()
+        # The session's callbacks are its bound methods: without dropping them the pair is a
+        # reference cycle, freed only by a full GC pass (soaks with session churn grew RSS).
+        self._on_speech_start = self._on_final = self.turn_done = None
+        self._group = None
 
     def close_input(self) -> None:
         self.closed = True
-        self.wake.set()
+        self._kick()
 
     def poke(self) -> None:
-        """Called by the receiver after each write; wakes the task only per batch."""
+        """Called by the receiver after each write (and when it waits for ring space): the
+        stream goes to VAD once a batch of audio is waiting, not per frame."""
         if len(self.ring) >= self.batch_samples:
-            self.wake.set()
+            self._kick()
 
     def mark(self, mark_id: object, acked_seq: int | None = None) -> None:
         """Echo `mark_id` once every sample received before it has been through VAD: the
         client's measure of frame-handling lag, and its acknowledgement that audio up to
         `acked_seq` is processed (what a client keeps for resume can be trimmed)."""
         self._marks.append((self.ring.write_total, mark_id, acked_seq))
+        self._kick()
+
+    def _kick(self) -> None:
+        """Hand the stream to whoever has work for it, unless someone already has it: to the
+        VAD batcher when audio is due (a whole batch, or any audio before a mark or the end
+        of input), else to the task for marks already judged or the end of input."""
+        if self._queued or self._with_task:
+            return
+        queued = len(self.ring)
+        if queued >= self.batch_samples or (queued and (self.closed or self._marks)):
+            self._queued = True
+            self.runtime.vad_batcher().enqueue(self)
+        elif self.closed or self._mark_due():
+            self._give_task(None)
+
+    def _mark_due(self) -> bool:
+        return bool(self._marks) and self._marks[0][0] <= self.ring.read_total
+
+    def _give_task(self, item: list[TurnEvent] | BaseException | None) -> None:
+        if item is not None:
+            self._inbox.append(item)
+        self._with_task = True
         self.wake.set()
+
+    def vad_input(self) -> tuple[object, Float32Array] | None:
+        """VadJob: everything in the ring, as whole 32 ms windows (the rest waits for more)."""
+        samples = self.ring.read()
+        self.space.set()
+        if not samples.size:
+            return None
+        self.audio.append(samples)
+        audio = to_float32(samples)
+        if self._leftover.size:
+            audio = np.concatenate((self._leftover, audio))
+        usable = audio.size - audio.size % self.window
+        self._leftover = audio[usable:]
+        return (self.vad_state, audio[:usable]) if usable else None
+
+    def vad_result(self, probs: Float32Array | None, error: BaseException | None) -> None:
+        """VadJob, in the batcher's round: turns are detected here; the task is woken only
+        for what needs it (events to send, marks, end of input, an error)."""
+        self._queued = False
+        if error is not None:
+            self._give_task(error)
+            return
+        try:
+            events = self.turns.feed(probs.tolist()) if probs is not None else []
+            if events or self.closed or self._mark_due() or self._group is None:
+                if probs is not None:
+                    self._give_task(events)
+                else:
+                    self._give_task(None)
+                return
+            if probs is not None:
+                self._after_judge(self._group)
+        except Exception as exc:  # this stream's failure, not the round's
+            self._give_task(exc)
+            return
+        self._kick()
 
     async def _echo_marks(self) -> None:
         done = self.ring.read_total
@@ -139,36 +212,38 @@ class Listener:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
+            self._group = group
             group.create_task(self._final_worker(), name="voxserve-asr-final")
+            self._kick()
             while True:
                 await self.wake.wait()
                 self.wake.clear()
-                while len(self.ring) >= self.batch_samples or (
-                    (self.closed or self._marks) and len(self.ring)
-                ):
-                    samples = self.ring.read()
-                    self.space.set()
-                    await self._process(samples, group)
-                    await self._echo_marks()
+                if not self._with_task:
+                    continue
+                self.task_wakeups += 1
+                while self._inbox:
+                    item = self._inbox.popleft()
+                    if isinstance(item, BaseException):
+                        raise item
+                    for event in item:
+                        await self._on_turn(event)
+                    self._after_judge(group)
                 await self._echo_marks()
-                if self.closed and not len(self.ring):
+                self._with_task = False
+                if self.closed and not len(self.ring) and not self._queued:
                     break
+                self._kick()
             await self._flush(group)
 
-    async def _process(self, samples: Int16Array, group: asyncio.TaskGroup) -> None:
-        self.audio.append(samples)
-        audio = to_float32(samples)
-        if self._leftover.size:
-            audio = np.concatenate((self._leftover, audio))
-        usable = audio.size - audio.size % self.window
-        self._leftover = audio[usable:]
-        if usable:
-            await self._judge(audio[:usable], group)
-
     async def _judge(self, audio: Float32Array, group: asyncio.TaskGroup) -> None:
+        """The last partial window at the end of input, judged on its own."""
         probs = await self.runtime.vad_batcher().speech_probs(self.vad_state, audio)
-        for event in self.turns.feed([float(p) for p in probs]):
+        for event in self.turns.feed(probs.tolist()):
             await self._on_turn(event)
+        self._after_judge(group)
+
+    def _after_judge(self, group: asyncio.TaskGroup) -> None:
+        """After new probabilities: a partial while speaking, else drop audio no turn needs."""
         if self.turns.speaking:
             if not self.turns.trailing_silence:  # a partial of the hangover adds nothing
                 self._maybe_partial(group)

@@ -212,7 +212,7 @@ class Session:
         assert listener is not None and credit is not None
         while len(self.ring) >= credit.size * listener.batch_samples and not self.input_closed:
             listener.space.clear()
-            listener.wake.set()
+            listener.poke()
             await listener.space.wait()
 
     def _announce_credit(self, window: int) -> None:
@@ -237,7 +237,7 @@ class Session:
         # "wait": stop reading from the client until the pipeline frees space (TCP pushes back).
         while not self.drop_oldest and self.ring.free < samples.size:
             self.listener.space.clear()
-            self.listener.wake.set()
+            self.listener.poke()
             await self.listener.space.wait()
         self._write_now(samples)
 
@@ -355,6 +355,8 @@ class Session:
             self.buffer.release()
         if self.listener is not None:
             self.listener.release()
+        if self.credit is not None:
+            self.credit.on_change = None  # the flow's ticks stop telling a finished session
         self.lease.release()
 
     def ended_event(self) -> dict[str, object]:

@@ -1,22 +1,42 @@
 """Cross-session VAD batching: one executor call judges the audio of every stream that is due.
 
 Handing work to a thread costs more than silero's ~120 µs per window (the bench measured a
-2.8 ms mean stage latency for ~20 µs of work at 130 streams), so VAD requests go through a
-`Batcher`, and an engine with `speech_probs_many` runs window k of every stream as one batched
-model call. Per-stream order holds because a listener has one request in flight.
+2.8 ms mean stage latency for ~20 µs of work at 130 streams), and waking every stream's task
+twice per batch of frames (to send its request, then for its answer) cost as much again
+(py-spy: 22% of the server's CPU at 100 streams). So listeners do not call the engine: a due
+listener is *enqueued* here (`VadJob`), and one *round* takes the audio of every due stream,
+runs it as one batched engine call (window k of every stream as one model call where the
+engine has `speech_probs_many`) and hands each stream its probabilities synchronously. A
+stream's own task wakes only when the answer needs it (a turn event, a mark, end of input).
+Per-stream order holds because a listener is enqueued at most once at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from voxserve.audio.pcm import Float32Array
 from voxserve.engines.base import VadEngine
-from voxserve.pipeline.batcher import Batcher
+from voxserve.errors import VoxError
+from voxserve.pipeline.batcher import RETRY_ALONE, Batcher
 from voxserve.pipeline.stage import EngineStage
+
+VadRequest = tuple[Any, Float32Array]  # (the stream's VAD state, its whole windows of audio)
+
+
+class VadJob(Protocol):
+    """A stream with audio waiting for VAD (pipeline/listener.py)."""
+
+    def vad_input(self) -> VadRequest | None:
+        """Take the stream's due audio; None when it holds no whole window."""
+
+    def vad_result(self, probs: Float32Array | None, error: BaseException | None) -> None:
+        """The answer for the audio `vad_input` took (probs None when it took none)."""
 
 
 def judge_many(vad: VadEngine, states: Sequence[Any], audios: Sequence[Float32Array]) -> list[Any]:
@@ -27,16 +47,98 @@ def judge_many(vad: VadEngine, states: Sequence[Any], audios: Sequence[Float32Ar
     return [vad.speech_probs(state, audio) for state, audio in zip(states, audios, strict=True)]
 
 
-class VadBatcher(Batcher[tuple[Any, Float32Array], Float32Array]):
+class VadBatcher(Batcher[VadRequest, Float32Array]):
     def __init__(
         self, vad: VadEngine, stage: EngineStage, *, max_wait_ms: float, max_batch: int
     ) -> None:
-        def run_many(items: list[tuple[Any, Float32Array]]) -> list[Float32Array]:
+        def run_many(items: list[VadRequest]) -> list[Float32Array]:
             results = judge_many(vad, [s for s, _ in items], [a for _, a in items])
             return [np.asarray(probs, dtype=np.float32) for probs in results]
 
         super().__init__("vad", stage, run_many, max_wait_ms=max_wait_ms, max_batch=max_batch)
         self.vad = vad
+        self._due: list[VadJob] = []
+        self._rounds: asyncio.Task[None] | None = None
+        self._due_held = 0  # what the due jobs add to stage.held while a round runs
 
     async def speech_probs(self, state: Any, audio: Float32Array) -> Float32Array:
+        """One request on its own (a stream's last partial window at the end of input)."""
         return await self.submit((state, audio))
+
+    def enqueue(self, job: VadJob) -> None:
+        """Judge `job`'s audio in the next round; the caller enqueues a job once at a time."""
+        if self._closed:
+            job.vad_result(None, asyncio.CancelledError())
+            return
+        self._due.append(job)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
+        self._last_arrival = now
+        rounds = self._rounds
+        if rounds is None or rounds.done() or rounds.get_loop() is not loop:
+            self._rounds = loop.create_task(self._run_rounds(), name="voxserve-vad-rounds")
+        else:
+            self._report_due()
+
+    async def _run_rounds(self) -> None:
+        """Rounds until nobody is due. Streams that become due during a round (the engine
+        call takes a thread hop) go together in the next one, as held requests do."""
+        if self.max_wait_s / max(self._mean_gap_s, 1e-6) >= 2.0:
+            await asyncio.sleep(self.max_wait_s)  # company is coming: gather it first
+        while self._due:
+            due, self._due = self._due, []
+            self._report_due()
+            taken: list[tuple[VadJob, VadRequest]] = []
+            for job in due:
+                try:
+                    request = job.vad_input()
+                except Exception as exc:  # one stream's failure is its own
+                    job.vad_result(None, exc)
+                    continue
+                if request is None:
+                    job.vad_result(None, None)
+                else:
+                    taken.append((job, request))
+            chunks = [taken[i : i + self.max_batch] for i in range(0, len(taken), self.max_batch)]
+            answers = await asyncio.gather(
+                *(self._judge([request for _, request in chunk]) for chunk in chunks)
+            )
+            for chunk, results in zip(chunks, answers, strict=True):
+                for (job, _), result in zip(chunk, results, strict=True):
+                    if isinstance(result, BaseException):
+                        job.vad_result(None, result)
+                    else:
+                        job.vad_result(result, None)
+        self._report_due()
+
+    async def _judge(self, requests: list[VadRequest]) -> list[Float32Array | VoxError]:
+        """One engine call for `requests`; on a failure that may be one stream's, each is run
+        again alone so only the culprit fails (tests/faults)."""
+        self.batches += 1
+        self.requests += len(requests)
+        if self.on_batch is not None:
+            self.on_batch(self.name, len(requests))
+        try:
+            return list(await self.stage.run(self.run_many, requests))
+        except VoxError as exc:
+            if len(requests) > 1 and exc.code in RETRY_ALONE:
+                alone = await asyncio.gather(*(self._judge([r]) for r in requests))
+                return [result[0] for result in alone]
+            return [exc] * len(requests)
+
+    def _report_due(self) -> None:
+        busy = self._rounds is not None and not self._rounds.done()
+        held = math.ceil(len(self._due) / self.max_batch) if busy else 0
+        self.stage.held += held - self._due_held
+        self._due_held = held
+
+    def close(self) -> None:
+        super().close()
+        if self._rounds is not None:
+            self._rounds.cancel()
+        due, self._due = self._due, []
+        for job in due:
+            job.vad_result(None, asyncio.CancelledError())
+        self.stage.held -= self._due_held
+        self._due_held = 0
