@@ -44,10 +44,11 @@ class SeqDedup:
             return False
         self._seen[seq] = now
         self._order.append((now, seq))
-        if self._highest is None:
+        highest = self._highest
+        if highest is None or seq == highest + 1:  # the usual case: the next one
             self._highest = seq
             return True
-        delta = seq_delta(seq, self._highest)
+        delta = seq_delta(seq, highest)
         if delta > 0:
             self.gaps += delta - 1
             self._highest = seq

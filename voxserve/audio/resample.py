@@ -39,10 +39,7 @@ class StreamResampler:
             if from_rate == to_rate
             else soxr.ResampleStream(from_rate, to_rate, 1, dtype="int16", quality="HQ")
         )
-
-    @property
-    def passthrough(self) -> bool:
-        return self._stream is None
+        self.passthrough = self._stream is None  # read per frame: an attribute
 
     def process(self, samples: Int16Array, *, last: bool = False) -> Int16Array:
         if self._stream is None:

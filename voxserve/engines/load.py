@@ -97,6 +97,27 @@ class LoadVad:
         probs: Float32Array = (rms > self.threshold).astype(np.float32)
         return probs
 
+    def speech_probs_many(
+        self, states: list[dict[str, int]], audios: list[Float32Array]
+    ) -> list[Float32Array]:
+        """`speech_probs` for several streams in one numpy pass, as a batched model runs
+        them (pipeline/vad_batch.py); each stream still pays its configured cost."""
+        w = self.window_samples
+        counts = [a.size // w for a in audios]
+        whole = [
+            np.asarray(a[: n * w], dtype=np.float32) for a, n in zip(audios, counts, strict=True)
+        ]
+        windows = np.concatenate(whole).reshape(-1, w) if whole else np.zeros((0, w), np.float32)
+        speech = (np.sqrt(np.mean(windows**2, axis=1)) > self.threshold).astype(np.float32)
+        out: list[Float32Array] = []
+        start = 0
+        for state, audio, n in zip(states, audios, counts, strict=True):
+            state["windows"] += n
+            self.cost.pay(audio.size / SAMPLE_RATE)
+            out.append(speech[start : start + n])
+            start += n
+        return out
+
 
 class LoadAsr:
     """AsrEngine: returns `text` for any audio with speech in it, "" for a silent buffer."""

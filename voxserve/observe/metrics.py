@@ -65,6 +65,12 @@ class Metrics:
             ["path"],
             registry=r,
         )
+        self.ws_frames_split = Counter(
+            "voxserve_ws_frames_split_total",
+            "WebSocket binary messages framed by voxserve's own frame splitter instead of "
+            "websockets' parser (server/ws_fastpath.py); counted when the connection ends",
+            registry=r,
+        )
         self.stage_latency = Histogram(
             "voxserve_stage_latency_seconds",
             "Time per engine call, queueing included",

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 TEXT_QUEUE = 64  # sentences waiting for TTS in tts mode before the receiver waits
 CREDIT_GROWTH_EVERY_S = 1.0  # the most often a growing credit window is announced
 HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
+PROCESSED_EVERY = 32  # accepted frames between counts of those VAD has been through
 _FLUSH = object()  # end of one tts-mode utterance
 
 
@@ -200,10 +201,13 @@ class Session:
     def _accepted(self, seq: int) -> None:
         """A frame is in the ring: advance the acknowledgement, wake VAD per batch."""
         assert self.listener is not None
-        if self.acked_seq is None or seq_delta(seq, self.acked_seq) > 0:
+        acked = self.acked_seq
+        if acked is None or seq == acked + 1 or seq_delta(seq, acked) > 0:
             self.acked_seq = seq
-        self._frame_ends.append(self.ring.write_total)
-        self._count_processed()
+        ends = self._frame_ends
+        ends.append(self.ring.write_total)
+        if len(ends) > PROCESSED_EVERY:  # counted in bulk: `processed` is read at the end
+            self._count_processed()
         self.listener.poke()
 
     async def _within_credit(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -60,6 +61,7 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
         self._due: list[VadJob] = []
         self._rounds: asyncio.Task[None] | None = None
         self._due_held = 0  # what the due jobs add to stage.held while a round runs
+        self._first_due_at = 0.0  # perf_counter when the earliest job now due was enqueued
 
     async def speech_probs(self, state: Any, audio: Float32Array) -> Float32Array:
         """One request on its own (a stream's last partial window at the end of input)."""
@@ -70,6 +72,8 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
         if self._closed:
             job.vad_result(None, asyncio.CancelledError())
             return
+        if not self._due:
+            self._first_due_at = time.perf_counter()
         self._due.append(job)
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -84,9 +88,14 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
     async def _run_rounds(self) -> None:
         """Rounds until nobody is due. Streams that become due during a round (the engine
         call takes a thread hop) go together in the next one, as held requests do."""
-        if self.max_wait_s / max(self._mean_gap_s, 1e-6) >= 2.0:
-            await asyncio.sleep(self.max_wait_s)  # company is coming: gather it first
         while self._due:
+            # Company coming within max_wait (the arrival rate says so): gather it first, so
+            # a round under load judges many streams, not the one or two due after the last
+            # round's thread hop. Waits at most max_wait after the earliest due stream.
+            if len(self._due) < self.max_batch and self.max_wait_s >= 2 * self._mean_gap_s:
+                left = self._first_due_at + self.max_wait_s - time.perf_counter()
+                if left > 0:
+                    await asyncio.sleep(left)
             due, self._due = self._due, []
             self._report_due()
             taken: list[tuple[VadJob, VadRequest]] = []

@@ -221,6 +221,8 @@ class SessionQuota:
 
     def audio(self, seconds: float) -> AudioVerdict:
         """Charge `seconds` of incoming audio; over quota it is refused, not buffered."""
+        if self._state is None:  # quotas do not apply to this principal (fixed per process)
+            return ACCEPTED
         wait = self.quotas.charge_audio(self.principal, seconds)
         if not wait:
             self._refusing = False

@@ -14,6 +14,17 @@ path does not take (text, fragments, a frame with an error, a frame over the cre
 window, a non-16 kHz stream) goes the ASGI way, handled by the same code as before. Servers
 other than ours (another ASGI server, Starlette's TestClient) have no fast path: the
 extension is absent and every message takes the queue.
+
+Framing: websockets' parser (a generator per connection, an event list per read) cost as
+much per 20 ms frame as the session's own work. Once a connection is open, without
+extensions, and websockets' parser waits at a frame boundary with nothing buffered, this
+protocol splits the stream into frames itself: a whole, masked, unfragmented binary frame
+within the size limit is unmasked (websockets' C `apply_mask`) and handed on exactly as
+websockets would have; every other *whole* frame (text, control, fragments, reserved bits)
+is fed to websockets alone, which parses it and is at a frame boundary again after it; and
+anything this cannot judge (an unmasked frame, one over the size limit, more than 64 KiB
+of an incomplete frame, a closing connection) ends the take-over: that byte and everything
+after it go to websockets, which fails the connection its own way.
 """
 
 from __future__ import annotations
@@ -23,6 +34,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover (websockets built without its C extension)
+    from websockets.utils import apply_mask
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +48,9 @@ FAST_PATH = "voxserve.audio_fast_path"  # key in scope["extensions"]
 
 # The uvicorn methods this subclass extends; checked at import so that a uvicorn that
 # changed them runs the plain protocol (slower, same behaviour) instead of breaking.
-_HOOKS = ("handle_connect", "handle_bytes")
+_HOOKS = ("handle_connect", "handle_bytes", "handle_events", "handle_parser_exception")
+_FIN_BINARY = 0x82  # first header byte of a whole binary message: FIN, no RSV bits, opcode 2
+_MAX_HELD = 64 * 1024  # an incomplete frame waited for here; a longer one goes to websockets
 
 
 class FastPath:
@@ -38,13 +58,14 @@ class FastPath:
     (takes a binary message, True if it took it) and opens the path while its receiver
     waits; `direct` and `queued` count binary messages by the way they went."""
 
-    __slots__ = ("direct", "open", "queued", "sink")
+    __slots__ = ("direct", "open", "queued", "sink", "split")
 
     def __init__(self) -> None:
         self.sink: Callable[[bytes], bool] | None = None
         self.open = False
         self.direct = 0
         self.queued = 0
+        self.split = 0  # binary messages framed by the protocol itself, not by websockets
 
 
 class AudioFastPathProtocol(WebSocketsSansIOProtocol):
@@ -53,6 +74,97 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fast_path: FastPath | None = None
+        self.framing = False  # True: this protocol splits frames (module docstring)
+        self._held = b""  # the start of a frame whose rest has not arrived yet
+
+    def data_received(self, data: bytes) -> None:
+        if self.framing:
+            self._split_frames(data)
+            return
+        super().data_received(data)
+        self.framing = self._at_frame_boundary()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # websockets' parser generator holds its connection: a reference cycle that would
+        # keep every closed connection until a full GC pass (soaks with session churn).
+        # Closing the generator ends it and frees its frame (nothing is received after this).
+        self.conn.parser.close()
+
+    def _at_frame_boundary(self) -> bool:
+        """Whether framing can be taken over: an app connection, open, without extensions,
+        not inside a fragmented message, and websockets' parser waiting for the next frame
+        (suspended in `at_eof`) with nothing buffered."""
+        conn = self.conn
+        if (
+            self.fast_path is None
+            or conn.state is not State.OPEN
+            or conn.parser_exc is not None
+            or conn.extensions
+            or conn.current_size is not None
+            or conn.reader.buffer
+        ):
+            return False
+        waiting = conn.parser
+        while (inner := getattr(waiting, "gi_yieldfrom", None)) is not None:
+            waiting = inner
+        return getattr(waiting, "__name__", "") == "at_eof"
+
+    def _split_frames(self, data: bytes) -> None:
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        conn = self.conn
+        limit = conn.max_message_size
+        end = len(data)
+        pos = 0
+        while end - pos >= 2:
+            second = data[pos + 1]
+            length = second & 0x7F
+            head = pos + 2
+            if length == 126:
+                if end - head < 2:
+                    break
+                length = int.from_bytes(data[head : head + 2], "big")
+                head += 2
+            elif length == 127:
+                if end - head < 8:
+                    break
+                length = int.from_bytes(data[head : head + 8], "big")
+                head += 8
+            if not second & 0x80 or (limit is not None and length > limit):
+                self._give_back(data[pos:])  # unmasked, or too large: websockets fails it
+                return
+            stop = head + 4 + length
+            if stop > end:
+                if stop - pos > _MAX_HELD:
+                    self._give_back(data[pos:])
+                    return
+                break
+            if data[pos] == _FIN_BINARY and conn.current_size is None:
+                payload = apply_mask(data[head + 4 : stop], data[head : head + 4])
+                pos = stop
+                if self.fast_path is not None:
+                    self.fast_path.split += 1
+                self.handle_bytes(Frame(Opcode.BINARY, payload))
+            else:
+                conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
+                pos = stop
+                if conn.parser_exc is not None:
+                    self.framing = False
+                    self.handle_parser_exception()
+                    return
+                self.handle_events()
+                if conn.state is not State.OPEN:
+                    self._give_back(data[pos:])
+                    return
+        self._held = data[pos:]
+
+    def _give_back(self, rest: bytes) -> None:
+        """End the take-over: websockets frames `rest` and everything after it."""
+        self.framing = False
+        if rest:
+            super().data_received(rest)
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)

@@ -223,7 +223,8 @@ class StreamConnection:
                 counted = self.runtime.metrics.ws_audio_messages
                 counted.labels("direct").inc(fast.direct)
                 counted.labels("queued").inc(fast.queued)
-                fast.direct = fast.queued = 0
+                self.runtime.metrics.ws_frames_split.inc(fast.split)
+                fast.direct = fast.queued = fast.split = 0
         for result in results:
             if isinstance(result, BaseException) and not isinstance(
                 result, asyncio.CancelledError | WebSocketDisconnect
