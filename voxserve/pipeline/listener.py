@@ -192,10 +192,7 @@ class Listener:
         try:
             events = self.turns.feed(probs.tolist()) if probs is not None else []
             if events or self.closed or self._mark_due() or self._group is None:
-                if probs is not None:
-                    self._give_task(events)
-                else:
-                    self._give_task(None)
+                self._give_task(events if probs is not None else None)  # None: nothing judged
                 return
             if probs is not None:
                 self._after_judge(self._group)
