@@ -64,6 +64,23 @@ async def test_frames_are_taken_in_the_parser_with_the_same_results(
     assert paths["direct"] >= 0.9 * frames, paths
 
 
+async def test_events_are_written_by_the_protocol_in_order(fake_server: LiveServer) -> None:
+    """The session's events skip the ASGI send (voxserve_ws_events_direct_total) and
+    arrive complete and in order."""
+    registry = fake_server.runtime.metrics.registry
+
+    def direct() -> float:
+        return registry.get_sample_value("voxserve_ws_events_direct_total") or 0.0
+
+    before = direct()
+    _, frames, events = await run_asr(fake_server.ws_url, speech(), partials=False)
+    kinds = [e["type"] for e in events if e["type"] != "credit"]  # credit: under load only
+    assert kinds == ["vad.start", "vad.end", "transcript.final", "session.ended"], kinds
+    assert events[-1]["processed"] == frames
+    await eventually(lambda: direct() - before >= 3)  # all but the last, at least
+    assert direct() - before <= len(events)
+
+
 async def test_audio_after_end_is_refused_even_when_sent_at_once(fake_server: LiveServer) -> None:
     """The fast path is closed while the receiver handles audio.end, so a frame right
     behind it cannot overtake it into the session."""

@@ -65,6 +65,12 @@ class Metrics:
             ["path"],
             registry=r,
         )
+        self.ws_events_direct = Counter(
+            "voxserve_ws_events_direct_total",
+            "WebSocket events written straight to the transport by the protocol instead of "
+            "through the ASGI send (server/ws_fastpath.py); counted when the connection ends",
+            registry=r,
+        )
         self.ws_frames_split = Counter(
             "voxserve_ws_frames_split_total",
             "WebSocket binary messages framed by voxserve's own frame splitter instead of "

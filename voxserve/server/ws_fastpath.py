@@ -58,7 +58,7 @@ class FastPath:
     (takes a binary message, True if it took it) and opens the path while its receiver
     waits; `direct` and `queued` count binary messages by the way they went."""
 
-    __slots__ = ("direct", "open", "queued", "sink", "split")
+    __slots__ = ("direct", "open", "queued", "send_text", "sent_direct", "sink", "split")
 
     def __init__(self) -> None:
         self.sink: Callable[[bytes], bool] | None = None
@@ -66,6 +66,10 @@ class FastPath:
         self.direct = 0
         self.queued = 0
         self.split = 0  # binary messages framed by the protocol itself, not by websockets
+        # Installed by the protocol: writes a text message at once, False when it cannot
+        # (not open, closing, or the transport's buffer is full: the ASGI send waits then).
+        self.send_text: Callable[[str], bool] | None = None
+        self.sent_direct = 0  # events written by `send_text`
 
 
 class AudioFastPathProtocol(WebSocketsSansIOProtocol):
@@ -86,6 +90,8 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self.fast_path is not None:
+            self.fast_path.send_text = None  # its bound method would hold this protocol
         # websockets' parser generator holds its connection: a reference cycle that would
         # keep every closed connection until a full GC pass (soaks with session churn).
         # Closing the generator ends it and frees its frame (nothing is received after this).
@@ -171,7 +177,25 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:  # the handshake went on to the app
             self.fast_path = FastPath()
+            self.fast_path.send_text = self._send_text
             scope["extensions"][FAST_PATH] = self.fast_path
+
+    def _send_text(self, text: str) -> bool:
+        """uvicorn's `websocket.send` for a text message without the ASGI message, the
+        awaits and Starlette's state checks: for the session's events, one per mark, turn
+        and transcript. Only when nothing has to wait: accepted, not closing, the transport
+        taking writes (uvicorn's send waits for `writable`; so does the caller on False)."""
+        if (
+            not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or not self.writable.is_set()
+            or self.transport.is_closing()
+        ):
+            return False
+        self.conn.send_text(text.encode())
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path

@@ -224,7 +224,8 @@ class StreamConnection:
                 counted.labels("direct").inc(fast.direct)
                 counted.labels("queued").inc(fast.queued)
                 self.runtime.metrics.ws_frames_split.inc(fast.split)
-                fast.direct = fast.queued = fast.split = 0
+                self.runtime.metrics.ws_events_direct.inc(fast.sent_direct)
+                fast.direct = fast.queued = fast.split = fast.sent_direct = 0
         for result in results:
             if isinstance(result, BaseException) and not isinstance(
                 result, asyncio.CancelledError | WebSocketDisconnect
@@ -248,6 +249,7 @@ class StreamConnection:
         """Drain the outbox into the socket; ends the connection when the session is over.
         An item taken but not written when the socket fails is kept for a resume."""
         outbox = live.session.outbox
+        fast = self.fast
         while True:
             item = live.unsent
             if item is None:
@@ -259,7 +261,11 @@ class StreamConnection:
                 if isinstance(item, bytes):
                     await self.ws.send_bytes(item)
                 else:
-                    await self.ws.send_text(encode_event(item))
+                    text = encode_event(item)
+                    if fast is not None and fast.send_text is not None and fast.send_text(text):
+                        fast.sent_direct += 1
+                    else:
+                        await self.ws.send_text(text)
             except (RuntimeError, OSError, WebSocketDisconnect):
                 self._client_left = True
                 return
