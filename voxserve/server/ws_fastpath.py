@@ -121,6 +121,9 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
             data = self._held + data
             self._held = b""
         conn = self.conn
+        if conn.state is not State.OPEN:  # closing (e.g. the server sent a close): websockets'
+            self._give_back(data)
+            return
         limit = conn.max_message_size
         end = len(data)
         pos = 0
