@@ -6,8 +6,10 @@ import asyncio
 import threading
 import time
 
+import numpy as np
 import pytest
 
+from tests.fakes import FakeVad
 from voxserve.config import VadConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.executor import AdaptiveExecutor
@@ -171,20 +173,24 @@ async def test_stage_timeout_keeps_the_slot_until_work_really_ends() -> None:
     executor.shutdown()
 
 
+class CountingVad(FakeVad):
+    """A FakeVad with a batched path that records each batch's size (and can take time)."""
+
+    def __init__(self, busy_s: float = 0.0) -> None:
+        super().__init__()
+        self.busy_s = busy_s
+        self.many_calls: list[int] = []
+
+    def speech_probs_many(self, states: list[object], audios: list[np.ndarray]) -> list[object]:
+        self.many_calls.append(len(audios))
+        time.sleep(self.busy_s)
+        return [self.speech_probs(s, a) for s, a in zip(states, audios, strict=True)]
+
+
 async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
     import numpy as np
 
-    from tests.fakes import FakeVad
     from voxserve.pipeline.vad_batch import VadBatcher
-
-    class CountingVad(FakeVad):
-        def __init__(self) -> None:
-            super().__init__()
-            self.many_calls: list[int] = []
-
-        def speech_probs_many(self, states: list[object], audios: list[np.ndarray]) -> list[object]:
-            self.many_calls.append(len(audios))
-            return [self.speech_probs(s, a) for s, a in zip(states, audios, strict=True)]
 
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
     vad = CountingVad()
@@ -204,7 +210,6 @@ async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
 
 
 async def test_asr_batcher_runs_concurrent_finals_as_one_engine_batch() -> None:
-    import numpy as np
 
     from tests.fakes import FakeAsr, tone
     from voxserve.audio.pcm import to_float32
@@ -263,21 +268,10 @@ async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
     become due during a round go together in the next."""
     import numpy as np
 
-    from tests.fakes import FakeVad
     from voxserve.pipeline.vad_batch import VadBatcher
 
-    class CountingVad(FakeVad):
-        def __init__(self) -> None:
-            super().__init__()
-            self.many_calls: list[int] = []
-
-        def speech_probs_many(self, states: list[object], audios: list[np.ndarray]) -> list[object]:
-            self.many_calls.append(len(audios))
-            time.sleep(0.05)  # the round is busy long enough for others to queue behind it
-            return [self.speech_probs(s, a) for s, a in zip(states, audios, strict=True)]
-
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
-    vad = CountingVad()
+    vad = CountingVad(busy_s=0.05)  # busy long enough for others to queue behind a round
     stage = EngineStage("vad", concurrency=2, timeout_s=2.0, executor=executor)
     batcher = VadBatcher(vad, stage, max_wait_ms=0, max_batch=4)
     sizes: list[int] = []

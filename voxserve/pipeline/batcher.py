@@ -82,9 +82,7 @@ class Batcher(Generic[Req, Res]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Res] = loop.create_future()
         self._pending.append(_Item(request, deadline, future))
-        now = loop.time()
-        self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
-        self._last_arrival = now
+        self._note_arrival(loop.time())
         if len(self._running) >= self.max_inflight:
             self._report_held()  # the engine is busy: held until a batch ends
         elif len(self._pending) >= self.max_batch:
@@ -94,6 +92,11 @@ class Batcher(Generic[Req, Res]):
             delay = self.max_wait_s if expected >= 2.0 else 0.0
             self._timer = loop.call_later(delay, self._flush)
         return await future
+
+    def _note_arrival(self, now: float) -> None:
+        """Smooth the time between requests: whether company is coming within max_wait."""
+        self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
+        self._last_arrival = now
 
     def _flush(self) -> None:
         """Start batches while the engine has room; whatever is left stays held."""

@@ -139,6 +139,12 @@ class Listener:
         if len(self.ring) >= self.batch_samples:
             self._kick()
 
+    async def space_freed(self) -> None:
+        """Until the listener next takes audio out of the ring (the receiver waits on it)."""
+        self.space.clear()
+        self.poke()
+        await self.space.wait()
+
     def mark(self, mark_id: object, acked_seq: int | None = None) -> None:
         """Echo `mark_id` once every sample received before it has been through VAD: the
         client's measure of frame-handling lag, and its acknowledgement that audio up to

@@ -215,9 +215,7 @@ class Session:
         listener, credit = self.listener, self.credit
         assert listener is not None and credit is not None
         while len(self.ring) >= credit.size * listener.batch_samples and not self.input_closed:
-            listener.space.clear()
-            listener.poke()
-            await listener.space.wait()
+            await listener.space_freed()
 
     def _announce_credit(self, window: int) -> None:
         """Tell the client its new input window (and what has been accepted so far). A
@@ -240,9 +238,7 @@ class Session:
             return
         # "wait": stop reading from the client until the pipeline frees space (TCP pushes back).
         while not self.drop_oldest and self.ring.free < samples.size:
-            self.listener.space.clear()
-            self.listener.poke()
-            await self.listener.space.wait()
+            await self.listener.space_freed()
         self._write_now(samples)
 
     def _write_now(self, samples: Int16Array) -> None:

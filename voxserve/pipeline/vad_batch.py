@@ -76,9 +76,7 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
             self._first_due_at = time.perf_counter()
         self._due.append(job)
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._mean_gap_s += 0.1 * (min(now - self._last_arrival, 1.0) - self._mean_gap_s)
-        self._last_arrival = now
+        self._note_arrival(loop.time())
         rounds = self._rounds
         if rounds is None or rounds.done() or rounds.get_loop() is not loop:
             self._rounds = loop.create_task(self._run_rounds(), name="voxserve-vad-rounds")

@@ -120,7 +120,8 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         if self._held:
             data = self._held + data
             self._held = b""
-        conn = self.conn
+        conn, fast = self.conn, self.fast_path
+        assert fast is not None  # framing is only taken over on an app connection
         if conn.state is not State.OPEN:  # closing (e.g. the server sent a close): websockets'
             self._give_back(data)
             return
@@ -153,8 +154,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
             if data[pos] == _FIN_BINARY and conn.current_size is None:
                 payload = apply_mask(data[head + 4 : stop], data[head : head + 4])
                 pos = stop
-                if self.fast_path is not None:
-                    self.fast_path.split += 1
+                fast.split += 1
                 self.handle_bytes(Frame(Opcode.BINARY, payload))
             else:
                 conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
