@@ -130,3 +130,124 @@ async def test_close_cancels_held_requests_and_returns_the_held_count() -> None:
         await running
     assert batcher.stage.held == 0
     executor.shutdown(wait=True)
+
+
+async def test_gathering_stays_within_the_first_deadline_slack() -> None:
+    """An idle engine waits for company no longer than the first request's deadline less a
+    batch's usual run time, even with a longer max_wait_ms."""
+    engine = FakeBatchEngine(cost_s=0.001)
+    batcher, executor = _batcher(engine, wait_ms=2000, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher._mean_gap_s = 0.01  # company expected
+    batcher._run_s = 0.05  # a batch usually takes 50 ms
+    t0 = time.perf_counter()
+    assert await batcher.submit("r0", deadline=deadline_in(0.25)) == "R0"
+    waited = engine.started[0] - t0
+    assert 0.17 <= waited <= 0.3, waited  # 0.25 - 0.05, not 2 s
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_a_request_due_sooner_shortens_the_wait() -> None:
+    engine = FakeBatchEngine(cost_s=0.001)
+    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher._mean_gap_s = 0.01
+    t0 = time.perf_counter()
+    relaxed = asyncio.ensure_future(batcher.submit("relaxed"))  # no deadline: up to 1 s
+    await asyncio.sleep(0.01)
+    urgent = asyncio.ensure_future(batcher.submit("urgent", deadline=deadline_in(0.08)))
+    assert await asyncio.gather(relaxed, urgent) == ["RELAXED", "URGENT"]
+    assert engine.batches == [["relaxed", "urgent"]]
+    assert engine.started[0] - t0 <= 0.2  # the urgent request's slack, not max_wait
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_no_wait_without_expected_company() -> None:
+    engine = FakeBatchEngine(cost_s=0.001)
+    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher._mean_gap_s = 5.0  # a request every 5 s: nobody comes within the slack
+    t0 = time.perf_counter()
+    await batcher.submit("alone", deadline=deadline_in(0.5))
+    assert engine.started[0] - t0 < 0.05
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_held_requests_past_their_slack_go_at_once_others_gather() -> None:
+    """When a batch ends, held requests whose slack is spent run at once; a lone held
+    request with slack left waits for company (and the one that comes joins it)."""
+    engine = FakeBatchEngine(cost_s=0.15)
+    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher._mean_gap_s = 0.01
+    first = asyncio.ensure_future(batcher.submit("r0", deadline=deadline_in(0.0)))
+    await asyncio.sleep(0.02)
+    assert engine.batches == [["r0"]]  # no slack: ran at once
+    late = asyncio.ensure_future(batcher.submit("late", deadline=deadline_in(0.05)))
+    await asyncio.gather(first, late)  # its slack ran out while r0 ran: no further wait
+    assert engine.started[1] - engine.started[0] < 0.15 + 0.05
+    roomy = asyncio.ensure_future(batcher.submit("roomy", deadline=deadline_in(0.8)))
+    await asyncio.sleep(0.05)
+    assert len(engine.batches) == 2  # gathering, not run
+    company = asyncio.ensure_future(batcher.submit("company", deadline=deadline_in(0.8)))
+    await asyncio.gather(roomy, company)
+    assert engine.batches[2] == ["roomy", "company"]
+    batcher.close()
+    executor.shutdown()
+
+
+def test_gathering_under_uvloop() -> None:
+    """The server runs uvloop, whose handle for a call due now has no `when()`: a request
+    arriving while an immediate flush is armed must not fail (it did, failing sessions)."""
+    import uvloop
+
+    async def scenario() -> list[str]:
+        engine = FakeBatchEngine(cost_s=0.001)
+        batcher, executor = _batcher(engine, wait_ms=100, max_batch=8, inflight=1, edf=True)
+        batcher.min_company = 1.0
+        batcher._mean_gap_s = 5.0  # no company expected: the first flush is due now
+        calls = [batcher.submit(f"r{i}", deadline=deadline_in(0.01 * i)) for i in range(3)]
+        results = await asyncio.gather(*calls)
+        batcher.close()
+        executor.shutdown()
+        return results
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(scenario()) == ["R0", "R1", "R2"]
+
+
+async def test_no_gathering_while_the_engine_is_mostly_idle() -> None:
+    """With `gather_when_busy`, an engine that has been idle runs a request at once even
+    when company is expected; once it has been kept busy, the same request waits."""
+    engine = FakeBatchEngine(cost_s=0.001)
+    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher.gather_when_busy = 0.8
+    batcher._mean_gap_s = 0.01  # company expected
+    t0 = time.perf_counter()
+    await batcher.submit("idle", deadline=deadline_in(0.3))
+    assert engine.started[0] - t0 < 0.05  # mostly idle engine: no wait
+    assert batcher.busy_share() < 0.1
+    batcher._busy, batcher._busy_at = 0.95, time.perf_counter()  # as after a busy spell
+    t1 = time.perf_counter()
+    await batcher.submit("busy", deadline=deadline_in(0.3))
+    assert engine.started[1] - t1 >= 0.2  # gathered within the slack
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_busy_share_follows_the_engine() -> None:
+    engine = FakeBatchEngine(cost_s=0.2)
+    batcher, executor = _batcher(engine, wait_ms=0, max_batch=8, inflight=1, edf=True)
+    assert batcher.busy_share() < 0.01
+    for i in range(3):
+        await batcher.submit(f"r{i}")
+    busy = batcher.busy_share()  # busy ~0.6 s of the last ~0.6 s, smoothed over 2 s
+    assert 0.2 <= busy <= 0.35, busy
+    await asyncio.sleep(0.4)
+    assert batcher.busy_share() < busy  # decays while idle
+    batcher.close()
+    executor.shutdown()

@@ -71,10 +71,14 @@ class PipelineConfig(BaseModel):
     vad_max_batch: int = 64
     # Finals of different sessions run as one Whisper batch (utterances sharing an encoder
     # window encode together; results equal one at a time): those that end while Whisper is
-    # busy are held for its next batch, and an idle Whisper waits up to asr_batch_wait_ms
-    # when the arrival rate says more are coming (pipeline/batcher.py).
+    # busy are held for its next batch, and an idle Whisper waits up to asr_batch_wait_ms,
+    # within the final's deadline, when the arrival rate says another final comes by then
+    # (pipeline/batcher.py). 0 runs a final on an idle Whisper at once.
     asr_batch_enabled: bool = True
-    asr_batch_wait_ms: float = 30.0
+    asr_batch_wait_ms: float = Field(default=250.0, ge=0)
+    # ... but only while Whisper was busy at least this share of the last ~2 s: below that
+    # a wait would add latency to buy engine time nobody needs. 0 gathers at any load.
+    asr_batch_gather_busy: float = Field(default=0.8, ge=0, le=1)
     asr_max_batch: int = 4  # CPU per utterance: 134 ms alone, 95-100 at 4, 120 at 8
     # Earliest-deadline-first admission to engine stages (pipeline/stage.py); False admits in
     # arrival order (FIFO), which exists to measure what EDF buys (docs/benchmarks.md).

@@ -345,6 +345,7 @@ class Runtime:
                 self.stage("asr"),
                 max_wait_ms=cfg.asr_batch_wait_ms,
                 max_batch=cfg.asr_max_batch,
+                gather_when_busy=cfg.asr_batch_gather_busy,
             )
             generation.asr_batcher.on_batch = self.metrics.observe_batch
         return generation.asr_batcher

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from voxserve.bench import charts, http_tts, loadgen
+from voxserve.bench import charts, engine_batches, http_tts, loadgen
 from voxserve.bench.program import Program
 from voxserve.bench.report import Report, eprint
 from voxserve.bench.schedule import split_evenly
@@ -78,6 +78,7 @@ def stream_step(
     params = {"mode": mode, "procs": len(specs), **spec.session}
     plan = Plan(label, streams, args.duration, spec.ramp_s, args.drain, params)
     eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {tgt.url}")
+    batches_before = engine_batches.read(tgt.http)
     step = run_step(
         plan,
         loadgen.run,
@@ -87,6 +88,9 @@ def stream_step(
         progress=not args.quiet,
     )
     step.record["per_server_core"] = per_server_core(step.record)
+    step.record["engine_batches"] = engine_batches.during(
+        batches_before, engine_batches.read(tgt.http)
+    )
     return step
 
 

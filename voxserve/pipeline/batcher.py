@@ -8,9 +8,14 @@ and batched models share per-call overhead and matrix products. Two ways a batch
   in parallel, e.g. CTranslate2's replicas); requests arriving meanwhile wait here and go
   together when a batch ends. They would have waited for the engine anyway, so this costs
   no latency, and it is what makes finals of different sessions coincide under load.
-- *A short wait*: with the engine idle, requests are gathered for up to `max_wait_ms` (or
-  until `max_batch`), but only when the recent arrival rate says company is coming, so a
-  quiet server adds no latency.
+- *A wait within the deadline's slack*: with the engine idle, requests are gathered for up
+  to `max_wait_ms` (or until `max_batch`), never past the first request's deadline less a
+  batch's usual run time, and only when the recent arrival rate says at least `min_company`
+  more requests come in that time: a quiet server adds no latency, and a request that has
+  already used its slack (held while the engine was busy) goes at once. Holding alone left
+  Whisper's batches at one or two finals until it was nearly saturated (independent
+  speakers' finals rarely coincide); a final's slack is where company can be waited for
+  without missing what it was promised.
 
 A batch's deadline on the stage is its earliest member's, so batching never demotes a
 request; when more than `max_batch` are held, the earliest deadlines go first (arrival order
@@ -32,6 +37,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.stage import EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
+BUSY_TAU_S = 2.0  # the engine's busy share is smoothed over about this long
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
@@ -54,6 +60,8 @@ class Batcher(Generic[Req, Res]):
         max_wait_ms: float,
         max_batch: int,
         max_inflight: int | None = None,
+        min_company: float = 2.0,
+        gather_when_busy: float = 0.0,
     ) -> None:
         self.name = name
         self.stage = stage
@@ -62,13 +70,21 @@ class Batcher(Generic[Req, Res]):
         self.max_batch = max(1, max_batch)
         # Batches running at once; default: the stage's limit (never queue in the stage).
         self.max_inflight = max(1, max_inflight or stage.concurrency)
+        self.min_company = min_company  # arrivals expected within a wait worth waiting for
+        # Wait for company only while the engine's recent busy share is at least this: a
+        # wait buys engine time, which only matters when the engine is nearly saturated.
+        self.gather_when_busy = gather_when_busy
+        self._busy = 0.0  # the engine's busy share, decaying over BUSY_TAU_S
+        self._busy_at = time.perf_counter()
         self._pending: list[_Item[Req, Res]] = []
         self._held = 0  # what this batcher has added to stage.held
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0  # loop time the timer fires at
         self._running: set[asyncio.Task[None]] = set()  # owned here, awaited by their callers
         self._closed = False
         self._last_arrival = 0.0
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
+        self._run_s = 0.0  # smoothed wall time of one batch at the engine
         self.batches = 0
         self.requests = 0
         self.on_batch: Callable[[str, int], None] | None = None  # (engine, size): metrics
@@ -87,11 +103,48 @@ class Batcher(Generic[Req, Res]):
             self._report_held()  # the engine is busy: held until a batch ends
         elif len(self._pending) >= self.max_batch:
             self._flush()
-        elif self._timer is None:
-            expected = self.max_wait_s / max(self._mean_gap_s, 1e-6)
-            delay = self.max_wait_s if expected >= 2.0 else 0.0
-            self._timer = loop.call_later(delay, self._flush)
+        else:
+            self._gather(loop, self._gather_delay())
         return await future
+
+    def _gather(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        """(Re)arm the flush timer: a request due sooner than the timer shortens the wait."""
+        at = loop.time() + delay
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        # uvloop answers a call that is due now with a Handle that has no when(): keep `at`.
+        self._timer_at = at
+        self._timer = loop.call_at(at, self._flush)
+
+    def _gather_delay(self) -> float:
+        """How long an idle engine waits for company: within max_wait and the earliest
+        pending deadline's slack, and only if `min_company` arrivals are expected by then."""
+        wait = self.max_wait_s
+        if self.gather_when_busy > 0 and self.busy_share() < self.gather_when_busy:
+            return 0.0
+        deadlines = [item.deadline for item in self._pending if item.deadline is not None]
+        if deadlines:  # deadlines are time.monotonic() (stage.deadline_in)
+            wait = min(wait, min(deadlines) - time.monotonic() - self._run_s)
+        if wait <= 0 or wait / max(self._mean_gap_s, 1e-6) < self.min_company:
+            return 0.0
+        return wait
+
+    def busy_share(self) -> float:
+        """Share of the recent past (~BUSY_TAU_S) the engine spent running this batcher's
+        batches (1.0: max_inflight batches all the time)."""
+        self._track_busy()
+        return self._busy
+
+    def _track_busy(self) -> None:
+        """Decay the busy share up to now under the current running count; called before
+        that count changes."""
+        now = time.perf_counter()
+        keep = math.exp(-(now - self._busy_at) / BUSY_TAU_S)
+        share = len(self._running) / self.max_inflight
+        self._busy = self._busy * keep + share * (1.0 - keep)
+        self._busy_at = now
 
     def _note_arrival(self, now: float) -> None:
         """Smooth the time between requests: whether company is coming within max_wait."""
@@ -110,13 +163,20 @@ class Batcher(Generic[Req, Res]):
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
             task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._track_busy()
             self._running.add(task)
             task.add_done_callback(self._batch_done)
         self._report_held()
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._track_busy()
         self._running.discard(task)
         if self._pending and self._timer is None and not self._closed:
+            delay = self._gather_delay() if len(self._pending) < self.max_batch else 0.0
+            if delay > 0:
+                self._report_held()  # gathering now, no longer held
+                self._gather(asyncio.get_running_loop(), delay)
+                return
             self._flush()
         else:
             self._report_held()
@@ -134,6 +194,7 @@ class Batcher(Generic[Req, Res]):
             self.on_batch(self.name, len(batch))
         requests = [item.request for item in batch]
         deadlines = [item.deadline for item in batch if item.deadline is not None]
+        started = time.perf_counter()
         try:
             results = await self.stage.run(
                 self.run_many,
@@ -141,6 +202,7 @@ class Batcher(Generic[Req, Res]):
                 deadline=min(deadlines) if deadlines else None,
                 queued_at=min(item.arrived for item in batch),
             )
+            self._run_s += 0.2 * (time.perf_counter() - started - self._run_s)
         except VoxError as exc:
             if len(batch) > 1 and exc.code in RETRY_ALONE:
                 # One poisoned request must not fail (or time out) the others batched with

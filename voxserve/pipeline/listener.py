@@ -39,7 +39,9 @@ FINAL_QUEUE = 4  # utterances waiting for their final decode before the listener
 KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn latencies
 # ASR stage deadlines (earliest-deadline-first admission, pipeline/stage.py): someone is
 # waiting on a final (the reply follows it); a partial is a preview that can wait longer.
-FINAL_DUE_S = 0.3
+# A final is due *out* 0.5 s after its endpoint: the ASR batcher waits for company only
+# within that, less a batch's run time (pipeline/batcher.py; docs/benchmarks.md).
+FINAL_DUE_S = 0.5
 PARTIAL_DUE_S = 1.5
 
 
