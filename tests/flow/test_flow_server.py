@@ -65,8 +65,12 @@ async def refused(url: str) -> tuple[dict[str, Any], int | None, float]:
 
 @pytest.fixture
 def slow_asr_server() -> Iterator[LiveServer]:
+    # Pressure from the ASR stage only: up to 3 finals wait for its one slot (0.4 s each),
+    # more than queue_limit, and for longer than wait_limit_ms. The VAD stage's batched
+    # rounds hold at most one call's worth waiting: a limit of 0 let a loaded CI machine
+    # see the VAD stage "saturated" first (the refusal then named vad).
     settings = configured(
-        flow={"tick_ms": 50, "queue_limit": 0, "shed_after_s": 0.3},
+        flow={"tick_ms": 50, "queue_limit": 1, "wait_limit_ms": 300, "shed_after_s": 0.3},
         pipeline={"asr_batch_enabled": False},
     )
     pipeline = settings.pipeline.model_copy(
