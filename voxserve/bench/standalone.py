@@ -8,7 +8,10 @@ utterance: a partial every chunk_ms once max(min_partial_ms, chunk_ms) of speech
 until the hangover ends (an upper bound: under load the server skips partials), then the
 final. The utterances are replayed until at least MIN_UTTERANCES finals were decoded, so
 the per-utterance figure (the one cross-session batching is judged against: the engine
-called one request at a time) is not one program's handful of calls.
+called one request at a time) is not one program's handful of calls. For Whisper the same
+finals also go through faster-whisper's own `transcribe` (`asr_stock`: every buffer in a 30 s
+window), the engine as a user calling it directly gets it: what the server's windows and
+batching are worth together.
 """
 
 from __future__ import annotations
@@ -98,6 +101,41 @@ def measure_asr(
     }
 
 
+def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dict[str, Any] | None:
+    """Finals through faster-whisper's own `transcribe` on the same cuts, one at a time:
+    Whisper as shipped (every buffer padded to a 30 s window), greedy like the server, no
+    VAD filter. None for an engine that is not Whisper."""
+    model = getattr(engines.asr, "_model", None)
+    if model is None or not callable(getattr(model, "transcribe", None)):
+        return None
+    pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768
+    pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+    cpu_total, finals = 0.0, []
+    for u in program.utterances:
+        audio = pcm[max(0, u.first * FRAME_SAMPLES - pad) : (u.last + 1) * FRAME_SAMPLES + pad]
+
+        def run(audio: np.ndarray = audio) -> str:
+            segments, _ = model.transcribe(
+                audio,
+                language="en",
+                beam_size=1,
+                vad_filter=False,
+                condition_on_previous_text=False,
+            )
+            return " ".join(seg.text for seg in segments)
+
+        _, cpu, wall = _timed(run)
+        cpu_total += cpu
+        finals.append(wall)
+    return {
+        "engine": "faster-whisper transcribe (30 s window)",
+        "final_decode_ms": summarize(finals),
+        "utterances": len(finals),
+        "cpu_ms_per_utterance": round(cpu_total / len(finals) * 1000, 1),
+        "utterances_per_s_per_core": round(len(finals) / cpu_total, 2) if cpu_total else None,
+    }
+
+
 def measure_tts(engines: Any, texts: Sequence[str]) -> dict[str, Any]:
     voice, engine = engines.voice(None)
     firsts, cpu_total, audio_s = [], 0.0, 0.0
@@ -134,6 +172,9 @@ def measure(
                 out["asr_with_vad_cpu_ms_per_utterance"] = round(
                     asr["cpu_ms_per_utterance"] + vad_ms, 1
                 )
+                stock = measure_asr_stock(engines, program, settings)
+                if stock is not None:
+                    out["asr_stock"] = stock
         out["tts"] = measure_tts(engines, texts)
         return out
     finally:

@@ -1,0 +1,26 @@
+"""The benchmark's standalone figures for Whisper as shipped (faster-whisper's own
+`transcribe`, 30 s windows) beside the server's engine, on the same cuts of real recordings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests.engines.conftest import FIXTURES
+from voxserve.bench.program import build, fixture_clips
+from voxserve.bench.standalone import measure_asr, measure_asr_stock
+from voxserve.config import Settings
+from voxserve.engines.whisper_asr import WhisperAsr
+
+
+def test_stock_whisper_costs_more_per_final_than_the_bucketed_engine(asr: WhisperAsr) -> None:
+    clips = [c for c in fixture_clips(Path(FIXTURES)) if c[0].size < 16000 * 5][:2]
+    program = build(clips, gap_s=1.0)
+    engines = SimpleNamespace(asr=asr)
+    settings = Settings()
+    stock = measure_asr_stock(engines, program, settings)
+    assert stock is not None and stock["utterances"] == len(program.utterances) >= 2
+    ours = measure_asr(engines, program, settings, chunk_ms=640, partials=False)
+    # Short utterances: the 30 s window costs several times the 10 s bucket.
+    assert stock["cpu_ms_per_utterance"] > 2 * ours["cpu_ms_per_utterance"], (stock, ours)
+    assert measure_asr_stock(SimpleNamespace(asr=object()), program, settings) is None
