@@ -53,6 +53,17 @@ def _batcher(
     return batcher, executor
 
 
+def _gathering(
+    engine: FakeBatchEngine, *, wait_ms: float, mean_gap_s: float
+) -> tuple[Batcher[str, str], ThreadPoolExecutor]:
+    """A batcher as the ASR one: one batch at a time, waits when one more request is
+    expected within the wait, after arrivals `mean_gap_s` apart."""
+    batcher, executor = _batcher(engine, wait_ms=wait_ms, max_batch=8, inflight=1, edf=True)
+    batcher.min_company = 1.0
+    batcher._mean_gap_s = mean_gap_s
+    return batcher, executor
+
+
 @pytest.mark.parametrize("edf", [True, False])
 async def test_requests_held_while_busy_run_together_within_max_batch(edf: bool) -> None:
     engine = FakeBatchEngine(cost_s=0.08)
@@ -136,9 +147,7 @@ async def test_gathering_stays_within_the_first_deadline_slack() -> None:
     """An idle engine waits for company no longer than the first request's deadline less a
     batch's usual run time, even with a longer max_wait_ms."""
     engine = FakeBatchEngine(cost_s=0.001)
-    batcher, executor = _batcher(engine, wait_ms=2000, max_batch=8, inflight=1, edf=True)
-    batcher.min_company = 1.0
-    batcher._mean_gap_s = 0.01  # company expected
+    batcher, executor = _gathering(engine, wait_ms=2000, mean_gap_s=0.01)  # company expected
     batcher._run_s = 0.05  # a batch usually takes 50 ms
     t0 = time.perf_counter()
     assert await batcher.submit("r0", deadline=deadline_in(0.25)) == "R0"
@@ -150,9 +159,7 @@ async def test_gathering_stays_within_the_first_deadline_slack() -> None:
 
 async def test_a_request_due_sooner_shortens_the_wait() -> None:
     engine = FakeBatchEngine(cost_s=0.001)
-    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
-    batcher.min_company = 1.0
-    batcher._mean_gap_s = 0.01
+    batcher, executor = _gathering(engine, wait_ms=1000, mean_gap_s=0.01)
     t0 = time.perf_counter()
     relaxed = asyncio.ensure_future(batcher.submit("relaxed"))  # no deadline: up to 1 s
     await asyncio.sleep(0.01)
@@ -166,9 +173,9 @@ async def test_a_request_due_sooner_shortens_the_wait() -> None:
 
 async def test_no_wait_without_expected_company() -> None:
     engine = FakeBatchEngine(cost_s=0.001)
-    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
-    batcher.min_company = 1.0
-    batcher._mean_gap_s = 5.0  # a request every 5 s: nobody comes within the slack
+    batcher, executor = _gathering(
+        engine, wait_ms=1000, mean_gap_s=5.0
+    )  # a request every 5 s: nobody comes within the slack
     t0 = time.perf_counter()
     await batcher.submit("alone", deadline=deadline_in(0.5))
     assert engine.started[0] - t0 < 0.05
@@ -180,9 +187,7 @@ async def test_held_requests_past_their_slack_go_at_once_others_gather() -> None
     """When a batch ends, held requests whose slack is spent run at once; a lone held
     request with slack left waits for company (and the one that comes joins it)."""
     engine = FakeBatchEngine(cost_s=0.15)
-    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
-    batcher.min_company = 1.0
-    batcher._mean_gap_s = 0.01
+    batcher, executor = _gathering(engine, wait_ms=1000, mean_gap_s=0.01)
     first = asyncio.ensure_future(batcher.submit("r0", deadline=deadline_in(0.0)))
     await asyncio.sleep(0.02)
     assert engine.batches == [["r0"]]  # no slack: ran at once
@@ -206,9 +211,9 @@ def test_gathering_under_uvloop() -> None:
 
     async def scenario() -> list[str]:
         engine = FakeBatchEngine(cost_s=0.001)
-        batcher, executor = _batcher(engine, wait_ms=100, max_batch=8, inflight=1, edf=True)
-        batcher.min_company = 1.0
-        batcher._mean_gap_s = 5.0  # no company expected: the first flush is due now
+        batcher, executor = _gathering(
+            engine, wait_ms=100, mean_gap_s=5.0
+        )  # no company expected: the first flush is due now
         calls = [batcher.submit(f"r{i}", deadline=deadline_in(0.01 * i)) for i in range(3)]
         results = await asyncio.gather(*calls)
         batcher.close()
