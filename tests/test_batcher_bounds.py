@@ -228,10 +228,8 @@ async def test_no_gathering_while_the_engine_is_mostly_idle() -> None:
     """With `gather_when_busy`, an engine that has been idle runs a request at once even
     when company is expected; once it has been kept busy, the same request waits."""
     engine = FakeBatchEngine(cost_s=0.001)
-    batcher, executor = _batcher(engine, wait_ms=1000, max_batch=8, inflight=1, edf=True)
-    batcher.min_company = 1.0
+    batcher, executor = _gathering(engine, wait_ms=1000, mean_gap_s=0.01)  # company expected
     batcher.gather_when_busy = 0.8
-    batcher._mean_gap_s = 0.01  # company expected
     t0 = time.perf_counter()
     await batcher.submit("idle", deadline=deadline_in(0.3))
     assert engine.started[0] - t0 < 0.05  # mostly idle engine: no wait
