@@ -11,7 +11,8 @@ the per-utterance figure (the one cross-session batching is judged against: the 
 called one request at a time) is not one program's handful of calls. For Whisper the same
 finals also go through faster-whisper's own `transcribe` (`asr_stock`: every buffer in a 30 s
 window), the engine as a user calling it directly gets it: what the server's windows and
-batching are worth together.
+batching are worth together; for piper, the texts also go through `PiperVoice.load` and
+`synthesize` (`tts_stock`: piper's default onnxruntime session).
 """
 
 from __future__ import annotations
@@ -155,6 +156,36 @@ def measure_tts(engines: Any, texts: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def measure_tts_stock(engines: Any, texts: Sequence[str]) -> dict[str, Any] | None:
+    """The same texts through piper's own API as a user calls it: `PiperVoice.load` (its
+    default onnxruntime session: a thread per core) and `synthesize`, one text at a time.
+    None for a voice that is not piper's."""
+    _, engine = engines.voice(None)
+    model_path = getattr(engine, "model_path", None)
+    if model_path is None:
+        return None
+    from piper import PiperVoice
+
+    voice = PiperVoice.load(str(model_path), config_path=str(engine.config_path))
+    for _ in voice.synthesize(texts[0]):  # espeak-ng and onnxruntime warm up outside
+        pass
+    firsts, cpu_total, samples = [], 0.0, 0
+    for text in texts:
+        cpu0, wall0 = _cpu(), time.perf_counter()
+        for i, chunk in enumerate(voice.synthesize(text)):
+            if i == 0:
+                firsts.append(time.perf_counter() - wall0)
+            samples += len(chunk.audio_int16_array)
+        cpu_total += _cpu() - cpu0
+    audio_s = samples / voice.config.sample_rate
+    return {
+        "engine": "piper PiperVoice.load + synthesize (as shipped)",
+        "first_audio_ms": summarize(firsts),
+        "speech_s_per_s_per_core": round(audio_s / cpu_total, 2) if cpu_total else None,
+        **_per_audio(cpu_total, audio_s),
+    }
+
+
 def measure(
     settings: Settings, program: Program | None, texts: Sequence[str], chunk_ms: int, partials: bool
 ) -> dict[str, Any]:
@@ -176,6 +207,9 @@ def measure(
                 if stock is not None:
                     out["asr_stock"] = stock
         out["tts"] = measure_tts(engines, texts)
+        stock_tts = measure_tts_stock(engines, texts)
+        if stock_tts is not None:
+            out["tts_stock"] = stock_tts
         return out
     finally:
         engines.close()

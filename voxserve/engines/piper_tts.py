@@ -69,6 +69,7 @@ class PiperTts:
             str(model), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
+        self.model_path, self.config_path = model, config  # for piper-as-shipped comparisons
         self._min_piece_chars = min_piece_chars
         self._volume = volume
         self.sample_rate: int = self._voice.config.sample_rate
