@@ -106,7 +106,7 @@ def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dic
     """Finals through faster-whisper's own `transcribe` on the same cuts, one at a time:
     Whisper as shipped (every buffer padded to a 30 s window), greedy like the server, no
     VAD filter. None for an engine that is not Whisper."""
-    model = getattr(engines.asr, "_model", None)
+    model = getattr(engines.asr, "whisper_model", None)
     if model is None or not callable(getattr(model, "transcribe", None)):
         return None
     pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768

@@ -100,6 +100,8 @@ class WhisperAsr:
             local_files_only=True,
         )
         self._ct2: Any = self._model.model
+        # faster-whisper itself, for "Whisper as shipped" figures (bench/standalone.py).
+        self.whisper_model = self._model
         self._features = FeatureExtractor(**self._model.feat_kwargs)
         self._tokenizer = Tokenizer(
             self._model.hf_tokenizer, self._ct2.is_multilingual, task="transcribe", language="en"
