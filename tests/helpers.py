@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jiwer
 import numpy as np
@@ -37,3 +38,10 @@ async def eventually(check: Callable[[], object], timeout_s: float = 10.0) -> No
     async with asyncio.timeout(timeout_s):
         while not check():  # noqa: ASYNC110 (a test poll of another thread's state)
             await asyncio.sleep(0.02)
+
+
+async def sessions_ended(runtime: Any) -> None:
+    """Until no session is live on `runtime`. A connection's per-connection metrics are added
+    when it ends, and an earlier test's connection may still be ending: read a "before"
+    figure after this (one such late count landed in the next test's figures in CI)."""
+    await eventually(lambda: runtime.active_sessions == 0)

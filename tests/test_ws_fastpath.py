@@ -16,7 +16,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer
 from tests.fakes import silence, tone
-from tests.helpers import eventually
+from tests.helpers import eventually, sessions_ended
 from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
 from voxserve.server.ws_stream import StreamConnection
@@ -28,6 +28,12 @@ def counted(live: LiveServer) -> dict[str, float]:
         path: registry.get_sample_value("voxserve_ws_audio_messages_total", {"path": path}) or 0.0
         for path in ("direct", "queued")
     }
+
+
+async def counted_when_idle(live: LiveServer) -> dict[str, float]:
+    """`counted` once no earlier connection is still ending (its counts would land here)."""
+    await sessions_ended(live.runtime)
+    return counted(live)
 
 
 async def counted_after(live: LiveServer, before: dict[str, float], total: int) -> dict[str, float]:
@@ -54,7 +60,7 @@ def test_uvicorn_runs_the_fast_path_protocol() -> None:
 async def test_frames_are_taken_in_the_parser_with_the_same_results(
     fake_server: LiveServer,
 ) -> None:
-    before = counted(fake_server)
+    before = await counted_when_idle(fake_server)
     _, frames, events = await run_asr(fake_server.ws_url, speech())
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
     ended = events[-1]
@@ -134,7 +140,7 @@ async def test_marks_follow_the_frames_sent_before_them(fake_server: LiveServer)
 
 
 async def test_other_sample_rates_take_the_queued_path(fake_server: LiveServer) -> None:
-    before = counted(fake_server)
+    before = await counted_when_idle(fake_server)
     _, frames, events = await run_asr(fake_server.ws_url, speech()[::2].copy(), sample_rate=8000)
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames
     assert len(of_type(events, "transcript.final")) == 1
@@ -155,7 +161,7 @@ async def test_a_failing_sink_costs_the_stream_nothing(
         return sink
 
     monkeypatch.setattr(StreamConnection, "_audio_sink", broken_sink)
-    before = counted(fake_server)
+    before = await counted_when_idle(fake_server)
     _, frames, events = await run_asr(fake_server.ws_url, speech())
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
     assert events[-1]["received"] == frames and events[-1]["processed"] == frames

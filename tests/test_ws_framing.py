@@ -20,7 +20,7 @@ from websockets.frames import Frame, Opcode
 
 from tests.conftest import LiveServer
 from tests.fakes import silence, tone
-from tests.helpers import eventually
+from tests.helpers import eventually, sessions_ended
 from tests.wsclient import collect, frame_message, of_type, start
 
 
@@ -64,6 +64,7 @@ def speech() -> np.ndarray:
 
 
 async def test_frames_cut_anywhere_by_tcp_give_the_same_session(fake_server: LiveServer) -> None:
+    await sessions_ended(fake_server.runtime)
     before = split_count(fake_server)
     frames = audio_frames(speech())
     middle = len(frames) // 2
@@ -92,6 +93,7 @@ async def test_fragments_and_pings_are_still_parsed_by_websockets(
 ) -> None:
     """A binary message in two fragments is one audio message; a ping is answered; frames
     after them are split here again."""
+    await sessions_ended(fake_server.runtime)
     before = split_count(fake_server)
     samples = speech()
     frames = audio_frames(samples[320:], first_seq=1)
