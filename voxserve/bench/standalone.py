@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from voxserve.bench.program import Program
+from voxserve.bench.program import Program, Utterance
 from voxserve.bench.stats import summarize
 from voxserve.config import Settings
 from voxserve.runtime import load_engines
@@ -51,6 +51,21 @@ def _per_audio(cpu_s: float, audio_s: float) -> dict[str, float | None]:
         "cpu_s": round(cpu_s, 3),
         "cpu_s_per_audio_s": round(per, 5) if per else None,
         "streams_per_core": round(1 / per, 1) if per else None,
+    }
+
+
+def _final_cut(pcm: np.ndarray, u: Utterance, pad: int) -> np.ndarray:
+    """The audio an utterance's final decodes, as the server cuts it: its frames and pad_ms
+    either side (the same cut for every engine measured here)."""
+    return pcm[max(0, u.first * FRAME_SAMPLES - pad) : (u.last + 1) * FRAME_SAMPLES + pad]
+
+
+def _per_utterance(finals: list[float], cpu_s: float) -> dict[str, Any]:
+    return {
+        "final_decode_ms": summarize(finals),
+        "utterances": len(finals),
+        "cpu_ms_per_utterance": round(cpu_s / len(finals) * 1000, 1),
+        "utterances_per_s_per_core": round(len(finals) / cpu_s, 2) if cpu_s else None,
     }
 
 
@@ -86,18 +101,14 @@ def measure_asr(
                 _, cpu, _ = _timed(asr.transcribe, audio, partial=True)
                 cpu_total += cpu
                 partial_calls += 1
-        audio = pcm[max(0, start - pad) : end + pad]
-        _, cpu, wall = _timed(asr.transcribe, audio)
+        _, cpu, wall = _timed(asr.transcribe, _final_cut(pcm, u, pad))
         cpu_total += cpu
         finals.append(wall)
     return {
         "engine": asr.info.name,
         "chunk_ms": chunk_ms if partials else None,
         "partial_calls": partial_calls,
-        "final_decode_ms": summarize(finals),
-        "utterances": len(finals),
-        "cpu_ms_per_utterance": round(cpu_total / len(finals) * 1000, 1),
-        "utterances_per_s_per_core": round(len(finals) / cpu_total, 2) if cpu_total else None,
+        **_per_utterance(finals, cpu_total),
         **_per_audio(cpu_total, rounds * program.frames * FRAME_SAMPLES / SAMPLE_RATE),
     }
 
@@ -113,7 +124,7 @@ def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dic
     pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
     cpu_total, finals = 0.0, []
     for u in program.utterances:
-        audio = pcm[max(0, u.first * FRAME_SAMPLES - pad) : (u.last + 1) * FRAME_SAMPLES + pad]
+        audio = _final_cut(pcm, u, pad)
 
         def run(audio: np.ndarray = audio) -> str:
             segments, _ = model.transcribe(
@@ -130,10 +141,7 @@ def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dic
         finals.append(wall)
     return {
         "engine": "faster-whisper transcribe (30 s window)",
-        "final_decode_ms": summarize(finals),
-        "utterances": len(finals),
-        "cpu_ms_per_utterance": round(cpu_total / len(finals) * 1000, 1),
-        "utterances_per_s_per_core": round(len(finals) / cpu_total, 2) if cpu_total else None,
+        **_per_utterance(finals, cpu_total),
     }
 
 

@@ -188,29 +188,12 @@ class Batcher(Generic[Req, Res]):
         self._held = held
 
     async def _run(self, batch: list[_Item[Req, Res]]) -> None:
-        self.batches += 1
-        self.requests += len(batch)
-        if self.on_batch is not None:
-            self.on_batch(self.name, len(batch))
-        requests = [item.request for item in batch]
-        deadlines = [item.deadline for item in batch if item.deadline is not None]
-        started = time.perf_counter()
         try:
-            results = await self.stage.run(
-                self.run_many,
-                requests,
-                deadline=min(deadlines) if deadlines else None,
-                queued_at=min(item.arrived for item in batch),
+            results = await self._call(
+                [item.request for item in batch],
+                [item.deadline for item in batch],
+                [item.arrived for item in batch],
             )
-            self._run_s += 0.2 * (time.perf_counter() - started - self._run_s)
-        except VoxError as exc:
-            if len(batch) > 1 and exc.code in RETRY_ALONE:
-                # One poisoned request must not fail (or time out) the others batched with
-                # it: each is run again on its own, and only the culprit fails (tests/faults).
-                await asyncio.gather(*(self._run([item]) for item in batch))
-                return
-            self._fail(batch, exc)
-            return
         except BaseException as exc:
             for item in batch:
                 if not item.future.done():
@@ -219,14 +202,52 @@ class Batcher(Generic[Req, Res]):
                 raise
             return
         for item, result in zip(batch, results, strict=True):
-            if not item.future.done():
+            if item.future.done():
+                continue
+            if isinstance(result, BaseException):
+                item.future.set_exception(result)
+            else:
                 item.future.set_result(result)
 
-    @staticmethod
-    def _fail(batch: list[_Item[Req, Res]], exc: VoxError) -> None:
-        for item in batch:
-            if not item.future.done():
-                item.future.set_exception(exc)
+    async def _call(
+        self,
+        requests: list[Req],
+        deadlines: list[float | None],
+        arrivals: list[float | None],
+    ) -> list[Res | BaseException]:
+        """One engine call for `requests` (counted as a batch), each one's result or failure
+        in its place. A failure that may be one request's (RETRY_ALONE) must not fail, or
+        time out, the others batched with it: each runs again on its own, and only the
+        culprit fails (tests/faults). A batch's deadline is its earliest member's."""
+        self.batches += 1
+        self.requests += len(requests)
+        if self.on_batch is not None:
+            self.on_batch(self.name, len(requests))
+        due = [d for d in deadlines if d is not None]
+        waiting = [a for a in arrivals if a is not None]
+        started = time.perf_counter()
+        try:
+            results: list[Res | BaseException] = list(
+                await self.stage.run(
+                    self.run_many,
+                    requests,
+                    deadline=min(due) if due else None,
+                    queued_at=min(waiting) if waiting else None,
+                )
+            )
+        except VoxError as exc:
+            if len(requests) > 1 and exc.code in RETRY_ALONE:
+                alone = await asyncio.gather(
+                    *(
+                        self._call([r], [d], [a])
+                        for r, d, a in zip(requests, deadlines, arrivals, strict=True)
+                    ),
+                    return_exceptions=True,
+                )
+                return [one if isinstance(one, BaseException) else one[0] for one in alone]
+            return [exc] * len(requests)
+        self._run_s += 0.2 * (time.perf_counter() - started - self._run_s)
+        return results
 
     def close(self) -> None:
         """Cancel running batches and anything still gathered or held (their callers see

@@ -43,6 +43,7 @@ KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn lat
 # within that, less a batch's run time (pipeline/batcher.py; docs/benchmarks.md).
 FINAL_DUE_S = 0.5
 PARTIAL_DUE_S = 1.5
+_VAD, _TASK = "vad", "task"  # who holds a listener's stream state (Listener._holder)
 
 
 def ms(samples: int) -> int:
@@ -89,10 +90,9 @@ class Listener:
         self._on_final = on_final
         self.wake = asyncio.Event()  # the task has work: `_inbox`, marks, end of input
         self.space = asyncio.Event()  # set whenever the listener frees ring space
-        # Who may touch the ring, VAD and turn state now: the batcher's round (`_queued`),
-        # this listener's task (`_with_task`), or nobody (both False, waiting for audio).
-        self._queued = False
-        self._with_task = False
+        # Who may touch the ring, VAD and turn state now: the VAD batcher's round, this
+        # listener's task, or nobody (None: waiting for audio).
+        self._holder: str | None = None
         self._inbox: deque[list[TurnEvent] | BaseException] = deque()  # judged, for the task
         self._group: asyncio.TaskGroup | None = None
         self.task_wakeups = 0  # times the task had work (not once per batch: tests check)
@@ -158,11 +158,11 @@ class Listener:
         """Hand the stream to whoever has work for it, unless someone already has it: to the
         VAD batcher when audio is due (a whole batch, or any audio before a mark or the end
         of input), else to the task for marks already judged or the end of input."""
-        if self._queued or self._with_task:
+        if self._holder is not None:
             return
         queued = len(self.ring)
         if queued >= self.batch_samples or (queued and (self.closed or self._marks)):
-            self._queued = True
+            self._holder = _VAD
             self.runtime.vad_batcher().enqueue(self)
         elif self.closed or self._mark_due():
             self._give_task(None)
@@ -173,7 +173,7 @@ class Listener:
     def _give_task(self, item: list[TurnEvent] | BaseException | None) -> None:
         if item is not None:
             self._inbox.append(item)
-        self._with_task = True
+        self._holder = _TASK
         self.wake.set()
 
     def vad_input(self) -> tuple[object, Float32Array] | None:
@@ -193,7 +193,7 @@ class Listener:
     def vad_result(self, probs: Float32Array | None, error: BaseException | None) -> None:
         """VadJob, in the batcher's round: turns are detected here; the task is woken only
         for what needs it (events to send, marks, end of input, an error)."""
-        self._queued = False
+        self._holder = None
         if error is not None:
             self._give_task(error)
             return
@@ -223,7 +223,7 @@ class Listener:
             while True:
                 await self.wake.wait()
                 self.wake.clear()
-                if not self._with_task:
+                if self._holder is not _TASK:
                     continue
                 self.task_wakeups += 1
                 while self._inbox:
@@ -234,8 +234,8 @@ class Listener:
                         await self._on_turn(event)
                     self._after_judge(group)
                 await self._echo_marks()
-                self._with_task = False
-                if self.closed and not len(self.ring) and not self._queued:
+                self._holder = None
+                if self.closed and not len(self.ring):
                     break
                 self._kick()
             await self._flush(group)

@@ -23,8 +23,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Float32Array
 from voxserve.engines.base import VadEngine
-from voxserve.errors import VoxError
-from voxserve.pipeline.batcher import RETRY_ALONE, Batcher
+from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
 
 VadRequest = tuple[Any, Float32Array]  # (the stream's VAD state, its whole windows of audio)
@@ -108,9 +107,7 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
                 else:
                     taken.append((job, request))
             chunks = [taken[i : i + self.max_batch] for i in range(0, len(taken), self.max_batch)]
-            answers = await asyncio.gather(
-                *(self._judge([request for _, request in chunk]) for chunk in chunks)
-            )
+            answers = await asyncio.gather(*(self._judge_chunk(chunk) for chunk in chunks))
             for chunk, results in zip(chunks, answers, strict=True):
                 for (job, _), result in zip(chunk, results, strict=True):
                     if isinstance(result, BaseException):
@@ -119,20 +116,12 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
                         job.vad_result(result, None)
         self._report_due()
 
-    async def _judge(self, requests: list[VadRequest]) -> list[Float32Array | VoxError]:
-        """One engine call for `requests`; on a failure that may be one stream's, each is run
-        again alone so only the culprit fails (tests/faults)."""
-        self.batches += 1
-        self.requests += len(requests)
-        if self.on_batch is not None:
-            self.on_batch(self.name, len(requests))
-        try:
-            return list(await self.stage.run(self.run_many, requests))
-        except VoxError as exc:
-            if len(requests) > 1 and exc.code in RETRY_ALONE:
-                alone = await asyncio.gather(*(self._judge([r]) for r in requests))
-                return [result[0] for result in alone]
-            return [exc] * len(requests)
+    async def _judge_chunk(
+        self, chunk: list[tuple[VadJob, VadRequest]]
+    ) -> list[Float32Array | BaseException]:
+        """One engine call for a chunk's requests (rounds carry no deadlines)."""
+        unknown: list[float | None] = [None] * len(chunk)
+        return await self._call([request for _, request in chunk], unknown, unknown)
 
     def _report_due(self) -> None:
         busy = self._rounds is not None and not self._rounds.done()
