@@ -235,9 +235,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     base.add_argument(
         "--echo-loop",
         choices=("asyncio", "uvloop"),
-        default="asyncio",
-        help="the echo server's event loop (default %(default)s, as in earlier figures; "
-        "DESIGN.md's reference ceiling is websockets + uvloop)",
+        default="uvloop",
+        help="the echo server's event loop (default %(default)s: DESIGN.md's reference, a bare "
+        "websockets + uvloop server; figures before 2026-11-29 21:30 used asyncio)",
     )
     eng = add(
         "engines",
