@@ -188,8 +188,6 @@ class CountingVad(FakeVad):
 
 
 async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
-    import numpy as np
-
     from voxserve.pipeline.vad_batch import VadBatcher
 
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
@@ -210,7 +208,6 @@ async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
 
 
 async def test_asr_batcher_runs_concurrent_finals_as_one_engine_batch() -> None:
-
     from tests.fakes import FakeAsr, tone
     from voxserve.audio.pcm import to_float32
     from voxserve.pipeline.asr_batch import AsrBatcher
@@ -266,8 +263,6 @@ async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
     """Listeners enqueued together are judged in one engine call and answered in place; a
     stream that fails to give its audio, or has none, is answered alone; streams that
     become due during a round go together in the next."""
-    import numpy as np
-
     from voxserve.pipeline.vad_batch import VadBatcher
 
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
@@ -302,9 +297,6 @@ async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
 
 
 async def test_vad_round_failure_is_retried_alone_so_only_the_culprit_fails() -> None:
-    import numpy as np
-
-    from tests.fakes import FakeVad
     from voxserve.pipeline.vad_batch import VadBatcher
 
     class PoisonedVad(FakeVad):

@@ -18,7 +18,7 @@ batching are worth together; for piper, the texts also go through `PiperVoice.lo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,12 @@ def _per_audio(cpu_s: float, audio_s: float) -> dict[str, float | None]:
     }
 
 
+def _program_audio(program: Program, settings: Settings) -> tuple[np.ndarray, int]:
+    """The program as float samples, and the server's pad around an utterance in samples."""
+    pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768
+    return pcm, settings.vad.pad_ms * SAMPLE_RATE // 1000
+
+
 def _final_cut(pcm: np.ndarray, u: Utterance, pad: int) -> np.ndarray:
     """The audio an utterance's final decodes, as the server cuts it: its frames and pad_ms
     either side (the same cut for every engine measured here)."""
@@ -86,8 +92,7 @@ def measure_asr(
     engines: Any, program: Program, settings: Settings, chunk_ms: int, partials: bool
 ) -> dict[str, Any]:
     asr = engines.asr
-    pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768
-    pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+    pcm, pad = _program_audio(program, settings)
     hang = settings.vad.hangover_ms * SAMPLE_RATE // 1000
     every = chunk_ms * SAMPLE_RATE // 1000
     first_partial = max(settings.asr.min_partial_ms * SAMPLE_RATE // 1000, every)
@@ -120,8 +125,7 @@ def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dic
     model = getattr(engines.asr, "whisper_model", None)
     if model is None or not callable(getattr(model, "transcribe", None)):
         return None
-    pcm = np.frombuffer(program.pcm, dtype="<i2").astype(np.float32) / 32768
-    pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+    pcm, pad = _program_audio(program, settings)
     cpu_total, finals = 0.0, []
     for u in program.utterances:
         audio = _final_cut(pcm, u, pad)
@@ -145,22 +149,37 @@ def measure_asr_stock(engines: Any, program: Program, settings: Settings) -> dic
     }
 
 
-def measure_tts(engines: Any, texts: Sequence[str]) -> dict[str, Any]:
-    voice, engine = engines.voice(None)
-    firsts, cpu_total, audio_s = [], 0.0, 0.0
+def _timed_synthesis(
+    texts: Sequence[str], chunks: Callable[[str], Iterable[int]], sample_rate: int
+) -> dict[str, Any]:
+    """Each text synthesized alone: time to its first chunk and CPU per second of speech.
+    `chunks(text)` runs the synthesis, yielding each chunk's sample count."""
+    firsts, cpu_total, samples = [], 0.0, 0
     for text in texts:
         cpu0, wall0 = _cpu(), time.perf_counter()
-        for i, chunk in enumerate(engine.synthesize(text, voice=voice.id)):
+        for i, size in enumerate(chunks(text)):
             if i == 0:
                 firsts.append(time.perf_counter() - wall0)
-            audio_s += chunk.size / engine.sample_rate
+            samples += size
         cpu_total += _cpu() - cpu0
+    audio_s = samples / sample_rate
     return {
-        "engine": engine.info.name,
-        "voice": voice.id,
         "first_audio_ms": summarize(firsts),
         "speech_s_per_s_per_core": round(audio_s / cpu_total, 2) if cpu_total else None,
         **_per_audio(cpu_total, audio_s),
+    }
+
+
+def measure_tts(engines: Any, texts: Sequence[str]) -> dict[str, Any]:
+    voice, engine = engines.voice(None)
+
+    def chunks(text: str) -> Iterator[int]:
+        return (chunk.size for chunk in engine.synthesize(text, voice=voice.id))
+
+    return {
+        "engine": engine.info.name,
+        "voice": voice.id,
+        **_timed_synthesis(texts, chunks, engine.sample_rate),
     }
 
 
@@ -177,20 +196,13 @@ def measure_tts_stock(engines: Any, texts: Sequence[str]) -> dict[str, Any] | No
     voice = PiperVoice.load(str(model_path), config_path=str(engine.config_path))
     for _ in voice.synthesize(texts[0]):  # espeak-ng and onnxruntime warm up outside
         pass
-    firsts, cpu_total, samples = [], 0.0, 0
-    for text in texts:
-        cpu0, wall0 = _cpu(), time.perf_counter()
-        for i, chunk in enumerate(voice.synthesize(text)):
-            if i == 0:
-                firsts.append(time.perf_counter() - wall0)
-            samples += len(chunk.audio_int16_array)
-        cpu_total += _cpu() - cpu0
-    audio_s = samples / voice.config.sample_rate
+
+    def chunks(text: str) -> Iterator[int]:
+        return (len(chunk.audio_int16_array) for chunk in voice.synthesize(text))
+
     return {
         "engine": "piper PiperVoice.load + synthesize (as shipped)",
-        "first_audio_ms": summarize(firsts),
-        "speech_s_per_s_per_core": round(audio_s / cpu_total, 2) if cpu_total else None,
-        **_per_audio(cpu_total, audio_s),
+        **_timed_synthesis(texts, chunks, voice.config.sample_rate),
     }
 
 

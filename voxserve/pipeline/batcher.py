@@ -121,15 +121,17 @@ class Batcher(Generic[Req, Res]):
     def _gather_delay(self) -> float:
         """How long an idle engine waits for company: within max_wait and the earliest
         pending deadline's slack, and only if `min_company` arrivals are expected by then."""
-        wait = self.max_wait_s
         if self.gather_when_busy > 0 and self.busy_share() < self.gather_when_busy:
             return 0.0
+        wait = self.max_wait_s
         deadlines = [item.deadline for item in self._pending if item.deadline is not None]
         if deadlines:  # deadlines are time.monotonic() (stage.deadline_in)
             wait = min(wait, min(deadlines) - time.monotonic() - self._run_s)
-        if wait <= 0 or wait / max(self._mean_gap_s, 1e-6) < self.min_company:
-            return 0.0
-        return wait
+        return wait if wait > 0 and self._company_within(wait) else 0.0
+
+    def _company_within(self, wait: float) -> bool:
+        """Whether the arrival rate says `min_company` more requests come within `wait`."""
+        return wait >= self.min_company * max(self._mean_gap_s, 1e-6)
 
     def busy_share(self) -> float:
         """Share of the recent past (~BUSY_TAU_S) the engine spent running this batcher's

@@ -89,7 +89,7 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
             # Company coming within max_wait (the arrival rate says so): gather it first, so
             # a round under load judges many streams, not the one or two due after the last
             # round's thread hop. Waits at most max_wait after the earliest due stream.
-            if len(self._due) < self.max_batch and self.max_wait_s >= 2 * self._mean_gap_s:
+            if len(self._due) < self.max_batch and self._company_within(self.max_wait_s):
                 left = self._first_due_at + self.max_wait_s - time.perf_counter()
                 if left > 0:
                     await asyncio.sleep(left)
