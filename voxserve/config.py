@@ -69,6 +69,10 @@ class PipelineConfig(BaseModel):
     # server's CPU per frame ~10% at +64 ms on VAD decisions (docs/benchmarks.md).
     vad_batch_windows: int = Field(default=2, ge=1, le=8)
     vad_max_batch: int = 64
+    # Calls of engines that allow it (`inline_safe`: silero, the load engines) run on the
+    # event loop, not a worker thread, while they measure (smoothed) under this: a thread
+    # hop costs more than such a call (pipeline/stage.py). 0: every call takes a thread.
+    inline_below_us: float = Field(default=500.0, ge=0)
     # Finals of different sessions run as one Whisper batch (utterances sharing an encoder
     # window encode together; results equal one at a time): those that end while Whisper is
     # busy are held for its next batch, and an idle Whisper waits up to asr_batch_wait_ms,

@@ -307,8 +307,14 @@ class Runtime:
         found = self.stages.get(name)
         if found is None:
             cfg = getattr(self.settings.pipeline, name)
+            pipeline = self.settings.pipeline
             found = EngineStage(
-                name, cfg.concurrency, cfg.timeout_s, self.executor, edf=self.settings.pipeline.edf
+                name,
+                cfg.concurrency,
+                cfg.timeout_s,
+                self.executor,
+                edf=pipeline.edf,
+                inline_below_s=pipeline.inline_below_us / 1e6,
             )
             found.on_latency = self.metrics.observe_stage
             self.stages[name] = found

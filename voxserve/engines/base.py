@@ -94,6 +94,14 @@ class Closeable(Protocol):
     def close(self) -> None: ...
 
 
+def inline_safe(engine: object) -> bool:
+    """Whether `engine` allows its calls on the event loop when they measure cheaper than a
+    thread hop (pipeline/stage.py): it says so with `inline_safe = True`, promising calls of
+    bounded CPU with no I/O, locks or sleeps. Absent means no: a call that may block would
+    stall every stream."""
+    return getattr(engine, "inline_safe", False) is True
+
+
 def close_engine(engine: object) -> None:
     """Release an engine's resources if it has any."""
     close = getattr(engine, "close", None)

@@ -43,6 +43,12 @@ class Cost:
         self.sleep_ms = sleep_ms
         self.hold_gil = hold_gil
 
+    @property
+    def bounded(self) -> bool:
+        """CPU only, no sleep: calls may run on the event loop when they measure cheap
+        (`inline_safe`, pipeline/stage.py); one that sleeps models a blocking engine."""
+        return self.sleep_ms == 0
+
     def pay(self, audio_seconds: float, *, fixed: bool = True, sleep: bool = True) -> None:
         """Spend the CPU (measured as this thread's CPU time) and then the sleep."""
         cpu_ms = (self.cpu_ms_per_call if fixed else 0.0) + self.cpu_ms_per_second * audio_seconds
@@ -81,6 +87,7 @@ class LoadVad:
         self.info = _info("vad")
         self.threshold = float(10 ** (threshold_dbfs / 20))
         self.cost = Cost(cpu_ms_per_call, cpu_ms_per_second_of_audio, sleep_ms, hold_gil)
+        self.inline_safe = self.cost.bounded  # pipeline/stage.py
 
     def new_state(self) -> dict[str, int]:
         return {"windows": 0}
@@ -145,6 +152,7 @@ class LoadAsr:
             sleep_ms * partial_cost_factor,
             hold_gil,
         )
+        self.inline_safe = self.cost.bounded  # pipeline/stage.py
 
     def transcribe(
         self, audio: Float32Array, *, language: str | None = None, partial: bool = False

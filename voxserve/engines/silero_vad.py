@@ -61,6 +61,9 @@ class SileroVad:
     """VadEngine: one speech probability per 512-sample (32 ms) window of 16 kHz audio."""
 
     window_samples: int = WINDOW_SAMPLES
+    # One onnxruntime run per window step on a single intra-op thread: bounded CPU, no I/O.
+    # Small rounds (a stream or two) then run on the event loop (pipeline/stage.py).
+    inline_safe = True
 
     def __init__(
         self, *, threads: int = 1, pregate: bool = False, pregate_aggressiveness: int = 2

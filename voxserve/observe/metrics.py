@@ -244,11 +244,18 @@ class _RuntimeCollector(Collector):
             "voxserve_stage_queue_length", "Calls waiting for a stage slot", labels=["stage"]
         )
         running = GaugeMetricFamily("voxserve_stage_in_use", "Stage slots in use", labels=["stage"])
+        inline = CounterMetricFamily(
+            "voxserve_stage_inline_calls",
+            "Engine calls run on the event loop, cheaper than a thread hop (pipeline/stage.py)",
+            labels=["stage"],
+        )
         for name, stage in list(self.runtime.stages.items()):
             waiting.add_metric([name], stage.waiting)
             running.add_metric([name], stage.running)
+            inline.add_metric([name], stage.inline_calls)
         yield waiting
         yield running
+        yield inline
         stats = self.runtime.executor.stats
         yield GaugeMetricFamily("voxserve_executor_workers", "Executor threads", stats.workers)
         yield GaugeMetricFamily(

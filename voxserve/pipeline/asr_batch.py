@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from voxserve.audio.pcm import Float32Array
-from voxserve.engines.base import AsrEngine
+from voxserve.engines.base import AsrEngine, inline_safe
 from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
 from voxserve.types import AsrResult
@@ -71,6 +71,7 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
             max_inflight=parallel if isinstance(parallel, int) else None,
             min_company=MIN_COMPANY,
             gather_when_busy=gather_when_busy,
+            inline_ok=inline_safe(asr),
         )
 
     async def final(

@@ -62,10 +62,12 @@ class Batcher(Generic[Req, Res]):
         max_inflight: int | None = None,
         min_company: float = 2.0,
         gather_when_busy: float = 0.0,
+        inline_ok: bool = False,
     ) -> None:
         self.name = name
         self.stage = stage
         self.run_many = run_many  # blocking; one result per request, in order
+        self.inline_ok = inline_ok  # the engine allows cheap calls on the loop (stage.py)
         self.max_wait_s = max_wait_ms / 1000
         self.max_batch = max(1, max_batch)
         # Batches running at once; default: the stage's limit (never queue in the stage).
@@ -235,6 +237,7 @@ class Batcher(Generic[Req, Res]):
                     requests,
                     deadline=min(due) if due else None,
                     queued_at=min(waiting) if waiting else None,
+                    inline_ok=self.inline_ok,
                 )
             )
         except VoxError as exc:

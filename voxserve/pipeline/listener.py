@@ -25,6 +25,7 @@ import numpy as np
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
+from voxserve.engines.base import inline_safe
 from voxserve.errors import VoxError
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.outbox import Outbox
@@ -365,14 +366,15 @@ class Listener:
                 to_float32(audio), self.language, deadline=deadline_in(FINAL_DUE_S)
             )
         stage = self.runtime.stage("asr")
+        asr = self.runtime.engines.asr
         call = partial(
-            self.runtime.engines.asr.transcribe,
+            asr.transcribe,
             to_float32(audio),
             language=self.language,
             partial=partial_result,
         )
         due = deadline_in(PARTIAL_DUE_S if partial_result else FINAL_DUE_S)
-        result: AsrResult = await stage.run(call, deadline=due)
+        result: AsrResult = await stage.run(call, deadline=due, inline_ok=inline_safe(asr))
         return result
 
     async def _final_worker(self) -> None:

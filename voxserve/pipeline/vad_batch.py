@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from voxserve.audio.pcm import Float32Array
-from voxserve.engines.base import VadEngine
+from voxserve.engines.base import VadEngine, inline_safe
 from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
 
@@ -55,7 +55,14 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
             results = judge_many(vad, [s for s, _ in items], [a for _, a in items])
             return [np.asarray(probs, dtype=np.float32) for probs in results]
 
-        super().__init__("vad", stage, run_many, max_wait_ms=max_wait_ms, max_batch=max_batch)
+        super().__init__(
+            "vad",
+            stage,
+            run_many,
+            max_wait_ms=max_wait_ms,
+            max_batch=max_batch,
+            inline_ok=inline_safe(vad),
+        )
         self.vad = vad
         self._due: list[VadJob] = []
         self._rounds: asyncio.Task[None] | None = None
