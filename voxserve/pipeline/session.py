@@ -167,15 +167,16 @@ class Session:
             and (self.drop_oldest or ring.capacity - queued >= size // 2)
         )
 
-    def take_audio_now(self, seq: int, pcm: memoryview) -> None:
+    def take_audio_now(self, seq: int, pcm: memoryview, now: float | None = None) -> None:
         """`feed_audio` without a wait, for the socket's fast path (server/ws_fastpath.py),
-        which checks `can_take_audio_now` first; the same counters and dedup."""
-        if self._admit_audio(seq):
+        which checks `can_take_audio_now` first; the same counters and dedup. `now`: the
+        caller's time.monotonic(), if it has read it."""
+        if self._admit_audio(seq, now):
             if not self.ring.write_pcm(pcm):  # full, drop_oldest: the counted way
                 self._write_now(int16_from_bytes(pcm))
             self._accepted(seq)
 
-    def _admit_audio(self, seq: int) -> bool:
+    def _admit_audio(self, seq: int, now: float | None = None) -> bool:
         """Count a received frame; False for a duplicate (counted) or, once told, audio
         while draining; raises what the client must be told."""
         if self.listener is None:
@@ -196,7 +197,7 @@ class Session:
         if floor is not None and seq_delta(seq, floor) <= 0:
             self.dedup.duplicates += 1  # resent after a resume: accepted before the drop
             return False
-        return self.dedup.accept(seq, time.monotonic())
+        return self.dedup.accept(seq, time.monotonic() if now is None else now)
 
     def _accepted(self, seq: int) -> None:
         """A frame is in the ring: advance the acknowledgement, wake VAD per batch."""

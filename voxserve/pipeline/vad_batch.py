@@ -114,7 +114,10 @@ class VadBatcher(Batcher[VadRequest, Float32Array]):
                 else:
                     taken.append((job, request))
             chunks = [taken[i : i + self.max_batch] for i in range(0, len(taken), self.max_batch)]
-            answers = await asyncio.gather(*(self._judge_chunk(chunk) for chunk in chunks))
+            if len(chunks) == 1:  # the usual round: no task for gather to make
+                answers = [await self._judge_chunk(chunks[0])]
+            else:
+                answers = await asyncio.gather(*(self._judge_chunk(c) for c in chunks))
             for chunk, results in zip(chunks, answers, strict=True):
                 for (job, _), result in zip(chunk, results, strict=True):
                     if isinstance(result, BaseException):

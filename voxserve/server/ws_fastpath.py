@@ -155,7 +155,8 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
                 payload = apply_mask(data[head + 4 : stop], data[head : head + 4])
                 pos = stop
                 fast.split += 1
-                self.handle_bytes(Frame(Opcode.BINARY, payload))
+                if not self._offer(fast, payload):
+                    self._to_queue(fast, Frame(Opcode.BINARY, payload))
             else:
                 conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
                 pos = stop
@@ -202,21 +203,34 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
 
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path
-        if fast is not None and fast.sink is not None:
-            if fast.open and event.fin and not self.close_sent and self.queue.empty():
-                try:
-                    taken = fast.sink(event.data)
-                except Exception:
-                    # A bug here must not cost the connection (an exception in
-                    # data_received closes it): this stream goes the queued way from now on.
-                    log.exception("audio fast path failed; this stream's audio takes the queue")
-                    fast.sink = _refuse
-                    taken = False
-                if taken:
-                    fast.direct += 1
-                    return
+        if fast is None:
+            super().handle_bytes(event)
+        elif not (event.fin and self._offer(fast, event.data)):
+            self._to_queue(fast, event)
+
+    def _to_queue(self, fast: FastPath, event: Any) -> None:
+        """The ASGI way (counted as queued once the session's sink is installed)."""
+        if fast.sink is not None:
             fast.queued += 1
         super().handle_bytes(event)
+
+    def _offer(self, fast: FastPath, data: bytes) -> bool:
+        """Hand a whole binary message to the session's sink, when the path is open and
+        nothing queued is ahead of it; True if the sink took it (counted as direct)."""
+        sink = fast.sink
+        if sink is None or not fast.open or self.close_sent or not self.queue.empty():
+            return False
+        try:
+            taken = sink(data)
+        except Exception:
+            # A bug here must not cost the connection (an exception in data_received
+            # closes it): this stream goes the queued way from now on.
+            log.exception("audio fast path failed; this stream's audio takes the queue")
+            fast.sink = _refuse
+            return False
+        if taken:
+            fast.direct += 1
+        return taken
 
 
 def _refuse(data: bytes) -> bool:

@@ -224,14 +224,18 @@ def max_frame_bytes(sample_rate: int, max_frame_ms: int) -> int:
     return SEQ_HEADER_BYTES + sample_rate * max_frame_ms // 1000 * 2
 
 
-def parse_audio_frame(data: bytes, sample_rate: int, max_frame_ms: int) -> tuple[int, memoryview]:
-    """Split a binary message into (seq_id, PCM view). The PCM is not copied."""
+def parse_audio_frame(
+    data: bytes, sample_rate: int, max_frame_ms: int, limit: int | None = None
+) -> tuple[int, memoryview]:
+    """Split a binary message into (seq_id, PCM view). The PCM is not copied. `limit`:
+    max_frame_bytes(sample_rate, max_frame_ms), for a caller that parses every frame."""
     if len(data) < SEQ_HEADER_BYTES:
         raise VoxError(
             ErrorCode.FRAME_TOO_SHORT,
             f"audio message of {len(data)} bytes is shorter than its 4-byte seq_id header",
         )
-    limit = max_frame_bytes(sample_rate, max_frame_ms)
+    if limit is None:
+        limit = max_frame_bytes(sample_rate, max_frame_ms)
     if len(data) > limit:
         raise VoxError(
             ErrorCode.FRAME_TOO_LARGE,

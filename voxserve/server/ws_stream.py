@@ -44,6 +44,7 @@ from voxserve.server.ws_protocol import (
     StartMessage,
     TextMessage,
     encode_event,
+    max_frame_bytes,
     parse_audio_frame,
     parse_text_message,
 )
@@ -356,24 +357,25 @@ class StreamConnection:
         session = live.session
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
+        limit = max_frame_bytes(rate, max_frame_ms)
 
         def sink(data: bytes) -> bool:
             if live.closing:
                 return False
             try:
-                seq, pcm = parse_audio_frame(data, rate, max_frame_ms)
+                seq, pcm = parse_audio_frame(data, rate, max_frame_ms, limit)
             except VoxError:
                 return False
             if not session.can_take_audio_now(len(pcm)):
                 return False
-            self._last_message_at = time.monotonic()
+            self._last_message_at = now = time.monotonic()
             accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
             if report is not None:
                 # Cannot wait here: an outbox full means a client not reading, and the
                 # refused audio is still counted in `rejected`.
                 session.outbox.event_nowait(report.to_event())
             if accepted:
-                session.take_audio_now(seq, pcm)
+                session.take_audio_now(seq, pcm, now)
             return True
 
         return sink
