@@ -219,6 +219,11 @@ class SessionQuota:
         self._refusing = False  # the last audio was refused (its error already reported)
         self.refused_s = 0.0  # audio refused over quota, in seconds
 
+    @property
+    def charges_audio(self) -> bool:
+        """Whether this session's audio counts against a quota (fixed for its life)."""
+        return self._state is not None
+
     def audio(self, seconds: float) -> AudioVerdict:
         """Charge `seconds` of incoming audio; over quota it is refused, not buffered."""
         if self._state is None:  # quotas do not apply to this principal (fixed per process)

@@ -358,6 +358,7 @@ class StreamConnection:
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
         limit = max_frame_bytes(rate, max_frame_ms)
+        charged = isinstance(live.quota, SessionQuota) and live.quota.charges_audio
 
         def sink(data: bytes) -> bool:
             if live.closing:
@@ -369,13 +370,15 @@ class StreamConnection:
             if not session.can_take_audio_now(len(pcm)):
                 return False
             self._last_message_at = now = time.monotonic()
-            accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
-            if report is not None:
-                # Cannot wait here: an outbox full means a client not reading, and the
-                # refused audio is still counted in `rejected`.
-                session.outbox.event_nowait(report.to_event())
-            if accepted:
-                session.take_audio_now(seq, pcm, now)
+            if charged:
+                accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
+                if report is not None:
+                    # Cannot wait here: an outbox full means a client not reading, and the
+                    # refused audio is still counted in `rejected`.
+                    session.outbox.event_nowait(report.to_event())
+                if not accepted:
+                    return True
+            session.take_audio_now(seq, pcm, now)
             return True
 
         return sink
