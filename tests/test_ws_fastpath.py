@@ -70,6 +70,36 @@ async def test_frames_are_taken_in_the_parser_with_the_same_results(
     assert paths["direct"] >= 0.9 * frames, paths
 
 
+async def test_frames_are_handed_over_a_vad_batch_at_a_time(
+    fake_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split frames are held in the protocol until the session's next VAD batch is due
+    (64 ms, ~3 frames) and handed over together; nothing is lost or reordered, and what is
+    held when the client stops is handed over before the end."""
+    handed: list[int] = []
+    real_sink = StreamConnection._audio_sink
+
+    def counting_sink(self: StreamConnection, live: Any) -> Callable[[list[bytes]], int]:
+        sink = real_sink(self, live)
+
+        def counted_sink(messages: list[bytes]) -> int:
+            handed.append(len(messages))
+            return sink(messages)
+
+        return counted_sink
+
+    monkeypatch.setattr(StreamConnection, "_audio_sink", counting_sink)
+    audio = speech()
+    frames_sent = -(-audio.size // 320)
+    _, frames, events = await run_asr(fake_server.ws_url, audio)
+    assert frames == frames_sent
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
+    ended = events[-1]
+    assert ended["received"] == frames and ended["processed"] == frames
+    assert 0.9 * frames <= sum(handed) <= frames  # a frame may find the receiver busy
+    assert max(handed) >= 3 and len(handed) <= frames / 2, handed
+
+
 async def test_events_are_written_by_the_protocol_in_order(fake_server: LiveServer) -> None:
     """The session's events skip the ASGI send (voxserve_ws_events_direct_total) and
     arrive complete and in order."""
@@ -78,6 +108,7 @@ async def test_events_are_written_by_the_protocol_in_order(fake_server: LiveServ
     def direct() -> float:
         return registry.get_sample_value("voxserve_ws_events_direct_total") or 0.0
 
+    await sessions_ended(fake_server.runtime)  # an earlier connection's count lands late
     before = direct()
     _, frames, events = await run_asr(fake_server.ws_url, speech(), partials=False)
     kinds = [e["type"] for e in events if e["type"] != "credit"]  # credit: under load only
@@ -154,8 +185,8 @@ async def test_a_failing_sink_costs_the_stream_nothing(
     """A bug in the fast path must not close the connection (an exception in
     data_received would): the stream's audio takes the queue from then on."""
 
-    def broken_sink(self: StreamConnection, live: Any) -> Callable[[bytes], bool]:
-        def sink(data: bytes) -> bool:
+    def broken_sink(self: StreamConnection, live: Any) -> Callable[[list[bytes]], int]:
+        def sink(messages: list[bytes]) -> int:
             raise RuntimeError("fast path bug")
 
         return sink

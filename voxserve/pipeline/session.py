@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from voxserve.audio.dedup import SeqDedup, seq_delta
 from voxserve.audio.pcm import Int16Array, int16_from_bytes
@@ -81,6 +81,10 @@ class Session:
         self._frame_ends: deque[int] = deque()  # ring position where each accepted frame ends
         self.input_closed = False
         self.draining = False  # the server is shutting down: input closed, turn finishing
+        # Set by a transport that holds received audio back to hand it over in batches (the
+        # WebSocket fast path): hands it over now, and from then on holds back at most
+        # `audio_wanted_in()`. Called before and after input closes or drains.
+        self.release_input: Callable[[], None] | None = None
         self._drain_told = False  # the client was told its audio is refused (once)
         self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
         self.acked_seq: int | None = None  # highest seq_id accepted (kept for resume)
@@ -153,28 +157,57 @@ class Session:
         self._accepted(seq)
         await self._within_credit()
 
-    def can_take_audio_now(self, size: int) -> bool:
-        """Whether `take_audio_now` may have a frame of `size` bytes: nothing to wait for
-        (under the credit window, room in the ring) and nothing to report (an audio session,
-        input open, not draining). 16 kHz input only: a resampler's output size varies."""
+    def can_take_audio_now(self, size: int, ahead: int = 0) -> bool:
+        """Whether `take_audio_now` may have a frame of `size` bytes, after `ahead` bytes of
+        frames before it in the same call: nothing to wait for (under the credit window,
+        room in the ring) and nothing to report (an audio session, input open, not
+        draining). 16 kHz input only: a resampler's output size varies. Asked of a call's
+        last frame, it answers for all of them (each is checked before it is written)."""
         listener, credit, ring = self.listener, self.credit, self.ring
         if listener is None or credit is None or self.draining or self.input_closed:
             return False
-        queued = len(ring)
+        queued = len(ring) + ahead // 2
         return (
             self.resampler.passthrough
             and queued < credit.size * listener.batch_samples
             and (self.drop_oldest or ring.capacity - queued >= size // 2)
         )
 
-    def take_audio_now(self, seq: int, pcm: memoryview, now: float | None = None) -> None:
-        """`feed_audio` without a wait, for the socket's fast path (server/ws_fastpath.py),
-        which checks `can_take_audio_now` first; the same counters and dedup. `now`: the
-        caller's time.monotonic(), if it has read it."""
-        if self._admit_audio(seq, now):
-            if not self.ring.write_pcm(pcm):  # full, drop_oldest: the counted way
-                self._write_now(int16_from_bytes(pcm))
-            self._accepted(seq)
+    def take_audio_now(self, frames: list[tuple[int, memoryview]], now: float) -> None:
+        """`feed_audio` without a wait, for frames (seq, PCM) the socket's fast path
+        (server/ws_fastpath.py) hands over together, having checked `can_take_audio_now`:
+        the same counters and dedup, one ring write and one listener poke for all.
+        `now`: the caller's time.monotonic()."""
+        assert self.listener is not None
+        ring = self.ring
+        ends = self._frame_ends
+        end = ring.write_total
+        kept: list[memoryview] = []
+        for seq, pcm in frames:
+            if self._admit_audio(seq, now):
+                kept.append(pcm)
+                end += len(pcm) // 2
+                ends.append(end)
+                self._ack(seq)
+        if not kept:
+            return
+        pcm = kept[0] if len(kept) == 1 else memoryview(b"".join(kept))
+        if not ring.write_pcm(pcm):  # full, drop_oldest: the counted way
+            self._write_now(int16_from_bytes(pcm))
+        if len(ends) > PROCESSED_EVERY:
+            self._count_processed()
+        self.listener.poke()
+
+    def audio_wanted_in(self) -> int:
+        """Samples of audio that can wait before the listener wants them (its next VAD
+        batch): what the fast path may hold back and hand over together. A batch already
+        due is taken whole by the coming VAD round, so the next one starts empty. None
+        once input is closed or draining: audio then is refused (and told) at once."""
+        listener = self.listener
+        if listener is None or self.input_closed or self.draining:
+            return 0
+        queued, batch = len(self.ring), listener.batch_samples
+        return batch - queued if queued < batch else batch
 
     def _admit_audio(self, seq: int, now: float | None = None) -> bool:
         """Count a received frame; False for a duplicate (counted) or, once told, audio
@@ -199,12 +232,28 @@ class Session:
             return False
         return self.dedup.accept(seq, time.monotonic() if now is None else now)
 
-    def _accepted(self, seq: int) -> None:
-        """A frame is in the ring: advance the acknowledgement, wake VAD per batch."""
-        assert self.listener is not None
+    def _input_stops(self, *, draining: bool) -> None:
+        """Take the audio the transport holds (received before now), then drain or close
+        input; the transport's hook, called again, then holds nothing back."""
+        release = self.release_input
+        if release is not None:
+            release()
+        if draining:
+            self.draining = True
+        else:
+            self.input_closed = True
+        if release is not None:
+            release()
+
+    def _ack(self, seq: int) -> None:
         acked = self.acked_seq
         if acked is None or seq == acked + 1 or seq_delta(seq, acked) > 0:
             self.acked_seq = seq
+
+    def _accepted(self, seq: int) -> None:
+        """A frame is in the ring: advance the acknowledgement, wake VAD per batch."""
+        assert self.listener is not None
+        self._ack(seq)
         ends = self._frame_ends
         ends.append(self.ring.write_total)
         if len(ends) > PROCESSED_EVERY:  # counted in bulk: `processed` is read at the end
@@ -284,7 +333,7 @@ class Session:
         """No more input: finish what was accepted, then end the session."""
         if self.input_closed:
             return
-        self.input_closed = True
+        self._input_stops(draining=False)
         if self.listener is not None:
             await self._write(self.resampler.flush())
             self.listener.close_input()
@@ -299,8 +348,8 @@ class Session:
 
     async def drain(self) -> None:
         """Server shutdown: accept no more input, finish the turn in progress; the session
-        then ends with reason `server_shutdown`."""
-        self.draining = True
+        then ends with reason `server_shutdown`. Audio received before this is taken."""
+        self._input_stops(draining=True)
         self.end_reason = "server_shutdown"
         await self.end_input()
 

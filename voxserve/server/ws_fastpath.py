@@ -15,6 +15,14 @@ window, a non-16 kHz stream) goes the ASGI way, handled by the same code as befo
 other than ours (another ASGI server, Starlette's TestClient) have no fast path: the
 extension is absent and every message takes the queue.
 
+Held until due: the session needs its audio only when a VAD batch is due (64 ms: the
+listener is not woken for less), so frames split here are held in the protocol and handed
+to the session together once they make up what the session said it can wait for
+(`FastPath.hold_samples`): one hand-over (parse, credit check, dedup, one ring write, one
+listener poke) per ~3 frames instead of per frame. Anything else that comes in (a text
+message, a control frame, a frame the path cannot take) first hands over what is held, so
+order is kept; so do the connection's end and the session's (`FastPath.hand_over`).
+
 Framing: websockets' parser (a generator per connection, an event list per read) cost as
 much per 20 ms frame as the session's own work. Once a connection is open, without
 extensions, and websockets' parser waits at a frame boundary with nothing buffered, this
@@ -55,13 +63,30 @@ _MAX_HELD = 64 * 1024  # an incomplete frame waited for here; a longer one goes 
 
 class FastPath:
     """A connection's switch between the socket and its session. The app installs `sink`
-    (takes a binary message, True if it took it) and opens the path while its receiver
-    waits; `direct` and `queued` count binary messages by the way they went."""
+    (takes whole binary messages in order, returns how many it took from the first; the rest
+    take the queue) and opens the path while its receiver waits; `direct` and `queued` count
+    binary messages by the way they went."""
 
-    __slots__ = ("direct", "open", "queued", "send_text", "sent_direct", "sink", "split")
+    __slots__ = (
+        "direct",
+        "hand_over",
+        "hold_samples",
+        "open",
+        "queued",
+        "send_text",
+        "sent_direct",
+        "sink",
+        "split",
+    )
 
     def __init__(self) -> None:
-        self.sink: Callable[[bytes], bool] | None = None
+        self.sink: Callable[[list[bytes]], int] | None = None
+        # Samples (message bytes // 2) the protocol may hold before it hands them over: the
+        # sink sets it to what the session can wait for; 0 hands every message over at once.
+        self.hold_samples = 0
+        # Installed by the protocol: hands over what it holds now (the app calls it before
+        # it uninstalls the sink).
+        self.hand_over: Callable[[], None] | None = None
         self.open = False
         self.direct = 0
         self.queued = 0
@@ -80,6 +105,8 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         self.fast_path: FastPath | None = None
         self.framing = False  # True: this protocol splits frames (module docstring)
         self._held = b""  # the start of a frame whose rest has not arrived yet
+        self._audio: list[bytes] = []  # whole binary messages held for the session
+        self._audio_samples = 0  # their size in samples (bytes // 2)
 
     def data_received(self, data: bytes) -> None:
         if self.framing:
@@ -89,9 +116,12 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         self.framing = self._at_frame_boundary()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.fast_path is not None:
+            self._hand_over(self.fast_path)  # before the disconnect is queued
         super().connection_lost(exc)
         if self.fast_path is not None:
-            self.fast_path.send_text = None  # its bound method would hold this protocol
+            # Their bound methods would hold this protocol.
+            self.fast_path.send_text = self.fast_path.hand_over = None
         # websockets' parser generator holds its connection: a reference cycle that would
         # keep every closed connection until a full GC pass (soaks with session churn).
         # Closing the generator ends it and frees its frame (nothing is received after this).
@@ -155,9 +185,9 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
                 payload = apply_mask(data[head + 4 : stop], data[head : head + 4])
                 pos = stop
                 fast.split += 1
-                if not self._offer(fast, payload):
-                    self._to_queue(fast, Frame(Opcode.BINARY, payload))
+                self._offer(fast, payload, hold=True)
             else:
+                self._hand_over(fast)  # what is held goes before this frame
                 conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
                 pos = stop
                 if conn.parser_exc is not None:
@@ -172,6 +202,8 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
 
     def _give_back(self, rest: bytes) -> None:
         """End the take-over: websockets frames `rest` and everything after it."""
+        if self.fast_path is not None:
+            self._hand_over(self.fast_path)
         self.framing = False
         if rest:
             super().data_received(rest)
@@ -182,6 +214,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         if scope is not None:  # the handshake went on to the app
             self.fast_path = FastPath()
             self.fast_path.send_text = self._send_text
+            self.fast_path.hand_over = self._hand_over_now
             scope["extensions"][FAST_PATH] = self.fast_path
 
     def _send_text(self, text: str) -> bool:
@@ -205,8 +238,51 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         fast = self.fast_path
         if fast is None:
             super().handle_bytes(event)
-        elif not (event.fin and self._offer(fast, event.data)):
+        elif event.fin:
+            self._offer(fast, event.data, hold=False)
+        else:
+            self._hand_over(fast)
             self._to_queue(fast, event)
+
+    def _offer(self, fast: FastPath, data: bytes, *, hold: bool) -> None:
+        """A whole binary message: held for the session (`hold`, while under what it can
+        wait for), handed to it with what is held, or queued when the path is not open or
+        something queued is ahead of it."""
+        if fast.sink is None or not fast.open or self.close_sent or not self.queue.empty():
+            self._hand_over(fast)
+            self._to_queue(fast, Frame(Opcode.BINARY, data))
+            return
+        self._audio.append(data)
+        self._audio_samples += len(data) >> 1
+        if not hold or self._audio_samples >= fast.hold_samples:
+            self._hand_over(fast)
+
+    def _hand_over_now(self) -> None:
+        if self.fast_path is not None:
+            self._hand_over(self.fast_path)
+
+    def _hand_over(self, fast: FastPath) -> None:
+        """Give the session what is held; what it does not take goes the queued way, in
+        order (nothing else has been queued since the first of them was held)."""
+        held = self._audio
+        if not held:
+            return
+        self._audio = []
+        self._audio_samples = 0
+        taken = 0
+        sink = fast.sink
+        if sink is not None:
+            try:
+                taken = sink(held)
+            except Exception:
+                # A bug here must not cost the connection (an exception in data_received
+                # closes it): this stream goes the queued way from now on.
+                log.exception("audio fast path failed; this stream's audio takes the queue")
+                fast.sink = _refuse
+                taken = 0
+        fast.direct += taken
+        for data in held[taken:]:
+            self._to_queue(fast, Frame(Opcode.BINARY, data))
 
     def _to_queue(self, fast: FastPath, event: Any) -> None:
         """The ASGI way (counted as queued once the session's sink is installed)."""
@@ -214,28 +290,10 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
             fast.queued += 1
         super().handle_bytes(event)
 
-    def _offer(self, fast: FastPath, data: bytes) -> bool:
-        """Hand a whole binary message to the session's sink, when the path is open and
-        nothing queued is ahead of it; True if the sink took it (counted as direct)."""
-        sink = fast.sink
-        if sink is None or not fast.open or self.close_sent or not self.queue.empty():
-            return False
-        try:
-            taken = sink(data)
-        except Exception:
-            # A bug here must not cost the connection (an exception in data_received
-            # closes it): this stream goes the queued way from now on.
-            log.exception("audio fast path failed; this stream's audio takes the queue")
-            fast.sink = _refuse
-            return False
-        if taken:
-            fast.direct += 1
-        return taken
 
-
-def _refuse(data: bytes) -> bool:
+def _refuse(messages: list[bytes]) -> int:
     """The sink of a connection whose fast path failed: every message takes the queue."""
-    return False
+    return 0
 
 
 def websocket_protocol() -> type[WebSocketsSansIOProtocol] | str:

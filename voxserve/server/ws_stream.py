@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -209,6 +210,7 @@ class StreamConnection:
         fast = self.fast
         if fast is not None:
             fast.sink = self._audio_sink(live)
+            session.release_input = partial(self._release_input, session)
         sender = asyncio.create_task(self._send(live), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
         limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
@@ -220,6 +222,9 @@ class StreamConnection:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             if fast is not None:
+                if fast.hand_over is not None:
+                    fast.hand_over()  # held audio is counted below, one way or the other
+                session.release_input = None
                 fast.sink, fast.open = None, False
                 counted = self.runtime.metrics.ws_audio_messages
                 counted.labels("direct").inc(fast.direct)
@@ -350,38 +355,76 @@ class StreamConnection:
                 if exc.fatal:
                     await self._end_fatally(live, None)
 
-    def _audio_sink(self, live: LiveStream) -> Callable[[bytes], bool]:
-        """The fast path's sink (server/ws_fastpath.py): a valid frame the session can take
-        without waiting is taken here, inside the socket's `data_received`; False leaves
-        the message to `_receive`, which reports errors and waits for credit."""
+    def _release_input(self, session: Session) -> None:
+        """Session.release_input: the fast path hands over what it holds, then holds back
+        no more than the session now wants."""
+        fast = self.fast
+        if fast is not None:
+            if fast.hand_over is not None:
+                fast.hand_over()
+            fast.hold_samples = session.audio_wanted_in()
+
+    def _audio_sink(self, live: LiveStream) -> Callable[[list[bytes]], int]:
+        """The fast path's sink (server/ws_fastpath.py): valid frames the session can take
+        without waiting are taken here, inside the socket's `data_received`, several at a
+        time; it returns how many it took from the first, and the rest go to `_receive`,
+        which reports errors and waits for credit. It tells the protocol how much audio
+        it may hold before the next hand-over: what the session can wait for."""
         session = live.session
         max_frame_ms = self.limits.max_frame_ms
         rate = session.config.sample_rate
         limit = max_frame_bytes(rate, max_frame_ms)
         charged = isinstance(live.quota, SessionQuota) and live.quota.charges_audio
+        fast = self.fast
 
-        def sink(data: bytes) -> bool:
+        def sink(messages: list[bytes]) -> int:
             if live.closing:
-                return False
-            try:
-                seq, pcm = parse_audio_frame(data, rate, max_frame_ms, limit)
-            except VoxError:
-                return False
-            if not session.can_take_audio_now(len(pcm)):
-                return False
-            self._last_message_at = now = time.monotonic()
-            if charged:
-                accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
-                if report is not None:
-                    # Cannot wait here: an outbox full means a client not reading, and the
-                    # refused audio is still counted in `rejected`.
-                    session.outbox.event_nowait(report.to_event())
-                if not accepted:
-                    return True
-            session.take_audio_now(seq, pcm, now)
-            return True
+                return 0
+            frames: list[tuple[int, memoryview]] = []
+            size = 0
+            for data in messages:
+                try:
+                    seq, pcm = parse_audio_frame(data, rate, max_frame_ms, limit)
+                except VoxError:
+                    break  # it and what follows take the queue, which reports the error
+                frames.append((seq, pcm))
+                size += len(pcm)
+            if not frames:
+                taken = 0
+            elif session.can_take_audio_now(last := frames[-1][1].nbytes, ahead=size - last):
+                self._take_audio(live, frames, charged)
+                taken = len(frames)
+            else:  # not all at once: as many as fit, one at a time
+                taken = 0
+                for frame in frames:
+                    if not session.can_take_audio_now(frame[1].nbytes):
+                        break
+                    self._take_audio(live, [frame], charged)
+                    taken += 1
+            if fast is not None:
+                fast.hold_samples = session.audio_wanted_in()
+            return taken
 
         return sink
+
+    def _take_audio(
+        self, live: LiveStream, frames: list[tuple[int, memoryview]], charged: bool
+    ) -> None:
+        """Write frames the session has room for; a quota refuses frame by frame (counted
+        in `rejected`; its one report per run of refusals is sent without waiting: an
+        outbox full means a client not reading)."""
+        self._last_message_at = now = time.monotonic()
+        if charged:
+            rate = live.session.config.sample_rate
+            kept = []
+            for seq, pcm in frames:
+                accepted, report = self._charge_audio(live, len(pcm) / (2 * rate))
+                if report is not None:
+                    live.session.outbox.event_nowait(report.to_event())
+                if accepted:
+                    kept.append((seq, pcm))
+            frames = kept
+        live.session.take_audio_now(frames, now)
 
     async def _audio_quota(self, live: LiveStream, seconds: float) -> bool:
         """`_charge_audio`, its report sent (waiting for the outbox like any event)."""
@@ -437,8 +480,10 @@ class StreamConnection:
         close; the sender closes the socket once these are out."""
         if live.closing:
             return
-        live.closing = True
         session = live.session
+        if self.fast is not None and self.fast.hand_over is not None:
+            self.fast.hand_over()  # audio received before the end is counted in it
+        live.closing = True
         if error is not None:
             session.end_reason = error.code.value
             self.runtime.metrics.errors.labels(error.code.value, "ws").inc()
