@@ -208,9 +208,10 @@ class StreamConnection:
             await self.ws.send_text(encode_event(session.started_event()))
             log.info("session started", extra={"mode": session.config.mode})
         fast = self.fast
+        release = partial(self._release_input, session)
         if fast is not None:
             fast.sink = self._audio_sink(live)
-            session.release_input = partial(self._release_input, session)
+            session.release_input = release
         sender = asyncio.create_task(self._send(live), name="voxserve-sender")
         receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
         limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
@@ -224,7 +225,8 @@ class StreamConnection:
             if fast is not None:
                 if fast.hand_over is not None:
                     fast.hand_over()  # held audio is counted below, one way or the other
-                session.release_input = None
+                if session.release_input is release:  # a resumed connection has its own
+                    session.release_input = None
                 fast.sink, fast.open = None, False
                 counted = self.runtime.metrics.ws_audio_messages
                 counted.labels("direct").inc(fast.direct)
