@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime
 
 import numpy as np
+import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer
@@ -58,7 +60,17 @@ async def test_twenty_concurrent_real_streams_each_get_their_own_transcript(
         assert wer(texts[name], text) <= 0.2, (name, text)
 
 
-async def test_assistant_round_trip_and_barge_in(live_server: LiveServer) -> None:
+async def test_assistant_round_trip_and_barge_in(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reply says the time: at midnight ("It's midnight.", under a second of speech) it
+    # ended before the user could talk over it (CI at 00:00). A fixed, long time instead.
+    def clock() -> datetime:
+        return datetime(2026, 11, 29, 15, 47)
+
+    responder = live_server.runtime.engines.responder
+    assert hasattr(responder, "_now"), responder
+    monkeypatch.setattr(responder, "_now", clock)
     question = np.concatenate([fixture_audio("command.wav"), silence(0.8)])
     async with connect(live_server.ws_url) as ws:
         await start(ws, mode="assistant", output_sample_rate=16000)
