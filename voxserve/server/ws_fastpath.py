@@ -116,8 +116,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         self.framing = self._at_frame_boundary()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.fast_path is not None:
-            self._hand_over(self.fast_path)  # before the disconnect is queued
+        self._hand_over()  # before the disconnect is queued
         super().connection_lost(exc)
         if self.fast_path is not None:
             # Their bound methods would hold this protocol.
@@ -187,7 +186,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
                 fast.split += 1
                 self._offer(fast, payload, hold=True)
             else:
-                self._hand_over(fast)  # what is held goes before this frame
+                self._hand_over()  # what is held goes before this frame
                 conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
                 pos = stop
                 if conn.parser_exc is not None:
@@ -202,8 +201,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
 
     def _give_back(self, rest: bytes) -> None:
         """End the take-over: websockets frames `rest` and everything after it."""
-        if self.fast_path is not None:
-            self._hand_over(self.fast_path)
+        self._hand_over()
         self.framing = False
         if rest:
             super().data_received(rest)
@@ -214,7 +212,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         if scope is not None:  # the handshake went on to the app
             self.fast_path = FastPath()
             self.fast_path.send_text = self._send_text
-            self.fast_path.hand_over = self._hand_over_now
+            self.fast_path.hand_over = self._hand_over
             scope["extensions"][FAST_PATH] = self.fast_path
 
     def _send_text(self, text: str) -> bool:
@@ -241,7 +239,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         elif event.fin:
             self._offer(fast, event.data, hold=False)
         else:
-            self._hand_over(fast)
+            self._hand_over()
             self._to_queue(fast, event)
 
     def _offer(self, fast: FastPath, data: bytes, *, hold: bool) -> None:
@@ -249,23 +247,19 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         wait for), handed to it with what is held, or queued when the path is not open or
         something queued is ahead of it."""
         if fast.sink is None or not fast.open or self.close_sent or not self.queue.empty():
-            self._hand_over(fast)
+            self._hand_over()
             self._to_queue(fast, Frame(Opcode.BINARY, data))
             return
         self._audio.append(data)
         self._audio_samples += len(data) >> 1
         if not hold or self._audio_samples >= fast.hold_samples:
-            self._hand_over(fast)
+            self._hand_over()
 
-    def _hand_over_now(self) -> None:
-        if self.fast_path is not None:
-            self._hand_over(self.fast_path)
-
-    def _hand_over(self, fast: FastPath) -> None:
+    def _hand_over(self) -> None:
         """Give the session what is held; what it does not take goes the queued way, in
         order (nothing else has been queued since the first of them was held)."""
-        held = self._audio
-        if not held:
+        held, fast = self._audio, self.fast_path
+        if not held or fast is None:
             return
         self._audio = []
         self._audio_samples = 0

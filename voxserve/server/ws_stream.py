@@ -223,8 +223,7 @@ class StreamConnection:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             if fast is not None:
-                if fast.hand_over is not None:
-                    fast.hand_over()  # held audio is counted below, one way or the other
+                self._release_input(session)  # held audio is counted below, either way
                 if session.release_input is release:  # a resumed connection has its own
                     session.release_input = None
                 fast.sink, fast.open = None, False
@@ -483,8 +482,7 @@ class StreamConnection:
         if live.closing:
             return
         session = live.session
-        if self.fast is not None and self.fast.hand_over is not None:
-            self.fast.hand_over()  # audio received before the end is counted in it
+        self._release_input(session)  # audio received before the end is counted in it
         live.closing = True
         if error is not None:
             session.end_reason = error.code.value
