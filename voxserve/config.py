@@ -180,6 +180,10 @@ class CacheConfig(BaseModel):
     # Disk writes waiting for the writer thread; beyond this, new entries stay in memory
     # only (counted as disk_dropped) rather than letting the backlog grow.
     write_queue_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    # With API keys, each key is served only the entries its own requests made (plus the
+    # operator's prewarmed and fallback phrases): otherwise one tenant could tell from a
+    # reply's speed what another had synthesised. True shares every entry among all keys.
+    share_across_keys: bool = False
 
     def path(self) -> Path:
         return Path(self.dir or default_cache_dir()) / "tts-cache.sqlite3"

@@ -49,7 +49,10 @@ class _Mark:
 
 
 class Session:
-    def __init__(self, runtime: Runtime, config: StreamConfig, outbox: Outbox) -> None:
+    def __init__(
+        self, runtime: Runtime, config: StreamConfig, outbox: Outbox, *, cache_scope: str = ""
+    ) -> None:
+        """`cache_scope`: whose TTS cache entries its replies may use (cache/key.py)."""
         # The engines this session runs on to its end, even if they are reloaded meanwhile.
         self.lease = runtime.lease()
         self.runtime = runtime = runtime.session_view(self.lease)
@@ -106,6 +109,7 @@ class Session:
             voice=self.voice,
             speed=config.speed,
             sample_rate=self.output_sample_rate,
+            cache_scope=cache_scope,
         )
         self.listener: Listener | None = None
         if config.mode in ("asr", "assistant"):

@@ -55,8 +55,10 @@ class Speaker:
         voice: str,
         speed: float,
         sample_rate: int,
+        cache_scope: str = "",
     ) -> None:
         self.runtime = runtime
+        self.cache_scope = cache_scope
         self.outbox = outbox
         self.voice = voice
         self.speed = speed
@@ -194,6 +196,7 @@ class Speaker:
                         voice=self.voice,
                         speed=self.speed,
                         sample_rate=self.sample_rate,
+                        scope=self.cache_scope,
                     )
                     async with contextlib.aclosing(chunks):
                         async for chunk in chunks:

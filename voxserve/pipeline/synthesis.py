@@ -26,8 +26,9 @@ import numpy as np
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import StreamResampler, check_rate
+from voxserve.cache.entry import Entry
 from voxserve.cache.flight import Flight
-from voxserve.cache.key import CacheKey, make_key, round_speed
+from voxserve.cache.key import SHARED_SCOPE, CacheKey, canonical_text, make_key, round_speed
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
@@ -111,7 +112,8 @@ def plan(
 ) -> SpeechRequest:
     settings = runtime.settings
     out_rate = check_rate(sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
-    text = check_text(text, settings.limits.max_text_chars)
+    # The engine is given the text's canonical (NFC) form, the one its cache key names.
+    text = canonical_text(check_text(text, settings.limits.max_text_chars))
     check_speed(speed)
     voice_info, engine = runtime.engines.voice(voice)
     first_samples, max_samples = chunk_sizes(settings.tts, out_rate)
@@ -120,14 +122,25 @@ def plan(
     )
 
 
-def cache_key(runtime: Runtime, request: SpeechRequest) -> CacheKey:
+def cache_key(runtime: Runtime, request: SpeechRequest, scope: str = SHARED_SCOPE) -> CacheKey:
     return make_key(
         request.text,
         voice=request.voice.id,
         speed=request.speed,
         sample_rate=request.sample_rate,
         engine=runtime.fingerprint(request.engine),
+        scope=scope,
     )
+
+
+def _lookup(
+    cache: TtsCache, runtime: Runtime, request: SpeechRequest, key: CacheKey
+) -> Entry | None:
+    """The entry of `key`; for a key's own scope, else the shared one (prewarmed phrases)."""
+    entry = cache.lookup(key)
+    if entry is None and key.scope != SHARED_SCOPE:
+        entry = cache.lookup(cache_key(runtime, request))
+    return entry
 
 
 async def synthesize(
@@ -137,10 +150,12 @@ async def synthesize(
     voice: str | None = None,
     speed: float = 1.0,
     sample_rate: int | None = None,
+    scope: str = SHARED_SCOPE,
 ) -> AsyncGenerator[Int16Array, None]:
     """Yield int16 chunks (adaptive: pipeline/chunking.py) at `sample_rate` as they are made
     (or at once, from the cache). Raises TtsDegraded, before any chunk, for uncached text
-    while TTS is degraded."""
+    while TTS is degraded. `scope`: whose cache entries may answer and where a miss is
+    stored (cache/key.py; the transports derive it from the caller's API key)."""
     request = plan(runtime, text, voice, speed, sample_rate)
     started = time.perf_counter()
     cache = runtime.cache
@@ -150,8 +165,8 @@ async def synthesize(
         source = "miss"
         chunks = _observed(runtime, _engine_chunks(runtime, request))
     else:
-        key = cache_key(runtime, request)
-        entry = cache.lookup(key)
+        key = cache_key(runtime, request, scope)
+        entry = _lookup(cache, runtime, request, key)
         if entry is not None:
             runtime.metrics.observe_first_audio("hit", time.perf_counter() - started)
             for piece in request.chunker().split(entry.samples()):

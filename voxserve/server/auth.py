@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from voxserve.cache.key import SHARED_SCOPE
 from voxserve.config import ConfigError, Settings
 from voxserve.errors import ErrorCode, VoxError
 
@@ -38,6 +39,15 @@ _HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def cache_scope(settings: Settings, principal: str) -> str:
+    """Whose TTS cache entries a caller is served (cache/key.py): its own key's, unless the
+    cache is shared across keys or the caller is anonymous (auth off, or Wyoming, which
+    must then stay on a loopback host: the operator's own traffic)."""
+    if principal == ANONYMOUS or settings.cache.share_across_keys:
+        return SHARED_SCOPE
+    return principal
 
 
 def key_id(key_digest: bytes) -> str:

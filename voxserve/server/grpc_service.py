@@ -27,7 +27,7 @@ from voxserve.observe.logs import bind_session
 from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
 from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
 from voxserve.server import grpc_codec as codec
-from voxserve.server.auth import KeyRing, bearer_token
+from voxserve.server.auth import KeyRing, bearer_token, cache_scope
 from voxserve.server.grpc_stream import (
     TRANSPORT,
     SessionCall,
@@ -103,7 +103,8 @@ class VoxserveServicer:
         bind_session(trace_id)  # this call's own task: its log lines carry the trace id
         await self._count_request(context)
         try:
-            chunks, started = self._plan(request, trace_id)
+            scope = cache_scope(self.runtime.settings, self._principal(context))
+            chunks, started = self._plan(request, trace_id, scope)
             first = await anext(chunks, None)
         except VoxError as exc:
             await self._fail(context, exc, trace_id)
@@ -126,7 +127,7 @@ class VoxserveServicer:
         yield pb.SynthesizeResponse(ended=pb.SynthesisEnded(chunks=count, audio_ms=audio_ms))
 
     def _plan(
-        self, request: pb.SynthesizeRequest, trace_id: str
+        self, request: pb.SynthesizeRequest, trace_id: str, scope: str
     ) -> tuple[AsyncIterator[Int16Array], pb.SynthesisStarted]:
         """Every check before the first byte, so a client mistake is a status, not a
         truncated stream."""
@@ -143,7 +144,9 @@ class VoxserveServicer:
             request.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES
         )
         voice, _ = engines.voice(request.voice or None)
-        chunks = synthesize(runtime, text, voice=voice.id, speed=speed, sample_rate=rate)
+        chunks = synthesize(
+            runtime, text, voice=voice.id, speed=speed, sample_rate=rate, scope=scope
+        )
         started = pb.SynthesisStarted(
             voice=voice.id, sample_rate=rate, encoding="pcm_s16le", trace_id=trace_id
         )

@@ -36,7 +36,7 @@ from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server.admission import admit
-from voxserve.server.auth import ANONYMOUS
+from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.quotas import SessionQuota, quotas_of
 from voxserve.server.ws_protocol import (
     CancelMessage,
@@ -139,7 +139,8 @@ class SessionCall(Generic[Req, Resp]):
         config = self.parse_first(first)
         outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
         try:
-            return Session(self.runtime, config, outbox)
+            scope = cache_scope(self.runtime.settings, self.principal)
+            return Session(self.runtime, config, outbox, cache_scope=scope)
         except VoxError as exc:
             exc.fatal = True
             raise

@@ -18,6 +18,7 @@ from voxserve.config import Settings
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
 from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
+from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -42,8 +43,14 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     engines = runtime.engines
     body = await read_json(request, runtime.settings.limits.max_message_bytes)
     plan = _speech_plan(body, engines, runtime.settings)
+    principal = getattr(request.state, "principal", ANONYMOUS)
     chunks = synthesize(
-        runtime, plan.text, voice=plan.voice.id, speed=plan.speed, sample_rate=plan.sample_rate
+        runtime,
+        plan.text,
+        voice=plan.voice.id,
+        speed=plan.speed,
+        sample_rate=plan.sample_rate,
+        scope=cache_scope(runtime.settings, principal),
     )
     # Waiting for the first chunk before answering keeps a failing engine a JSON error,
     # and the first byte the client sees is real audio (time-to-first-audio = the engine's).

@@ -30,6 +30,7 @@ from voxserve.server.auth import (
     SUBPROTOCOL,
     KeyRing,
     bearer_token,
+    cache_scope,
     origin_allowed,
     subprotocol_token,
 )
@@ -155,7 +156,8 @@ class StreamConnection:
                 self.runtime.settings.pipeline.outbox_messages, self.limits.stalled_client_s
             )
             try:
-                session = Session(self.runtime, first.config, outbox)
+                scope = cache_scope(self.runtime.settings, self.key_id or ANONYMOUS)
+                session = Session(self.runtime, first.config, outbox, cache_scope=scope)
             except VoxError as exc:
                 exc.fatal = True
                 raise
