@@ -17,7 +17,7 @@ whichever is later. So a client that stops reading is ended between `stall_s` an
 4/3 x `stall_s` after (sooner the more output there is). Before saying so the probe looks
 once more a moment later, so a pong already in the socket's buffer (a loop that ran late,
 reading just resumed) is read first; and while the server itself is not reading the
-socket (its app busy), no pong could arrive and the clock waits.
+socket (its app busy), no pong could be read, so nobody is stalled then.
 
 The protocol (server/ws_fastpath.py) owns one probe per connection once the session runs:
 it calls `wrote` after output, `heard` for every pong; `on_stall` is its way to end the
