@@ -306,8 +306,9 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         super().handle_pong(event)
 
     def keepalive_timeout(self) -> None:
-        probe = self._probe
-        if probe is not None and probe.waiting and not probe.stopped:
+        probe, fast = self._probe, self.fast_path
+        in_session = fast is not None and fast.on_stall is not None
+        if probe is not None and probe.waiting and not probe.stopped and in_session:
             # No pong, and output unread: a stalled reader, not a dead keepalive.
             self.pong_timer = None
             self.pending_ping_payload = None
