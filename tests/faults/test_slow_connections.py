@@ -150,8 +150,13 @@ NOFILE = 400
 HELD = 420
 
 
-def _limit_descriptors() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+# `python -m voxserve` with its descriptors limited first (not preexec_fn: the test process
+# runs server threads, and a fork with threads may not run Python code safely).
+LIMITED_VOXSERVE = (
+    "import resource, runpy, sys; "
+    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({NOFILE}, {NOFILE})); "
+    "sys.argv[0] = 'voxserve'; runpy.run_module('voxserve', run_name='__main__')"
+)
 
 
 @pytest.fixture
@@ -168,11 +173,10 @@ def small_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "voxserve", "serve", "--config", "bench/load-engines.toml",
-             "--port", str(port), "--grpc-port", "0", "--wyoming-port", "0",
-             "--log-level", "warning"],
+            [sys.executable, "-c", LIMITED_VOXSERVE, "serve", "--config",
+             "bench/load-engines.toml", "--port", str(port), "--grpc-port", "0",
+             "--wyoming-port", "0", "--log-level", "warning"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=_limit_descriptors,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -226,6 +230,11 @@ def test_healthz_answers_with_420_stuck_connections_and_400_descriptors(
     small_server: tuple[subprocess.Popen[bytes], int],
 ) -> None:
     proc, port = small_server
+    limits = Path(f"/proc/{proc.pid}/limits").read_text()
+    assert any(
+        line.startswith("Max open files") and line.split()[3:5] == [str(NOFILE)] * 2
+        for line in limits.splitlines()
+    ), limits
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < HELD + 200:  # this process holds the client ends
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, HELD + 400), hard))
