@@ -204,6 +204,20 @@ class LimitsConfig(BaseModel):
     # A client that reads nothing for this long while output waits for it is ended
     # (`client_stalled`): a stalled reader never makes the server buffer without bound.
     stalled_client_s: float = Field(default=15.0, gt=0)
+    # HTTP (slow-loris guards: uvicorn itself times out only the idle time between
+    # requests). A request's headers must be complete this long after the connection
+    # opened or the request's first byte arrived (408 `client_stalled`, then closed)...
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    # ...and a request body (JSON or upload) may not pause longer than this between two
+    # reads (408 `client_stalled`, then closed).
+    http_body_timeout_s: float = Field(default=15.0, gt=0)
+    # HTTP and WebSocket connections open at once. None: the descriptor limit
+    # (RLIMIT_NOFILE) less a headroom for engines, cache files, logs and the other
+    # transports (server/http_protocol.py `default_max_connections`), so clients can never
+    # take the descriptors /healthz and the server itself need. At the cap the connection
+    # idle or stuck in its request the longest is closed to make room; if none is, the new
+    # one is refused (503 `overloaded`).
+    max_connections: int | None = Field(default=None, ge=1)
     # SIGTERM: stop admitting, let live turns finish for up to this long, then end every
     # session with `session.ended` reason `server_shutdown`, then exit 0.
     drain_timeout_s: float = Field(default=20.0, ge=0)

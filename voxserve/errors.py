@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     EMPTY_AUDIO = "empty_audio"
     INVALID_AUDIO = "invalid_audio"  # not a WAV / unreadable upload
     INVALID_PARAMETER = "invalid_parameter"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a JSON route's body not application/json
     WRONG_MODE = "wrong_mode"  # e.g. text in an asr session
     # server side
     STAGE_TIMEOUT = "stage_timeout"

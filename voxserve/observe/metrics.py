@@ -87,6 +87,15 @@ class Metrics:
         self.errors = Counter(
             "voxserve_errors_total", "Errors sent to clients", ["code", "transport"], registry=r
         )
+        self.http_closed = Counter(
+            "voxserve_http_connections_closed_total",
+            "HTTP connections the server closed for a connection limit (server/http_protocol.py): "
+            "header_timeout, evicted (closed to make room at limits.max_connections), refused "
+            "(over it, nothing to evict), unread_response (the client read none of the response "
+            "for limits.stalled_client_s)",
+            ["reason"],
+            registry=r,
+        )
         self.refused = Counter(
             "voxserve_sessions_refused_total", "Sessions refused", ["reason"], registry=r
         )

@@ -13,6 +13,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
+from voxserve.errors import ErrorCode
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
 from voxserve.server import (
@@ -25,6 +26,7 @@ from voxserve.server import (
     web,
     ws_stream,
 )
+from voxserve.server.http_guards import BodyTimeout, OriginGuard
 from voxserve.server.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
 
@@ -67,7 +69,8 @@ def create_app(runtime: Runtime) -> Starlette:
         *ws_stream.routes(runtime),
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors_middleware(runtime))
+    middleware = [*cors_middleware(runtime), *guard_middleware(runtime)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.runtime = runtime
     return app
 
@@ -87,6 +90,17 @@ def cors_middleware(runtime: Runtime) -> list[Middleware]:
             expose_headers=[TRACE_HEADER, "Retry-After"],
             max_age=600,
         )
+    ]
+
+
+def guard_middleware(runtime: Runtime) -> list[Middleware]:
+    """Inside CORS (which answers the preflights of listed origins): the Origin check on
+    /v1/* and the body read timeout (server/http_guards.py)."""
+    settings = runtime.settings
+    stalled = runtime.metrics.errors.labels(ErrorCode.CLIENT_STALLED.value, "http")
+    return [
+        Middleware(OriginGuard, allowed=settings.cors_allowed_origins),
+        Middleware(BodyTimeout, idle_s=settings.limits.http_body_timeout_s, count=stalled.inc),
     ]
 
 

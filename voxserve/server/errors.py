@@ -21,6 +21,7 @@ _STATUS = {
     ErrorCode.ORIGIN_NOT_ALLOWED: 403,
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
 }
 
 

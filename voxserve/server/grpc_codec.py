@@ -56,6 +56,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.EMPTY_AUDIO: S.INVALID_ARGUMENT,
     ErrorCode.INVALID_AUDIO: S.INVALID_ARGUMENT,
     ErrorCode.INVALID_PARAMETER: S.INVALID_ARGUMENT,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: S.INVALID_ARGUMENT,  # HTTP only; listed for completeness
     ErrorCode.WRONG_MODE: S.INVALID_ARGUMENT,
     ErrorCode.STAGE_TIMEOUT: S.DEADLINE_EXCEEDED,
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.

@@ -24,6 +24,7 @@ log = logging.getLogger("voxserve.server.http_audio")
 
 MAX_FORM_FIELDS = 32
 TRACE_HEADER = "X-Voxserve-Trace-Id"
+JSON_MEDIA_TYPE = "application/json"
 
 Handler = Callable[[Request, str], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -84,8 +85,22 @@ def _check_declared_length(request: Request, limit: int) -> None:
         raise _too_large(limit)
 
 
+def require_json_type(request: Request) -> None:
+    """A JSON body must be declared `application/json` (parameters such as charset allowed):
+    a browser page of another site can send `text/plain` or a form without a CORS
+    preflight, but `application/json` only after one, which only listed origins pass."""
+    declared = request.headers.get("content-type", "")
+    media_type = declared.partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"the body must be sent as Content-Type: application/json, not {declared[:64]!r}",
+        )
+
+
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object, read under the byte cap."""
+    require_json_type(request)
     _check_declared_length(request, limit)
     raw = await Request(request.scope, _capped(request.receive, limit)).body()
     try:

@@ -11,29 +11,53 @@ import uvicorn
 from voxserve.config import Settings
 from voxserve.runtime import Runtime
 from voxserve.server.app import create_app
+from voxserve.server.http_protocol import (
+    ConnectionLimits,
+    default_max_connections,
+    http_protocol,
+)
 from voxserve.server.ws_fastpath import websocket_protocol
+
+KEEPALIVE_S = 20.0  # WebSocket ping interval, and at least the time a pong may take
 
 
 def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicorn.Config:
     runtime = runtime or Runtime(settings)
+    limits = settings.limits
     return uvicorn.Config(
         create_app(runtime),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # logging is voxserve's (observe/logs.py), uvicorn's loggers included
+        # uvicorn's httptools protocol + header timeout, connection cap, unread responses
+        http=http_protocol(connection_limits(settings, runtime)),
         ws=websocket_protocol(),  # uvicorn's websockets-sansio + the audio fast path
-        ws_max_size=settings.limits.max_message_bytes,
+        ws_max_size=limits.max_message_bytes,
         # PCM does not compress; deflate would only cost CPU on both ends.
         ws_per_message_deflate=False,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
+        ws_ping_interval=KEEPALIVE_S,
+        # A client that stops reading is ended as `client_stalled` within 4/3 of
+        # stalled_client_s (server/ws_stall.py), not first by the keepalive.
+        ws_ping_timeout=max(KEEPALIVE_S, limits.stalled_client_s * 4 / 3 + 2.0),
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
         # TLS is shared with gRPC (settings.tls_*): HTTPS and WSS on the same port.
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
+    )
+
+
+def connection_limits(settings: Settings, runtime: Runtime) -> ConnectionLimits:
+    limits = settings.limits
+    metrics = runtime.metrics
+    return ConnectionLimits(
+        max_connections=limits.max_connections or default_max_connections(),
+        header_timeout_s=limits.http_header_timeout_s,
+        stalled_s=limits.stalled_client_s,
+        count_closed=lambda reason: metrics.http_closed.labels(reason).inc(),
+        count_error=lambda code: metrics.errors.labels(code.value, "http").inc(),
     )
 
 

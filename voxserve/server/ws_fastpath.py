@@ -33,6 +33,13 @@ is fed to websockets alone, which parses it and is at a frame boundary again aft
 anything this cannot judge (an unmasked frame, one over the size limit, more than 64 KiB
 of an incomplete frame, a closing connection) ends the take-over: that byte and everything
 after it go to websockets, which fails the connection its own way.
+
+Stalled readers: while the session runs (`FastPath.on_stall` installed), output written is
+followed by pings whose pongs say the client read it (server/ws_stall.py). A client that
+reads nothing for `FastPath.stall_s` while output waits is handed to `on_stall` and closed
+here with 1008 `client_stalled` (written behind what it has not read; the socket is
+aborted if it still reads nothing). The keepalive's own missing pong counts the same while
+output waits; without output it stays uvicorn's (1011).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
+from voxserve.server.ws_stall import ReadProbe
+
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover (websockets built without its C extension)
@@ -56,9 +65,21 @@ FAST_PATH = "voxserve.audio_fast_path"  # key in scope["extensions"]
 
 # The uvicorn methods this subclass extends; checked at import so that a uvicorn that
 # changed them runs the plain protocol (slower, same behaviour) instead of breaking.
-_HOOKS = ("handle_connect", "handle_bytes", "handle_events", "handle_parser_exception")
+_HOOKS = (
+    "handle_connect",
+    "handle_bytes",
+    "handle_events",
+    "handle_parser_exception",
+    "handle_pong",
+    "keepalive_timeout",
+    "send",
+    "stop_keepalive",
+)
 _FIN_BINARY = 0x82  # first header byte of a whole binary message: FIN, no RSV bits, opcode 2
 _MAX_HELD = 64 * 1024  # an incomplete frame waited for here; a longer one goes to websockets
+CLOSE_POLICY = 1008
+STALLED = "client_stalled"
+STALLED_ABORT_S = 5.0  # a stalled client's close frame waits this long to be read, then abort
 
 
 class FastPath:
@@ -68,15 +89,18 @@ class FastPath:
     binary messages by the way they went."""
 
     __slots__ = (
+        "close_stalled",
         "direct",
         "hand_over",
         "hold_samples",
+        "on_stall",
         "open",
         "queued",
         "send_text",
         "sent_direct",
         "sink",
         "split",
+        "stall_s",
     )
 
     def __init__(self) -> None:
@@ -95,6 +119,13 @@ class FastPath:
         # (not open, closing, or the transport's buffer is full: the ASGI send waits then).
         self.send_text: Callable[[str], bool] | None = None
         self.sent_direct = 0  # events written by `send_text`
+        # Installed by the app while its session runs: called (once) when the client has
+        # read nothing for `stall_s` while output waited (module docstring).
+        self.on_stall: Callable[[], None] | None = None
+        self.stall_s: float | None = None
+        # Installed by the protocol: close with 1008 `client_stalled` at once, behind what
+        # the client has not read, without waiting for the transport to drain.
+        self.close_stalled: Callable[[], None] | None = None
 
 
 class AudioFastPathProtocol(WebSocketsSansIOProtocol):
@@ -107,6 +138,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         self._held = b""  # the start of a frame whose rest has not arrived yet
         self._audio: list[bytes] = []  # whole binary messages held for the session
         self._audio_samples = 0  # their size in samples (bytes // 2)
+        self._probe: ReadProbe | None = None  # made once output is written in a session
 
     def data_received(self, data: bytes) -> None:
         if self.framing:
@@ -118,9 +150,12 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._hand_over()  # before the disconnect is queued
         super().connection_lost(exc)
+        if self._probe is not None:
+            self._probe.stop()
         if self.fast_path is not None:
             # Their bound methods would hold this protocol.
-            self.fast_path.send_text = self.fast_path.hand_over = None
+            fast = self.fast_path
+            fast.send_text = fast.hand_over = fast.close_stalled = None
         # websockets' parser generator holds its connection: a reference cycle that would
         # keep every closed connection until a full GC pass (soaks with session churn).
         # Closing the generator ends it and frees its frame (nothing is received after this).
@@ -213,6 +248,7 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
             self.fast_path = FastPath()
             self.fast_path.send_text = self._send_text
             self.fast_path.hand_over = self._hand_over
+            self.fast_path.close_stalled = self._close_stalled
             scope["extensions"][FAST_PATH] = self.fast_path
 
     def _send_text(self, text: str) -> bool:
@@ -230,7 +266,90 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
             return False
         self.conn.send_text(text.encode())
         self.transport.write(b"".join(self.conn.data_to_send()))
+        self._wrote(len(text))
         return True
+
+    # -- stalled readers (server/ws_stall.py) --------------------------------------------
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.send":
+            self._wrote(len(message.get("bytes") or message.get("text") or ""))
+
+    def _wrote(self, size: int) -> None:
+        """Output went out: the session's probe pings behind it."""
+        probe = self._probe
+        if probe is None:
+            fast = self.fast_path
+            if fast is None or fast.on_stall is None or fast.stall_s is None:
+                return
+            probe = self._probe = ReadProbe(
+                self.loop, fast.stall_s, self._send_probe, self._stalled, self._reading
+            )
+        probe.wrote(size)
+
+    def _reading(self) -> bool:
+        return not self.read_paused
+
+    def _send_probe(self, payload: bytes) -> bool:
+        if self.close_sent or self.disconnected or self.transport.is_closing():
+            return False
+        if self.conn.state is not State.OPEN:
+            return False
+        self.conn.send_ping(payload)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
+
+    def handle_pong(self, event: Any) -> None:
+        if self._probe is not None:
+            self._probe.heard(bytes(event.data))  # uvicorn's keepalive pong confirms too
+        super().handle_pong(event)
+
+    def keepalive_timeout(self) -> None:
+        probe, fast = self._probe, self.fast_path
+        in_session = fast is not None and fast.on_stall is not None
+        if probe is not None and probe.waiting and not probe.stopped and in_session:
+            # No pong, and output unread: a stalled reader, not a dead keepalive.
+            self.pong_timer = None
+            self.pending_ping_payload = None
+            probe.stop()
+            self._stalled()
+            return
+        super().keepalive_timeout()
+
+    def _stalled(self) -> None:
+        """The client read nothing for the stall time while output waited: the app ends the
+        session (`on_stall`), and the connection closes now."""
+        fast = self.fast_path
+        on_stall = fast.on_stall if fast is not None else None
+        if on_stall is None:
+            return  # the session is over already
+        fast.on_stall = None  # type: ignore[union-attr]
+        on_stall()
+        self._close_stalled()
+
+    def _close_stalled(self) -> None:
+        """Close with 1008 `client_stalled`: the close frame goes behind what the client has
+        not read (a client that reads again sees why), the app hears a disconnect at once,
+        and the socket is aborted if the client has not answered the close within
+        `STALLED_ABORT_S`."""
+        if self._probe is not None:
+            self._probe.stop()
+        if self.close_sent or self.disconnected or self.transport.is_closing():
+            return
+        self.stop_keepalive()
+        if self.conn.state is State.OPEN:
+            self.conn.send_close(CLOSE_POLICY, STALLED)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.queue.put_nowait(
+            {"type": "websocket.disconnect", "code": CLOSE_POLICY, "reason": STALLED}
+        )
+        self.writable.set()  # an app send waiting for the buffer to drain gives up now
+        # Not closed yet: a closed socket whose peer's window is shut is soon reset by the
+        # kernel, losing the close frame. The client's answering close ends it (uvicorn's
+        # handle_close); one that still reads nothing is aborted.
+        self.close_timer = self.loop.call_later(STALLED_ABORT_S, self.transport.abort)
 
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path

@@ -108,6 +108,7 @@ class StreamConnection:
             window = self.limits.resume_window_s
             if (
                 self._client_left
+                and not live.session.outbox.stalled  # a stalled reader is ended, not kept
                 and window > 0
                 and live.session.config.resumable
                 and not live.finished
@@ -218,6 +219,9 @@ class StreamConnection:
         receiver = asyncio.create_task(self._receive(live), name="voxserve-receiver")
         limits = asyncio.create_task(self._watch_limits(live), name="voxserve-limits")
         tasks = {sender, receiver, limits}
+        if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
+            fast.stall_s = self.limits.stalled_client_s
+            fast.on_stall = partial(self._on_stall, live, sender)
         try:
             await self._wait_end(live, sender, receiver)
         finally:
@@ -225,6 +229,7 @@ class StreamConnection:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             if fast is not None:
+                fast.on_stall = fast.stall_s = None
                 self._release_input(session)  # held audio is counted below, either way
                 if session.release_input is release:  # a resumed connection has its own
                     session.release_input = None
@@ -297,11 +302,23 @@ class StreamConnection:
                 return
         await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
 
+    @staticmethod
+    def _on_stall(live: LiveStream, sender: asyncio.Task[None]) -> None:
+        """The protocol saw the client read nothing for `stalled_client_s` while output
+        waited: the session ends as stalled (the sender, stuck on the socket, stops)."""
+        live.session.outbox.stalled = True
+        sender.cancel()
+
     async def _close_stalled(self, live: LiveStream) -> None:
         """A client that reads nothing cannot be told in-band: close with 1008 and the
-        code as the reason (counted as the error)."""
+        code as the reason (counted as the error). The protocol closes without waiting for
+        its buffer to drain (it never would); elsewhere the ASGI close gets a second."""
         live.session.end_reason = ErrorCode.CLIENT_STALLED.value
         self.runtime.metrics.errors.labels(ErrorCode.CLIENT_STALLED.value, "ws").inc()
+        fast = self.fast
+        if fast is not None and fast.close_stalled is not None:
+            fast.close_stalled()
+            return
         with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
             async with asyncio.timeout(1.0):
                 await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
