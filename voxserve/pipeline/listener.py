@@ -327,8 +327,8 @@ class Listener:
             return
         if self._partial_task is not None and not self._partial_task.done():
             return
-        if self.runtime.stage("asr").waiting:
-            return  # partials are best effort: never queue behind finals
+        if self.runtime.stage("asr").live_waiting:
+            return  # partials are best effort: never queue behind finals (bulk is capped)
         self._last_partial_at = now
         audio = self.audio.slice(start - self.pad, now)
         self._partial_task = group.create_task(

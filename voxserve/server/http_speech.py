@@ -43,7 +43,12 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     body = await read_json(request, runtime.settings.limits.max_message_bytes)
     plan = _speech_plan(body, engines, runtime.settings)
     chunks = synthesize(
-        runtime, plan.text, voice=plan.voice.id, speed=plan.speed, sample_rate=plan.sample_rate
+        runtime,
+        plan.text,
+        voice=plan.voice.id,
+        speed=plan.speed,
+        sample_rate=plan.sample_rate,
+        bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
     )
     # Waiting for the first chunk before answering keeps a failing engine a JSON error,
     # and the first byte the client sees is real audio (time-to-first-audio = the engine's).
