@@ -31,11 +31,12 @@ from voxserve.config import load_settings
 
 RATE = 16_000
 LIVE_SESSIONS = 3
-UPLOAD_S = 75.0  # each long upload: ~6 windows, ~5 s of Whisper CPU on this project's VMs
-# A live final's time from its vad.end to its transcript.final. Measured alone on a loaded
-# 2-core VM: P99 0.6-1.2 s; with the uploads before the fix: 6-14 s, or stage_timeout.
+UPLOAD_S = 60.0  # each long upload: ~5 windows, ~4 s of Whisper CPU on this project's VMs
+# A live final's time from its vad.end to its transcript.final. Measured on a loaded 2-core
+# VM: alone P99 0.4-0.8 s; with the uploads 2.0-2.5 s (they share the two cores), and
+# before the fix P50 ~10 s, max 16 s and a stage_timeout (docs/reliability.md).
 LIVE_FINAL_BOUND_S = 4.0
-SMALL_UPLOAD_BOUND_S = 6.0  # a 2 s upload behind the long ones: served, not a 504 at 17 s
+SMALL_UPLOAD_BOUND_S = 6.0  # a 2 s upload behind the long ones: 1-3 s; before, 504 at 17 s
 GAP = np.zeros(RATE, dtype=np.int16)  # 1 s between live utterances: the VAD ends each
 
 

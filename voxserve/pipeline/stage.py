@@ -127,6 +127,12 @@ class EngineStage:
         """`waiting` less bulk callers: the queue flow control, partials and TTS health read."""
         return self.waiting - self.bulk_waiting
 
+    @property
+    def bulk_short(self) -> bool:
+        """Bulk callers wait while bulk holds less than its share: live work took the
+        slots. Best-effort live work (partials) stands aside then (listener.py)."""
+        return self.bulk_waiting > 0 and self.bulk_held < self.bulk_slots
+
     def bulk_wait_s(self, deadline: float) -> float:
         """A rough wait for a bulk call due at `deadline` to get a slot: the bulk calls
         holding or queued ahead of it, each the smoothed bulk call time, over the bulk
