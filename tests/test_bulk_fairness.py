@@ -116,7 +116,8 @@ async def _live_phase(
     record = LiveRecord()
     stop = asyncio.Event()
     speakers = [
-        asyncio.create_task(_speak(live.ws_url, record, stop, seed)) for seed in range(LIVE_SESSIONS)
+        asyncio.create_task(_speak(live.ws_url, record, stop, seed))
+        for seed in range(LIVE_SESSIONS)
     ]
     await asyncio.sleep(seconds)
     if work is not None:

@@ -51,13 +51,13 @@ async def transcribe(
     began = time.monotonic()
     windows = cut_windows(audio, runtime.settings.asr.bulk_window_s)
     first_due = began + stage.timeout_s + windows[0][1] / SAMPLE_RATE
-    if stage.bulk_wait_s(first_due) > budget:
+    if stage.bulk_done_s(first_due) > budget:
         raise VoxError(
             ErrorCode.OVERLOADED,
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=runtime.settings.flow.retry_after_s,
         )
-    results: list[tuple[int, AsrResult]] = []
+    results: list[tuple[int, int, AsrResult]] = []
     for start, end in windows:
         left = began + budget - time.monotonic()
         if left <= 0:
@@ -71,28 +71,27 @@ async def transcribe(
             deadline=began + stage.timeout_s + end / SAMPLE_RATE,
             priority=PRIORITY_BULK,
         )
-        results.append((start, result))
+        results.append((start, end, result))
     return join_windows(results)
 
 
-def join_windows(results: list[tuple[int, AsrResult]]) -> AsrResult:
-    """One result from windows' results (each with its first sample): texts joined,
-    segments moved onto the recording's time line."""
+def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
+    """One result from windows' results (each with its sample range): texts joined,
+    segments moved onto the recording's time line (a window without segments is one)."""
     if len(results) == 1 and results[0][0] == 0:
-        return results[0][1]
+        return results[0][2]
     texts: list[str] = []
     segments: list[Segment] = []
     language: str | None = None
-    for start, result in results:
+    for start, end, result in results:
         text = result.text.strip()
         if not text:
             continue
         texts.append(text)
         language = language or result.language
         offset = start * 1000 // SAMPLE_RATE
-        segments.extend(
-            Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in result.segments
-        )
+        own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
+        segments.extend(Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in own)
     text = " ".join(texts)
     if language is None:
         return AsrResult(text=text)

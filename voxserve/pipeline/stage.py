@@ -102,6 +102,7 @@ class EngineStage:
         self.bulk_held = 0  # slots bulk calls hold (handed over or running)
         self.bulk_timeouts = 0
         self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_wait_s)
+        self._bulk_costed = False
         # Batches' worth of requests a batcher holds back while the engine is busy
         # (pipeline/batcher.py): they wait as queued callers do, so they count in `waiting`.
         self.held = 0
@@ -133,14 +134,15 @@ class EngineStage:
         slots. Best-effort live work (partials) stands aside then (listener.py)."""
         return self.bulk_waiting > 0 and self.bulk_held < self.bulk_slots
 
-    def bulk_wait_s(self, deadline: float) -> float:
-        """A rough wait for a bulk call due at `deadline` to get a slot: the bulk calls
-        holding or queued ahead of it, each the smoothed bulk call time, over the bulk
-        slots. For refusing up front what could not finish in its time (recognition.py)."""
+    def bulk_done_s(self, deadline: float) -> float:
+        """A rough time until a new bulk call due at `deadline` would be done: the bulk
+        calls holding or queued ahead of it, over the bulk slots, then its own, each the
+        smoothed bulk call time (0 before any). For refusing up front what could not
+        finish in its time (recognition.py)."""
         ahead = sum(
             1 for due, _, _, handoff in self._bulk_queue if due <= deadline and not handoff.done()
         )
-        return (ahead + self.bulk_held) * self.bulk_call_s / self.bulk_slots
+        return ((ahead + self.bulk_held) / self.bulk_slots + 1) * self.bulk_call_s
 
     async def run(
         self,
@@ -212,8 +214,10 @@ class EngineStage:
             self._note_bulk(seconds)
 
     def _note_bulk(self, seconds: float) -> None:
-        """Smooth how long a bulk call holds its slot (bulk_wait_s)."""
-        self.bulk_call_s += (seconds - self.bulk_call_s) * BULK_COST_SMOOTHING
+        """Smooth how long a bulk call holds its slot (bulk_wait_s); the first sets it."""
+        weight = BULK_COST_SMOOTHING if self._bulk_costed else 1.0
+        self._bulk_costed = True
+        self.bulk_call_s += (seconds - self.bulk_call_s) * weight
 
     def _take_free(self, bulk: bool) -> bool:
         """Take a free slot at once if nobody it must not overtake is queued: for a live
