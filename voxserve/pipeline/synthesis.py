@@ -142,8 +142,7 @@ async def synthesize(
     """Yield int16 chunks (adaptive: pipeline/chunking.py) at `sample_rate` as they are made
     (or at once, from the cache). Raises TtsDegraded, before any chunk, for uncached text
     while TTS is degraded. `bulk`: a one-shot request (HTTP, gRPC Synthesize, Wyoming), not
-    a live session's reply: its chunks are bulk calls on the TTS stage (pipeline/stage.py),
-    and its first-audio time is not a live one (TTS health)."""
+    a live session's reply: its chunks are bulk calls on the TTS stage (pipeline/stage.py)."""
     request = plan(runtime, text, voice, speed, sample_rate)
     started = time.perf_counter()
     cache = runtime.cache
@@ -151,8 +150,7 @@ async def synthesize(
     if cache is None:
         runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
         source = "miss"
-        chunks = _engine_chunks(runtime, request, bulk=bulk)
-        chunks = chunks if bulk else _observed(runtime, chunks)
+        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
     else:
         key = cache_key(runtime, request)
         entry = cache.lookup(key)
@@ -266,8 +264,8 @@ def _producer(
     """The task body of a miss's flight: engine chunks into the flight."""
 
     async def produce(flight: Flight) -> None:
-        chunks = _engine_chunks(runtime, request, bulk=bulk)
-        async with contextlib.aclosing(chunks if bulk else _observed(runtime, chunks)) as it:
+        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
+        async with contextlib.aclosing(chunks) as it:
             async for piece in it:
                 await flight.push(piece)
 
