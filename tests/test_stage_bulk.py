@@ -20,8 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxserve.config import StageConfig
+from voxserve.config import FlowConfig, StageConfig
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.stage import (
     MEASURED_BEFORE_INLINE,
     PRIORITY_BULK,
@@ -210,6 +211,24 @@ async def test_bulk_signals_are_not_live_pressure() -> None:
         await short
     assert err.value.code is ErrorCode.STAGE_TIMEOUT
     assert (h.stage.timeouts, h.stage.bulk_timeouts, h.stage.late) == (0, 1, 0)
+    await h.drain()
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+async def test_queued_bulk_is_no_pressure_for_flow_control(bulk: bool) -> None:
+    """Bulk windows queued for seconds do not shrink credit windows or shed sessions; the
+    same queue of live calls does (pipeline/flow.py reads the live figures)."""
+    h = Harness(concurrency=1, bulk_slots=1)
+    now = [0.0]
+    cfg = FlowConfig(queue_limit=1, shed_after_s=0.5)
+    monitor = FlowMonitor(cfg, {"asr": h.stage}, clock=lambda: now[0])
+    for k in range(4):
+        h.arrive(bulk, 15.0 + k)
+    await h.settle()
+    for _ in range(10):
+        monitor.tick()
+        now[0] += 0.2
+    assert (monitor.overloaded() == "asr") is not bulk
     await h.drain()
 
 
