@@ -134,7 +134,7 @@ class AsrConfig(BaseModel):
     # window is one bulk ASR call, so an upload holds a slot for one window at a time and
     # live finals and other uploads interleave. 14 s fills Whisper's 20 s encoder bucket to
     # its 70% (engines/whisper_asr.py): 168 s of speech took 9.4-10.9 s of CPU in 14 s
-    # windows (~0.7 s a call), 10.3-13.6 s in 28 s ones, same WER (docs/reliability.md).
+    # windows (~0.7 s a call), 10.3-13.6 s in 28 s ones, same WER (docs/architecture.md).
     bulk_window_s: float = Field(default=14.0, ge=5.0, le=30.0)
 
 
