@@ -16,8 +16,9 @@ a one-shot synthesis, prewarm: `priority=PRIORITY_BULK`). Bulk calls hold at mos
 `bulk_slots` slots at once (`pipeline.<stage>.bulk_slots`, default one less than the
 limit), so however much bulk work is queued, the other slots stay free for live calls; a
 bulk waiter whose turn comes while bulk holds its share is passed over (it keeps its place)
-for the next live one. Bulk work is cut into calls of bounded length (pipeline/windows.py)
-that each queue again, so a live call never waits behind more than that. The load signals
+for the next live one. Bulk work is cut into calls of bounded length (an upload's windows,
+pipeline/windows.py; a synthesis's chunks) that each queue again, so bulk's slots come
+back to the queue at least that often, in deadline order. The load signals
 flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count live calls only:
 bulk waiting its turn is by design, not pressure. Bulk calls are observed as `<stage>_bulk`.
 
@@ -101,7 +102,7 @@ class EngineStage:
         self.bulk_waiting = 0  # bulk callers among them
         self.bulk_held = 0  # slots bulk calls hold (handed over or running)
         self.bulk_timeouts = 0
-        self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_wait_s)
+        self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_done_s)
         self._bulk_costed = False
         # Batches' worth of requests a batcher holds back while the engine is busy
         # (pipeline/batcher.py): they wait as queued callers do, so they count in `waiting`.
@@ -214,7 +215,7 @@ class EngineStage:
             self._note_bulk(seconds)
 
     def _note_bulk(self, seconds: float) -> None:
-        """Smooth how long a bulk call holds its slot (bulk_wait_s); the first sets it."""
+        """Smooth how long a bulk call holds its slot (bulk_done_s); the first sets it."""
         weight = BULK_COST_SMOOTHING if self._bulk_costed else 1.0
         self._bulk_costed = True
         self.bulk_call_s += (seconds - self.bulk_call_s) * weight
