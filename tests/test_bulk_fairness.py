@@ -33,10 +33,10 @@ RATE = 16_000
 LIVE_SESSIONS = 3
 UPLOAD_S = 45.0  # each long upload: 4 windows, ~3.5 s of Whisper CPU on the project's VMs
 # A live final's time from its vad.end to its transcript.final. Measured on a loaded 2-core
-# VM: alone P99 0.4-0.8 s; with the uploads 2.0-2.5 s (they share the two cores), and
-# before the fix P50 ~10 s, max 16 s and a stage_timeout (docs/reliability.md).
+# VM: alone P99 0.4-0.9 s; with the uploads 1.5-2.7 s (they share the two cores); before
+# the fix P50 6.7 s, max 10 s with these uploads (60 s ones: a stage_timeout).
 LIVE_FINAL_BOUND_S = 4.0
-SMALL_UPLOAD_BOUND_S = 6.0  # a 2 s upload behind the long ones: 1-3 s; before, 504 at 17 s
+SMALL_UPLOAD_BOUND_S = 8.0  # a 2 s upload behind the long ones: 1-3.6 s; before, 10.7 s
 GAP = np.zeros(RATE, dtype=np.int16)  # 1 s between live utterances: the VAD ends each
 
 
