@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -45,8 +45,18 @@ class ExecutorConfig(BaseModel):
 class StageConfig(BaseModel):
     """Concurrency (shared by all sessions) and timeout of one engine stage."""
 
-    concurrency: int
+    concurrency: int = Field(ge=1)
     timeout_s: float
+    # Slots bulk work (upload windows, one-shot HTTP/gRPC/Wyoming synthesis, prewarm) may
+    # hold at once, so live sessions always find the rest free (pipeline/stage.py). None:
+    # concurrency - 1 (at least 1); set it to concurrency to let bulk use every slot.
+    bulk_slots: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _bulk_within_concurrency(self) -> StageConfig:
+        if self.bulk_slots is not None and self.bulk_slots > self.concurrency:
+            raise ValueError(f"bulk_slots must be at most concurrency ({self.concurrency})")
+        return self
 
 
 class PipelineConfig(BaseModel):
@@ -119,6 +129,13 @@ class AsrConfig(BaseModel):
     partials: bool = True
     partial_interval_ms: int = 640  # re-decode the growing utterance this often
     min_partial_ms: int = 480  # no partial until this much speech
+    # Uploads (HTTP, Wyoming, `voxserve transcribe`) are recognised in windows of at most
+    # this much audio, cut at the quietest moment near the end (pipeline/windows.py): each
+    # window is one bulk ASR call, so an upload holds a slot for one window at a time and
+    # live finals and other uploads interleave. 14 s fills Whisper's 20 s encoder bucket to
+    # its 70% (engines/whisper_asr.py): 168 s of speech took 9.4-10.9 s of CPU in 14 s
+    # windows (~0.7 s a call), 10.3-13.6 s in 28 s ones, same WER (docs/architecture.md).
+    bulk_window_s: float = Field(default=14.0, ge=5.0, le=30.0)
 
 
 class DegradeConfig(BaseModel):

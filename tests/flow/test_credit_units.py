@@ -65,6 +65,11 @@ class StageLoad:
     timeouts: int = 0
     late: int = 0
     queue_wait: float = 0.0
+    bulk_waiting: int = 0  # bulk callers among `waiting`: not pressure (pipeline/stage.py)
+
+    @property
+    def live_waiting(self) -> int:
+        return self.waiting - self.bulk_waiting
 
 
 def test_monitor_moves_stream_windows_and_sheds_after_sustained_pressure() -> None:

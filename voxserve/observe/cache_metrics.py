@@ -38,7 +38,7 @@ class TtsCacheCollector(Collector):
         runtime = self.runtime
         health = runtime.tts_health
         stage = runtime.stages.get("tts")
-        degraded = health.reason(stage.waiting if stage else 0) is not None
+        degraded = health.reason(stage.live_waiting if stage else 0) is not None
         yield GaugeMetricFamily(
             "voxserve_tts_degraded", "1 while TTS is degraded (only cached speech)", degraded
         )

@@ -258,13 +258,27 @@ class _RuntimeCollector(Collector):
             "Engine calls run on the event loop, cheaper than a thread hop (pipeline/stage.py)",
             labels=["stage"],
         )
+        bulk_waiting = GaugeMetricFamily(
+            "voxserve_stage_bulk_queue_length",
+            "Bulk calls (uploads' windows, one-shot synthesis) among those waiting",
+            labels=["stage"],
+        )
+        bulk_running = GaugeMetricFamily(
+            "voxserve_stage_bulk_in_use",
+            "Stage slots held by bulk calls (at most pipeline.<stage>.bulk_slots)",
+            labels=["stage"],
+        )
         for name, stage in list(self.runtime.stages.items()):
             waiting.add_metric([name], stage.waiting)
             running.add_metric([name], stage.running)
             inline.add_metric([name], stage.inline_calls)
+            bulk_waiting.add_metric([name], stage.bulk_waiting)
+            bulk_running.add_metric([name], stage.bulk_held)
         yield waiting
         yield running
         yield inline
+        yield bulk_waiting
+        yield bulk_running
         stats = self.runtime.executor.stats
         yield GaugeMetricFamily("voxserve_executor_workers", "Executor threads", stats.workers)
         yield GaugeMetricFamily(

@@ -64,11 +64,12 @@ class FlowMonitor:
                 self.stage_windows[name] = CreditWindow(self.cfg.credit_window)
             under = judge.judge(
                 now,
-                waiting=stage.waiting,
+                # Live work only (pipeline/stage.py): bulk waiting its turn is not pressure.
+                waiting=stage.live_waiting,
                 timeouts=stage.timeouts,
                 late=stage.late,
                 # The smoothed wait only moves when calls come: it counts while some wait.
-                queue_wait=stage.queue_wait if stage.waiting else 0.0,
+                queue_wait=stage.queue_wait if stage.live_waiting else 0.0,
             )
             window = self.stage_windows[name]
             if under:

@@ -327,8 +327,9 @@ class Listener:
             return
         if self._partial_task is not None and not self._partial_task.done():
             return
-        if self.runtime.stage("asr").waiting:
-            return  # partials are best effort: never queue behind finals
+        stage = self.runtime.stage("asr")
+        if stage.live_waiting or stage.bulk_short:
+            return  # best effort: never queue behind finals, nor take bulk's share of slots
         self._last_partial_at = now
         audio = self.audio.slice(start - self.pad, now)
         self._partial_task = group.create_task(

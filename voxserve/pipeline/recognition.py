@@ -1,14 +1,32 @@
-"""Whole-buffer recognition (uploads, `voxserve transcribe`) through the shared ASR stage."""
+"""Whole-buffer recognition (uploads, Wyoming, `voxserve transcribe`) through the shared ASR
+stage, as bulk work.
+
+A recording is cut into windows of at most `asr.bulk_window_s` at quiet moments
+(pipeline/windows.py) and each window is one bulk call on the ASR stage (pipeline/stage.py):
+bulk holds at most `pipeline.asr.bulk_slots` slots, so live finals always find one, and
+between its windows an upload queues again. Two 164 s uploads used to hold both slots for a
+minute while live finals timed out.
+
+Time: the request has the stage timeout plus its audio's length (a long upload is not late
+for being long). Window k is due, for the stage's earliest-deadline-first order, when that
+budget spread over the audio says (start + timeout + the window's end in the audio): a short
+upload arriving behind long ones is due before their later windows, so it runs next rather
+than after them, and uploads interleave. One that could not start within its budget is
+refused at once (`overloaded`, retry hint) instead of answering 504 after the wait.
+"""
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
-from voxserve.audio.pcm import Int16Array, to_float32
+from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.stage import PRIORITY_BULK
+from voxserve.pipeline.windows import cut_windows
 from voxserve.runtime import Runtime
-from voxserve.types import SAMPLE_RATE, AsrResult
+from voxserve.types import SAMPLE_RATE, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
@@ -17,7 +35,7 @@ MAX_FILE_RATE = 192_000
 async def transcribe(
     runtime: Runtime, samples: Int16Array, sample_rate: int, *, language: str | None = None
 ) -> AsrResult:
-    """Recognise a whole recording. The stage deadline grows with the audio's length."""
+    """Recognise a whole recording, window by window (module docstring)."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
@@ -29,9 +47,52 @@ async def transcribe(
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
     audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
     stage = runtime.stage("asr")
-    seconds = audio.size / SAMPLE_RATE
-    result: AsrResult = await stage.run(
-        partial(engines.asr.transcribe, audio, language=language),
-        timeout_s=stage.timeout_s + seconds,
-    )
-    return result
+    budget = stage.timeout_s + audio.size / SAMPLE_RATE
+    began = time.monotonic()
+    windows = cut_windows(audio, runtime.settings.asr.bulk_window_s)
+    first_due = began + stage.timeout_s + windows[0][1] / SAMPLE_RATE
+    if stage.bulk_done_s(first_due) > budget:
+        raise VoxError(
+            ErrorCode.OVERLOADED,
+            "the asr stage's bulk work would not reach this upload in time; retry later",
+            retry_after_s=runtime.settings.flow.retry_after_s,
+        )
+    results: list[tuple[int, int, AsrResult]] = []
+    for start, end in windows:
+        left = began + budget - time.monotonic()
+        if left <= 0:
+            raise VoxError(
+                ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+            )
+        window: Float32Array = audio[start:end]
+        result: AsrResult = await stage.run(
+            partial(engines.asr.transcribe, window, language=language),
+            timeout_s=left,
+            deadline=began + stage.timeout_s + end / SAMPLE_RATE,
+            priority=PRIORITY_BULK,
+        )
+        results.append((start, end, result))
+    return join_windows(results)
+
+
+def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
+    """One result from windows' results (each with its sample range): texts joined,
+    segments moved onto the recording's time line (a window without segments is one)."""
+    if len(results) == 1 and results[0][0] == 0:
+        return results[0][2]
+    texts: list[str] = []
+    segments: list[Segment] = []
+    language: str | None = None
+    for start, end, result in results:
+        text = result.text.strip()
+        if not text:
+            continue
+        texts.append(text)
+        language = language or result.language
+        offset = start * 1000 // SAMPLE_RATE
+        own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
+        segments.extend(Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in own)
+    text = " ".join(texts)
+    if language is None:
+        return AsrResult(text=text)
+    return AsrResult(text=text, segments=tuple(segments), language=language)

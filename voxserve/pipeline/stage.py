@@ -11,6 +11,17 @@ caller's deadline is finite (default: now + the stage timeout), so a queued item
 starve: later arrivals carry later deadlines, and its own turns earliest in time.
 `edf=False` (`pipeline.edf`) admits in arrival order instead, to measure what EDF buys.
 
+Work classes: a call is live (a session someone is talking to) or bulk (an upload's window,
+a one-shot synthesis, prewarm: `priority=PRIORITY_BULK`). Bulk calls hold at most
+`bulk_slots` slots at once (`pipeline.<stage>.bulk_slots`, default one less than the
+limit), so however much bulk work is queued, the other slots stay free for live calls; a
+bulk waiter whose turn comes while bulk holds its share is passed over (it keeps its place)
+for the next live one. Bulk work is cut into calls of bounded length (an upload's windows,
+pipeline/windows.py; a synthesis's chunks) that each queue again, so bulk's slots come
+back to the queue at least that often, in deadline order. The load signals
+flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count live calls only:
+bulk waiting its turn is by design, not pressure. Bulk calls are observed as `<stage>_bulk`.
+
 Inline calls: handing a call to a worker thread and back costs the loop two wake-ups and
 the worker one (36-46 µs to wake a thread on the project's VMs), more than a cheap engine's
 whole call (an energy VAD's round, a tiny model). A caller whose engine allows it
@@ -37,10 +48,11 @@ from voxserve.errors import ErrorCode, VoxError
 
 T = TypeVar("T")
 
-# Priorities break ties between equal deadlines (lower goes first); bulk work also passes a
-# late deadline. Deadlines, not priorities, decide the order, so nothing starves.
+# The work class of a call (module docstring). Between equal deadlines live goes first;
+# otherwise deadlines, not classes, decide the order, so nothing starves.
 PRIORITY_LIVE = 0
 PRIORITY_BULK = 10
+BULK_COST_SMOOTHING = 0.3  # weight of the newest bulk call in the smoothed bulk call time
 WAIT_SMOOTHING = 0.2  # weight of the newest call in the smoothed queue wait
 COST_SMOOTHING = 0.2  # weight of the newest call in the smoothed cost of inline-able calls
 MEASURED_BEFORE_INLINE = 3  # inline-able calls measured on the thread before any runs inline
@@ -54,6 +66,11 @@ def deadline_in(seconds: float) -> float:
 _Waiter = tuple[float, int, int, "asyncio.Future[None]"]  # deadline, priority, seq, handoff
 
 
+def default_bulk_slots(concurrency: int) -> int:
+    """Slots bulk work may hold when the config does not say: all but one for live calls."""
+    return max(1, concurrency - 1)
+
+
 class EngineStage:
     def __init__(
         self,
@@ -64,26 +81,37 @@ class EngineStage:
         *,
         edf: bool = True,
         inline_below_s: float = 0.0,
+        bulk_slots: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"stage {name}: concurrency must be >= 1")
+        bulk = default_bulk_slots(concurrency) if bulk_slots is None else bulk_slots
+        if not 1 <= bulk <= concurrency:
+            raise ValueError(f"stage {name}: bulk_slots must be within 1..{concurrency}")
         self.name = name
         self.concurrency = concurrency
+        self.bulk_slots = bulk  # slots bulk calls may hold at once (module docstring)
         self.timeout_s = timeout_s
         self._executor = executor
         self.edf = edf  # False: first come, first served (deadlines still count `late`)
         self._free = concurrency  # slots nobody holds
-        self._queue: list[_Waiter] = []  # heap; withdrawn waiters stay until popped
+        self._queue: list[_Waiter] = []  # live waiters' heap; withdrawn ones stay until popped
+        self._bulk_queue: list[_Waiter] = []  # bulk waiters' heap, likewise
         self._seq = itertools.count()
-        self._queued = 0  # callers queued for a slot
+        self._queued = 0  # callers queued for a slot, live and bulk
+        self.bulk_waiting = 0  # bulk callers among them
+        self.bulk_held = 0  # slots bulk calls hold (handed over or running)
+        self.bulk_timeouts = 0
+        self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_done_s)
+        self._bulk_costed = False
         # Batches' worth of requests a batcher holds back while the engine is busy
         # (pipeline/batcher.py): they wait as queued callers do, so they count in `waiting`.
         self.held = 0
         self.running = 0
         self.calls = 0
-        self.timeouts = 0
-        self.late = 0  # calls that got their slot after their deadline (flow pressure)
-        self.queue_wait = 0.0  # seconds callers wait for a slot, smoothed (flow pressure)
+        self.timeouts = 0  # live calls that timed out (flow pressure)
+        self.late = 0  # live calls that got their slot after their deadline (flow pressure)
+        self.queue_wait = 0.0  # seconds live callers wait for a slot, smoothed (flow pressure)
         self.errors = 0
         self.inline_below_s = inline_below_s  # 0: every call takes a worker thread
         self.inline_calls = 0  # calls run on the event loop (module docstring)
@@ -95,6 +123,27 @@ class EngineStage:
     def waiting(self) -> int:
         """Callers queued for a slot plus requests held by a batcher (the stage queue length)."""
         return self._queued + self.held
+
+    @property
+    def live_waiting(self) -> int:
+        """`waiting` less bulk callers: the queue flow control, partials and TTS health read."""
+        return self.waiting - self.bulk_waiting
+
+    @property
+    def bulk_short(self) -> bool:
+        """Bulk callers wait while bulk holds less than its share: live work took the
+        slots. Best-effort live work (partials) stands aside then (listener.py)."""
+        return self.bulk_waiting > 0 and self.bulk_held < self.bulk_slots
+
+    def bulk_done_s(self, deadline: float) -> float:
+        """A rough time until a new bulk call due at `deadline` would be done: the bulk
+        calls holding or queued ahead of it, over the bulk slots, then its own, each the
+        smoothed bulk call time (0 before any). For refusing up front what could not
+        finish in its time (recognition.py)."""
+        ahead = sum(
+            1 for due, _, _, handoff in self._bulk_queue if due <= deadline and not handoff.done()
+        )
+        return ((ahead + self.bulk_held) / self.bulk_slots + 1) * self.bulk_call_s
 
     async def run(
         self,
@@ -111,25 +160,29 @@ class EngineStage:
         `deadline` (time.monotonic(), see deadline_in) orders the wait for a slot only; the
         timeout still bounds the whole call. Default: now + the timeout. `queued_at`
         (perf_counter) is when the work began waiting, if before this call (a held batch).
-        `inline_ok`: the engine allows its calls on the event loop (module docstring)."""
+        `inline_ok`: the engine allows its calls on the event loop (module docstring).
+        `priority`: the work class, PRIORITY_LIVE or PRIORITY_BULK (module docstring)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         started = time.perf_counter()
         due = time.monotonic() + limit if deadline is None else deadline
+        bulk = priority >= PRIORITY_BULK
         self.calls += 1
         try:
-            if inline_ok and self._free > 0 and not self._queued and self._cheap():
+            if inline_ok and self._cheap() and self._take_free(bulk):
                 # A free slot and no thread: nothing to wait for, nothing to time out.
-                self._free -= 1
-                self._slot_taken(due, started, queued_at)
-                return self._run_inline(fn, args)
+                self._slot_taken(due, started, queued_at, bulk)
+                return self._run_inline(fn, args, bulk)
             async with asyncio.timeout(limit):
                 await self._acquire(due, priority)
-                self._slot_taken(due, started, queued_at)
+                self._slot_taken(due, started, queued_at, bulk)
                 if inline_ok and self._cheap():
-                    return self._run_inline(fn, args)
-                return await self._run_in_slot(fn, args, measure=inline_ok)
+                    return self._run_inline(fn, args, bulk)
+                return await self._run_in_slot(fn, args, measure=inline_ok, bulk=bulk)
         except TimeoutError:
-            self.timeouts += 1
+            if bulk:
+                self.bulk_timeouts += 1
+            else:
+                self.timeouts += 1
             raise VoxError(
                 ErrorCode.STAGE_TIMEOUT,
                 f"{self.name} did not answer within {limit:g} s",
@@ -137,11 +190,14 @@ class EngineStage:
             ) from None
         finally:
             if self.on_latency is not None:
-                self.on_latency(self.name, time.perf_counter() - started)
+                name = f"{self.name}_bulk" if bulk else self.name
+                self.on_latency(name, time.perf_counter() - started)
 
-    def _slot_taken(self, due: float, started: float, queued_at: float | None) -> None:
+    def _slot_taken(self, due: float, started: float, queued_at: float | None, bulk: bool) -> None:
         """Count a late start and smooth the wait for a slot: the load signal admission
-        and credit read."""
+        and credit read (live calls only: bulk waits its turn by design)."""
+        if bulk:
+            return
         if time.monotonic() > due:
             self.late += 1
         waited = time.perf_counter() - min(started, queued_at or started)
@@ -152,44 +208,78 @@ class EngineStage:
         `inline_below_s` lately."""
         return self._costed >= MEASURED_BEFORE_INLINE and self.cost_s < self.inline_below_s
 
-    def _note_cost(self, seconds: float) -> None:
+    def _note_cost(self, seconds: float, bulk: bool) -> None:
         self._costed += 1
         self.cost_s += (seconds - self.cost_s) * COST_SMOOTHING
+        if bulk:
+            self._note_bulk(seconds)
+
+    def _note_bulk(self, seconds: float) -> None:
+        """Smooth how long a bulk call holds its slot (bulk_done_s); the first sets it."""
+        weight = BULK_COST_SMOOTHING if self._bulk_costed else 1.0
+        self._bulk_costed = True
+        self.bulk_call_s += (seconds - self.bulk_call_s) * weight
+
+    def _take_free(self, bulk: bool) -> bool:
+        """Take a free slot at once if nobody it must not overtake is queued: for a live
+        call, no live waiter (a free slot means none); for a bulk call, no waiter at all,
+        and bulk under its share."""
+        if self._free <= 0:
+            return False
+        if bulk:
+            if self._queued or self.bulk_held >= self.bulk_slots:
+                return False
+            self.bulk_held += 1
+        elif self._queued - self.bulk_waiting:
+            return False
+        self._free -= 1
+        return True
 
     async def _acquire(self, deadline: float, priority: int) -> None:
         """Take a free slot, or queue until `_pass_slot` hands one over (earliest first)."""
-        if self._free > 0 and not self._queued:
-            self._free -= 1
+        bulk = priority >= PRIORITY_BULK
+        if self._take_free(bulk):
             return
         handoff: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         key = (deadline, priority) if self.edf else (0.0, 0)  # FIFO: the sequence decides
-        heapq.heappush(self._queue, (*key, next(self._seq), handoff))
+        heapq.heappush(self._bulk_queue if bulk else self._queue, (*key, next(self._seq), handoff))
         self._queued += 1
+        self.bulk_waiting += bulk
         try:
             await handoff
         except asyncio.CancelledError:
             if handoff.done() and not handoff.cancelled():
-                self._pass_slot()  # handed a slot and cancelled before using it: pass it on
+                # Handed a slot and cancelled before using it: pass it on.
+                self._release_slot(bulk, ran=False)
             else:
                 handoff.cancel()  # withdrawn: skipped when popped
             raise
         finally:
             self._queued -= 1
+            self.bulk_waiting -= bulk
 
     def _pass_slot(self) -> None:
-        """A slot came free: give it to the earliest-deadline live waiter, else keep it."""
-        while self._queue:
-            handoff = heapq.heappop(self._queue)[3]
-            if not handoff.done():
-                handoff.set_result(None)
-                return
-        self._free += 1
+        """A slot came free: give it to the earliest-deadline waiter (a bulk one only while
+        bulk holds less than its share), else keep it."""
+        live = _first_waiting(self._queue)
+        bulk = _first_waiting(self._bulk_queue) if self.bulk_held < self.bulk_slots else None
+        if bulk is not None and (live is None or bulk[:3] < live[:3]):
+            heapq.heappop(self._bulk_queue)[3].set_result(None)
+            self.bulk_held += 1
+        elif live is not None:
+            heapq.heappop(self._queue)[3].set_result(None)
+        else:
+            self._free += 1
 
-    def _release_slot(self) -> None:
-        self.running -= 1
+    def _release_slot(self, bulk: bool = False, *, ran: bool = True) -> None:
+        """Give back a slot (`ran`: a call ran in it) and pass it on."""
+        if ran:
+            self.running -= 1
+        if bulk:
+            self.bulk_held -= 1
         self._pass_slot()
 
-    def _run_inline(self, fn: Callable[..., T], args: tuple[object, ...]) -> T:
+    def _run_inline(self, fn: Callable[..., T], args: tuple[object, ...], bulk: bool) -> T:
         """`fn(*args)` on the event loop, in a slot already taken (module docstring)."""
         self.running += 1
         self.inline_calls += 1
@@ -202,11 +292,11 @@ class EngineStage:
         except Exception as exc:  # not BaseException: a Ctrl-C on the loop stays one
             raise self._failure(exc) from exc
         finally:
-            self._note_cost(time.perf_counter() - started)
-            self._release_slot()
+            self._note_cost(time.perf_counter() - started, bulk)
+            self._release_slot(bulk)
 
     async def _run_in_slot(
-        self, fn: Callable[..., T], args: tuple[object, ...], *, measure: bool
+        self, fn: Callable[..., T], args: tuple[object, ...], *, measure: bool, bulk: bool
     ) -> T:
         """`fn(*args)` on a worker thread, in a slot already taken. One hop back to the
         loop when the work is really over (done, failed or withdrawn before it started):
@@ -214,6 +304,7 @@ class EngineStage:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
         spent = [-1.0]  # the call's CPU time, written by the worker
+        held_from = time.perf_counter()
 
         def work() -> T:
             # CPU time, not wall time: a worker's wall time includes waiting for the GIL
@@ -226,8 +317,10 @@ class EngineStage:
 
         def finish(done: Future[T]) -> None:  # on the loop's thread
             if measure and spent[0] >= 0:
-                self._note_cost(spent[0])
-            self._release_slot()
+                self._note_cost(spent[0], bulk=False)
+            if bulk:
+                self._note_bulk(time.perf_counter() - held_from)
+            self._release_slot(bulk)
             if answer.done():
                 return  # the caller was cancelled
             if done.cancelled():
@@ -247,7 +340,7 @@ class EngineStage:
         try:
             future = self._executor.submit(work)
         except BaseException:
-            self._release_slot()
+            self._release_slot(bulk)
             raise
         future.add_done_callback(over)
         try:
@@ -277,6 +370,13 @@ class EngineStage:
             f"{self.name} engine failed ({type(exc).__name__})",
             stage=self.name,
         )
+
+
+def _first_waiting(queue: list[_Waiter]) -> _Waiter | None:
+    """The heap's earliest waiter still waiting; withdrawn ones on top are dropped."""
+    while queue and queue[0][3].done():
+        heapq.heappop(queue)
+    return queue[0] if queue else None
 
 
 def _settable(exc: BaseException) -> BaseException:

@@ -150,20 +150,23 @@ async def synthesize(
     voice: str | None = None,
     speed: float = 1.0,
     sample_rate: int | None = None,
+    bulk: bool = False,
     scope: str = SHARED_SCOPE,
 ) -> AsyncGenerator[Int16Array, None]:
     """Yield int16 chunks (adaptive: pipeline/chunking.py) at `sample_rate` as they are made
     (or at once, from the cache). Raises TtsDegraded, before any chunk, for uncached text
-    while TTS is degraded. `scope`: whose cache entries may answer and where a miss is
-    stored (cache/key.py; the transports derive it from the caller's API key)."""
+    while TTS is degraded. `bulk`: a one-shot request (HTTP, gRPC Synthesize, Wyoming), not
+    a live session's reply: its chunks are bulk calls on the TTS stage (pipeline/stage.py).
+    `scope`: whose cache entries may answer and where a miss is stored (cache/key.py; the
+    transports derive it from the caller's API key)."""
     request = plan(runtime, text, voice, speed, sample_rate)
     started = time.perf_counter()
     cache = runtime.cache
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
-        runtime.tts_health.check(runtime.stage("tts").waiting)
+        runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
         source = "miss"
-        chunks = _observed(runtime, _engine_chunks(runtime, request))
+        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
     else:
         key = cache_key(runtime, request, scope)
         entry = _lookup(cache, runtime, request, key)
@@ -174,12 +177,12 @@ async def synthesize(
             return
         flight = cache.flights.get(key)
         if flight is None:
-            runtime.tts_health.check(runtime.stage("tts").waiting)
+            runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
             cache.misses += 1
             source = "miss"
             flight = cache.flights.start(
                 key,
-                _producer(runtime, request),
+                _producer(runtime, request, bulk),
                 lambda done: _store(cache, done),
                 max_bytes=runtime.settings.cache.max_entry_bytes,
             )
@@ -235,7 +238,8 @@ async def cache_speech(
             return entry.samples(), False
     stage = runtime.stage("tts")
     before = (lambda: _spare_slot(stage)) if polite else None
-    async with contextlib.aclosing(_engine_chunks(runtime, request, before, bulk=polite)) as chunks:
+    pieces_of = _engine_chunks(runtime, request, before, bulk=polite, prewarm=polite)
+    async with contextlib.aclosing(pieces_of) as chunks:
         pieces = [piece async for piece in chunks]
     samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
     if cache is not None and key is not None:
@@ -264,11 +268,20 @@ def _store(cache: TtsCache, flight: Flight) -> None:
     cache.store(flight.key, flight.pcm())
 
 
-def _producer(runtime: Runtime, request: SpeechRequest) -> Callable[[Flight], Awaitable[None]]:
+def _queue_seen(stage: EngineStage, bulk: bool) -> int:
+    """The TTS queue a new synthesis is judged by: live work only for a live reply (bulk
+    queued behind it does not delay it), the whole queue for bulk."""
+    return stage.waiting if bulk else stage.live_waiting
+
+
+def _producer(
+    runtime: Runtime, request: SpeechRequest, bulk: bool = False
+) -> Callable[[Flight], Awaitable[None]]:
     """The task body of a miss's flight: engine chunks into the flight."""
 
     async def produce(flight: Flight) -> None:
-        async with contextlib.aclosing(_observed(runtime, _engine_chunks(runtime, request))) as it:
+        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
+        async with contextlib.aclosing(chunks) as it:
             async for piece in it:
                 await flight.push(piece)
 
@@ -295,9 +308,11 @@ async def _engine_chunks(
     before_chunk: Callable[[], Awaitable[None]] | None = None,
     *,
     bulk: bool = False,
+    prewarm: bool = False,
 ) -> AsyncGenerator[Int16Array, None]:
     """The engine's audio at the output rate, in adaptive chunks (request.chunker()).
-    `bulk` (prewarm): each chunk queues last among equals, due a whole stage timeout out."""
+    `bulk`: each chunk is a bulk call (pipeline/stage.py); `prewarm`: due a whole stage
+    timeout out, as nobody is listening."""
     engine = request.engine
     stage = runtime.stage("tts")
     priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
@@ -313,7 +328,7 @@ async def _engine_chunks(
         while True:
             if before_chunk is not None:
                 await before_chunk()
-            if bulk:
+            if prewarm:
                 due = deadline_in(stage.timeout_s)
             elif made_s == 0.0:
                 due = deadline_in(FIRST_CHUNK_DUE_S)

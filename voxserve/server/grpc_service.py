@@ -144,8 +144,9 @@ class VoxserveServicer:
             request.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES
         )
         voice, _ = engines.voice(request.voice or None)
+        # A one-shot request: behind live sessions' replies (pipeline/stage.py).
         chunks = synthesize(
-            runtime, text, voice=voice.id, speed=speed, sample_rate=rate, scope=scope
+            runtime, text, voice=voice.id, speed=speed, sample_rate=rate, bulk=True, scope=scope
         )
         started = pb.SynthesisStarted(
             voice=voice.id, sample_rate=rate, encoding="pcm_s16le", trace_id=trace_id

@@ -106,7 +106,7 @@ def check_admin_key(runtime: Runtime, authorization: str) -> None:
 
 def stats_body(runtime: Runtime) -> dict[str, Any]:
     stage = runtime.stages.get("tts")
-    reason = runtime.tts_health.reason(stage.waiting if stage else 0)
+    reason = runtime.tts_health.reason(stage.live_waiting if stage else 0)
     health = {
         "degraded": reason is not None,
         "reason": reason,

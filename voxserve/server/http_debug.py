@@ -31,7 +31,14 @@ def debug_stats(runtime: Runtime) -> dict[str, Any]:
     body["metrics_enabled"] = runtime.metrics.enabled
     body["sessions_active"] = runtime.active_sessions
     body["queues"] = {
-        name: {"waiting": stage.waiting, "running": stage.running, "limit": stage.concurrency}
+        name: {
+            "waiting": stage.waiting,
+            "running": stage.running,
+            "limit": stage.concurrency,
+            "bulk_waiting": stage.bulk_waiting,
+            "bulk_running": stage.bulk_held,
+            "bulk_limit": stage.bulk_slots,
+        }
         for name, stage in list(runtime.stages.items())
     }
     watchdog = runtime.watchdog

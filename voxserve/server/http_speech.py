@@ -51,6 +51,7 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
         speed=plan.speed,
         sample_rate=plan.sample_rate,
         scope=cache_scope(runtime.settings, principal),
+        bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
     )
     # Waiting for the first chunk before answering keeps a failing engine a JSON error,
     # and the first byte the client sees is real audio (time-to-first-audio = the engine's).

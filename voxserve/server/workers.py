@@ -78,7 +78,8 @@ def preload_engines(settings: Settings) -> dict[str, Any]:
         if not fork_safe(kind, spec.name):
             log.info("engine loaded in each worker (not fork-safe)", extra={"engine": key})
             continue
-        loaded[key], seconds = _build(kind, spec, cfg.default_threads)
+        parallel = settings.pipeline.asr.concurrency if kind == "asr" else None
+        loaded[key], seconds = _build(kind, spec, cfg.default_threads, parallel)
         log.info(
             "engine loaded before fork (shared)",
             extra={"engine": key, "seconds": round(seconds, 3)},

@@ -343,7 +343,9 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _speak(self, text: str, voice: Voice) -> None:
         rate = self._rate(voice)
-        async for chunk in synthesize(self.runtime, text, voice=voice.id, sample_rate=rate):
+        # A one-shot request: behind live sessions' replies (pipeline/stage.py).
+        speech = synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True)
+        async for chunk in speech:
             pcm = chunk.astype("<i2", copy=False).tobytes()
             await self.write_event(
                 AudioChunk(rate=rate, width=PCM_WIDTH, channels=1, audio=pcm).event()

@@ -1,0 +1,39 @@
+"""One-shot synthesis (HTTP speech) is bulk work on the TTS stage: however many long texts
+stream at once, they hold at most `pipeline.tts.bulk_slots` slots (default: one of two), so
+a live session's reply always finds one (pipeline/stage.py, pipeline/synthesis.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+
+from tests.conftest import LiveServer
+from tests.fakes import FakeTts
+
+
+async def test_long_http_texts_hold_only_bulks_share_of_tts(fake_server: LiveServer) -> None:
+    tts = fake_server.runtime.engines.tts[0]
+    assert isinstance(tts, FakeTts)
+    stage = fake_server.runtime.stage("tts")
+    assert (stage.concurrency, stage.bulk_slots) == (2, 1)
+    seen: list[tuple[int, int]] = []  # (bulk slots held, bulk callers waiting)
+
+    async def speech(http: httpx.AsyncClient) -> httpx.Response:
+        words = " ".join(f"w{uuid.uuid4().hex[:6]}" for _ in range(25))  # never cached
+        body = {"input": words, "response_format": "pcm", "sample_rate": 16000}
+        return await http.post("/v1/audio/speech", json=body)
+
+    tts.chunk_delay_s = 0.02
+    try:
+        async with httpx.AsyncClient(base_url=fake_server.http_url, timeout=30) as http:
+            replies = asyncio.gather(*(speech(http) for _ in range(3)))
+            while not replies.done():
+                seen.append((stage.bulk_held, stage.bulk_waiting))
+                await asyncio.sleep(0.005)
+            assert all(reply.status_code == 200 for reply in replies.result())
+    finally:
+        tts.chunk_delay_s = 0.0
+    assert max(held for held, _ in seen) == 1  # never both slots
+    assert any(waiting for _, waiting in seen)  # the others queued as bulk meanwhile
