@@ -37,9 +37,10 @@ MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 MAX_PHONEME_IDS = 160
 """Phoneme ids per model call (piper pads: 2 per phoneme, plus 3): about 4 s of speech at
-speed 1, about 90 characters of English prose; measured on joe-medium, one thread: a call
-of 160 ids adds at most about 70 MB to the process and takes about 0.6 s (docs/reliability.md).
-Most clauses fit whole; a longer one is cut between words."""
+speed 1, about 75 characters of English prose. Measured on joe-medium, one thread (fresh
+process, scripts/piper_call_memory.py): 128 ids add 51 MB at the call's peak, 160 ids 62 MB
+and 0.6-0.9 s, 256 ids 121 MB, 400 ids 178 MB. Most clauses fit whole; a longer one is cut
+between words."""
 _IDS_PER_PHONEME = 2  # the phoneme's id and a pad (piper.phoneme_ids.phonemes_to_ids)
 _IDS_PER_CALL = 3  # beginning, first pad, end
 _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phoneme strings
@@ -68,16 +69,21 @@ def cut_phonemes(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
     """`phonemes` (one espeak sentence) in runs of at most `max_phonemes`: cut after the last
     clause punctuation that fits, else at the last word break (" "), else hard."""
     runs: list[list[str]] = []
-    rest = phonemes
+    rest = _after_spaces(phonemes, 0)
     while len(rest) > max_phonemes:
         cut = _phoneme_cut(rest, max_phonemes)
         runs.append(rest[:cut])
-        rest = rest[cut:]
-        while rest and rest[0] == " ":
-            rest = rest[1:]
+        rest = _after_spaces(rest, cut)
     if rest:
         runs.append(rest)
     return runs
+
+
+def _after_spaces(phonemes: list[str], start: int) -> list[str]:
+    """`phonemes` from `start`, without the word breaks there."""
+    while start < len(phonemes) and phonemes[start] == " ":
+        start += 1
+    return phonemes[start:]
 
 
 def _phoneme_cut(phonemes: list[str], max_phonemes: int) -> int:

@@ -281,7 +281,8 @@ async def _spare_slot(stage: EngineStage) -> None:
 
 
 def _store(cache: TtsCache, flight: Flight) -> None:
-    cache.store(flight.key, flight.pcm())
+    if flight.nbytes:  # no audio (a text the voice says nothing for) is not a reply
+        cache.store(flight.key, flight.pcm())
 
 
 def _producer(runtime: Runtime, request: SpeechRequest) -> Callable[[Flight], Awaitable[None]]:
