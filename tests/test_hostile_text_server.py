@@ -76,6 +76,39 @@ def test_the_digits_request_is_answered_with_bounded_memory_and_stops_with_its_c
     assert peak.growth < 300 * MB, f"grew {peak.growth / MB:.0f} MB"
 
 
+async def test_a_websocket_reply_of_digits_is_bounded_and_cancel_stops_it(
+    live_server: LiveServer,
+) -> None:
+    """840 characters of numbers once cost a server 2.9 GB over the WebSocket."""
+    runtime = live_server.runtime
+    stage = runtime.stage("tts")
+    with RssPeak() as peak:
+        async with connect(live_server.ws_url) as ws:
+            assert (await start(ws, mode="tts", voice="joe"))["type"] == "session.started"
+            text = {"type": "text", "text": DIGITS_REQUEST[:840], "flush": True}
+            await ws.send(json.dumps(text))
+            audio = 0
+            async with asyncio.timeout(30):
+                while audio < 3:
+                    audio += isinstance(await ws.recv(), bytes)
+            await ws.send(json.dumps({"type": "cancel"}))
+            await ws.send(json.dumps({"type": "session.end"}))
+            events: list[dict[str, Any]] = []
+            async with asyncio.timeout(30):
+                async for message in ws:
+                    if isinstance(message, str):
+                        events.append(json.loads(message))
+        assert runtime.cache is not None
+        await eventually(lambda: runtime.cache is not None and not runtime.cache.stats().in_flight)
+        calls = stage.calls
+        await asyncio.sleep(1.5)  # several pieces' time
+        assert stage.calls == calls
+    ends = [e for e in events if e["type"] == "tts.end"]
+    assert len(ends) == 1 and ends[0]["interrupted"]
+    assert events[-1]["type"] == "session.ended"
+    assert peak.growth < 300 * MB, f"grew {peak.growth / MB:.0f} MB"
+
+
 @pytest.mark.parametrize("text", NOTHING_TO_SAY)
 def test_http_nothing_to_say_is_empty_text(http: httpx.Client, text: str) -> None:
     response = http.post("/v1/audio/speech", json={"input": text, "voice": "joe"})
