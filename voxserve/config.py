@@ -241,6 +241,13 @@ class LimitsConfig(BaseModel):
     # A WebSocket client that drops without `session.end` may reconnect with
     # `session.resume` within this long and continue (0 = sessions end on disconnect).
     resume_window_s: float = Field(default=30.0, ge=0)
+    # Memory guard (pipeline/memory_guard.py): while this process's resident set is over
+    # the smaller of these, new sessions, requests and syntheses are refused `overloaded`
+    # (503 + Retry-After), so hostile or heavy input meets a refusal, not the OOM killer.
+    # The fraction is of the container's memory limit (the machine's when there is none),
+    # divided among `workers`; 0 turns either bound off.
+    memory_guard_fraction: float = Field(default=0.85, ge=0, le=1)
+    memory_guard_bytes: int = Field(default=0, ge=0)
 
 
 class FlowConfig(BaseModel):

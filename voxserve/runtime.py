@@ -34,6 +34,7 @@ from voxserve.pipeline.drain import Drain
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.flow import FlowMonitor
+from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.stage import EngineStage
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.vad_batch import VadBatcher
@@ -185,6 +186,10 @@ class Runtime:
         # Credit windows and load shedding (ticks while the app serves), graceful drain.
         self.flow = FlowMonitor(settings.flow, self.stages)
         self.drain = Drain()
+        self.memory_guard = MemoryGuard(
+            threshold_bytes(settings.limits, workers=settings.workers),
+            retry_after_s=settings.flow.retry_after_s,
+        )
         self._generation: Generation | None = None
         self.generations: list[Generation] = []  # current and retired, until closed
         self._closers: set[asyncio.Task[None]] = set()

@@ -6,12 +6,23 @@ TTS starts on the first complete piece, not the last, so text is cut as early as
 without clipping words: a sentence ends at . ! ? … (then any closing quotes or brackets)
 followed by white space, never after a title or abbreviation ("Dr. Smith"); CJK full stops
 need no space after them. Requiring the space keeps "3.5" whole while it streams in.
+
+No engine is given more than MAX_PIECE_CHARS characters at once (`bounded_pieces`): a
+sentence longer than that is cut at its clause ends, then between words, then anywhere, so
+text with no punctuation (or one 4,000-character "word") costs the engine bounded work.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator
+
+MAX_PIECE_CHARS = 200
+"""The longest piece of text an engine is given at once. Engines synthesise a piece in one
+go (espeak one call; piper one phonemisation, then model calls of bounded length), so this
+bounds the work, memory and audio of one step, and how long a cancelled request runs on.
+200 characters is two long clauses of prose, about 12 s of speech."""
 
 _CLOSERS = "\"'”’)\\]"
 _ABBREVIATION = re.compile(r"\b(?:mr|mrs|ms|dr|prof|st|sr|jr|vs|etc|e\.g|i\.e)$", re.IGNORECASE)
@@ -107,6 +118,49 @@ def split_clauses(sentence: str, min_chars: int) -> list[str]:
         last = merged.pop()
         merged[-1] = f"{merged[-1]} {last}"
     return merged
+
+
+def bounded_pieces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """Every sentence of `text`, each cut (`cut_to_length`) into pieces of at most
+    `max_chars` characters: what an engine is given at once, whatever the text."""
+    return [part for sentence in sentences(text) for part in cut_to_length(sentence, max_chars)]
+
+
+def cut_to_length(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """`text` (stripped) in pieces of at most `max_chars` characters, each stripped: cut at
+    the last clause end that fits, else at the last white space, else hard (not before a
+    combining mark when avoidable). Joined with spaces, the pieces hold every character of
+    `text` but the white space at the cuts."""
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    pieces: list[str] = []
+    rest = text.strip()
+    while len(rest) > max_chars:
+        cut = _last_cut(rest, max_chars)
+        pieces.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def _last_cut(text: str, max_chars: int) -> int:
+    """Where to end the first piece of stripped `text` (longer than `max_chars`)."""
+    clause_end = 0
+    for match in _CLAUSE_END.finditer(text, 1, max_chars + 1):
+        if len(text[: match.end()].rstrip()) <= max_chars:
+            clause_end = match.end()
+    if clause_end:
+        return clause_end
+    for at in range(max_chars, 0, -1):  # the white space nearest the limit
+        if text[at].isspace():
+            return at
+    at = max_chars
+    # A combining mark belongs to the character before it: move it to the next piece whole,
+    # unless the run of marks fills half the piece (hostile text, not a script).
+    while at > max_chars // 2 and unicodedata.category(text[at])[0] == "M":
+        at -= 1
+    return at if at > max_chars // 2 else max_chars
 
 
 class SentenceBuffer:

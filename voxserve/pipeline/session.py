@@ -468,11 +468,15 @@ class Session:
                 yield str(item)
 
         try:
-            await self.speaker.play(sentences(), reply)
+            stats = await self.speaker.play(sentences(), reply)
         except VoxError as exc:
             if exc.fatal:  # e.g. client_stalled: the session ends
                 raise
             await self.outbox.event(exc.to_event() | {"reply": reply})
+            return
+        if not stats.chunks and not stats.fallback:  # "....": no tts.start, say why
+            empty = VoxError(ErrorCode.EMPTY_TEXT, "the text of this reply has nothing to speak")
+            await self.outbox.event(empty.to_event() | {"reply": reply})
 
     # -- assistant ------------------------------------------------------------------------
 

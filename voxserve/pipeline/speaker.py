@@ -33,6 +33,7 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis import synthesize
 from voxserve.pipeline.tts_health import TtsDegraded
 from voxserve.runtime import Runtime
+from voxserve.speakable import says_something
 
 
 @dataclass
@@ -187,6 +188,8 @@ class Speaker:
         sending side (raised there after the audio already made)."""
         try:
             async for sentence in sentences:
+                if not says_something(sentence):
+                    continue  # "..." between sentences: nothing to synthesise
                 if turn is not None and "tts.start" not in turn.marks:
                     turn.mark("tts.start")
                 try:

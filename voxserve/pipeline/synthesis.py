@@ -7,10 +7,18 @@ growing with the audio sent, up to `tts.max_chunk_ms`). A miss joins the synthes
 text already in progress, or starts one (single flight, cache/flight.py), which is cached
 once complete.
 While TTS is degraded (tts_health.py), text that needs a new synthesis raises TtsDegraded
-before any audio, instead of queueing.
+before any audio, instead of queueing; while the process is over its memory threshold
+(memory_guard.py), it raises `overloaded`.
+
+Text is checked and cleaned once, here (`check_text`, voxserve/speakable.py), for every
+transport: control characters become spaces, invisible ones go, and text with nothing to
+say is `empty_text` before any engine sees it. Engines cut what they are given into pieces
+of bounded work (voxserve/text.py MAX_PIECE_CHARS; engines/piper_tts.py).
 
 The engine's blocking generator is pulled one chunk per executor call, so other sessions'
-first chunks interleave with a long reply, and a cancelled request stops between chunks.
+first chunks interleave with a long reply, and a cancelled request stops between chunks: a
+stage timeout, a client gone or a cancel closes the generator once the piece in progress is
+done (on a worker thread), and no further piece is synthesised.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +43,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
 from voxserve.runtime import Runtime
+from voxserve.speakable import clean_text, is_speakable
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 MIN_SPEED = 0.25
@@ -72,6 +81,8 @@ class LockedChunks:
 
 
 def check_text(text: str, max_chars: int) -> str:
+    """The text an engine will be given: stripped and cleaned (voxserve/speakable.py).
+    Over `max_chars` is `text_too_long`; nothing to say is `empty_text`."""
     text = text.strip()
     if not text:
         raise VoxError(ErrorCode.EMPTY_TEXT, "text to synthesise is empty")
@@ -79,7 +90,29 @@ def check_text(text: str, max_chars: int) -> str:
         raise VoxError(
             ErrorCode.TEXT_TOO_LONG, f"text has {len(text)} characters; the limit is {max_chars}"
         )
+    text = clean_text(text).strip()
+    if not is_speakable(text):
+        raise VoxError(
+            ErrorCode.EMPTY_TEXT,
+            "text has nothing to speak: only punctuation, white space or invisible characters",
+        )
     return text
+
+
+async def first_audio(chunks: AsyncIterator[Int16Array]) -> Int16Array:
+    """The first chunk of a one-shot synthesis (HTTP, gRPC, Wyoming), awaited before any
+    answer is sent: a text the voice made no audio of at all is `empty_text` (a symbol
+    the voice says nothing for). Closes `chunks` when it raises."""
+    try:
+        first = await anext(chunks, None)
+        if first is None:
+            raise VoxError(ErrorCode.EMPTY_TEXT, "the voice has nothing to say for this text")
+    except BaseException:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+        raise
+    return first
 
 
 def check_speed(speed: float) -> float:
@@ -165,6 +198,7 @@ async def synthesize(
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
         runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
+        runtime.memory_guard.check("synthesis", fatal=False)
         source = "miss"
         chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
     else:
@@ -178,6 +212,7 @@ async def synthesize(
         flight = cache.flights.get(key)
         if flight is None:
             runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
+            runtime.memory_guard.check("synthesis", fatal=False)
             cache.misses += 1
             source = "miss"
             flight = cache.flights.start(
@@ -265,7 +300,8 @@ async def _spare_slot(stage: EngineStage) -> None:
 
 
 def _store(cache: TtsCache, flight: Flight) -> None:
-    cache.store(flight.key, flight.pcm())
+    if flight.nbytes:  # no audio (a text the voice says nothing for) is not a reply
+        cache.store(flight.key, flight.pcm())
 
 
 def _queue_seen(stage: EngineStage, bulk: bool) -> int:

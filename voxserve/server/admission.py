@@ -5,7 +5,8 @@ Refusals are immediate and carry a retry hint (`retry_after_s`): the WebSocket c
 (`limits.max_sessions`, `voxserve serve --max-sessions`), admission looks at measured load:
 while a model stage has been under pressure for `flow.shed_after_s` (queue over its limit,
 timeouts, calls starting past their deadline: pipeline/flow.py), new work is refused so the
-streams already admitted keep their latency.
+streams already admitted keep their latency; and while the process is over its memory
+threshold (pipeline/memory_guard.py), new work is refused so the work admitted can finish.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def _refuse(code: ErrorCode, message: str, retry_after_s: int) -> VoxError:
     return VoxError(code, message, fatal=True, retry_after_s=retry_after_s)
 
 
-def admit_request(runtime: Runtime) -> None:
-    """For one-shot requests (HTTP, gRPC unary): readiness, drain and measured load."""
+def admit_request(runtime: Runtime, what: str = "request") -> None:
+    """For one-shot requests (HTTP, gRPC Synthesize): readiness, drain, memory and measured
+    load. `what` labels a memory refusal in the metrics."""
     if runtime.drain.draining:
         raise _refuse(
             ErrorCode.SHUTTING_DOWN,
@@ -32,6 +34,7 @@ def admit_request(runtime: Runtime) -> None:
         raise _refuse(
             ErrorCode.NOT_READY, "models are still loading; retry shortly", NOT_READY_RETRY_S
         )
+    runtime.memory_guard.check(what)
     stage = runtime.flow.overloaded()
     if stage is not None:
         runtime.metrics.shed.labels(stage).inc()
@@ -46,7 +49,7 @@ def admit(runtime: Runtime, *, parked: int = 0) -> None:
     """For sessions (WebSocket, gRPC Converse, Wyoming): the request rule, then the limit on
     live sessions. `parked` sessions (WebSocket, waiting for a resume) do not count: they
     hold no connection and take no new input."""
-    admit_request(runtime)
+    admit_request(runtime, "session")
     limit = runtime.settings.limits.max_sessions
     if runtime.active_sessions - parked >= limit:
         raise _refuse(

@@ -24,9 +24,10 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
-from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
+from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
 from voxserve.server import grpc_codec as codec
+from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token, cache_scope
 from voxserve.server.grpc_stream import (
     TRANSPORT,
@@ -103,9 +104,10 @@ class VoxserveServicer:
         bind_session(trace_id)  # this call's own task: its log lines carry the trace id
         await self._count_request(context)
         try:
+            admit_request(self.runtime)  # as HTTP speech: drain, readiness, memory, load
             scope = cache_scope(self.runtime.settings, self._principal(context))
             chunks, started = self._plan(request, trace_id, scope)
-            first = await anext(chunks, None)
+            first = await first_audio(chunks)
         except VoxError as exc:
             await self._fail(context, exc, trace_id)
         yield pb.SynthesizeResponse(started=started)

@@ -16,7 +16,7 @@ from voxserve.audio.resample import check_rate
 from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
+from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
@@ -53,9 +53,10 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
         scope=cache_scope(runtime.settings, principal),
         bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
     )
-    # Waiting for the first chunk before answering keeps a failing engine a JSON error,
-    # and the first byte the client sees is real audio (time-to-first-audio = the engine's).
-    first = await _first_chunk(chunks)
+    # Waiting for the first chunk before answering keeps a failing engine (or a text the
+    # voice says nothing for) a JSON error, and the first byte the client sees is real audio
+    # (time-to-first-audio = the engine's).
+    first = await first_audio(chunks)
     prefix = wav_header(plan.sample_rate) if plan.response_format == "wav" else b""
     return _AudioStream(
         _audio_bytes(chunks, first, prefix, trace_id),
@@ -136,24 +137,13 @@ def _number(value: object, name: str) -> float:
     return float(value)
 
 
-async def _first_chunk(chunks: AsyncIterator[Int16Array]) -> Int16Array | None:
-    """The first chunk, closing the generator (and so the synthesis) if it fails."""
-    try:
-        return await anext(chunks, None)
-    except BaseException:
-        await _aclose(chunks)
-        raise
-
-
 async def _audio_bytes(
-    chunks: AsyncIterator[Int16Array], first: Int16Array | None, prefix: bytes, trace_id: str
+    chunks: AsyncIterator[Int16Array], first: Int16Array, prefix: bytes, trace_id: str
 ) -> AsyncIterator[bytes]:
     """Little-endian PCM16 as it is made. An engine failure mid-stream can only end the
     stream (the status line is gone), so it is logged with the trace id and the stream ends."""
     try:
-        yield prefix + (_le_bytes(first) if first is not None else b"")
-        if first is None:
-            return
+        yield prefix + _le_bytes(first)
         async for chunk in chunks:
             yield _le_bytes(chunk)
     except Exception as exc:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import numpy as np
 from wyoming.asr import Transcribe, Transcript
@@ -45,16 +45,18 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
+from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.recognition import transcribe
-from voxserve.pipeline.synthesis import check_text, synthesize
+from voxserve.pipeline.synthesis import check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import quotas_of
 from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
+from voxserve.speakable import says_something
 from voxserve.text import SentenceBuffer
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -283,8 +285,13 @@ class WyomingHandler(AsyncEventHandler):
         text = check_text(request.text, self.runtime.settings.limits.max_text_chars)
         slot = _Request(self.runtime, "tts")
         try:
+            rate = self._rate(voice)
+            chunks = synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True)
+            # The first audio before audio-start: a text the voice says nothing for is an
+            # `error` (empty_text), not an empty stream.
+            first = await first_audio(chunks)
             await self._start_audio(voice)
-            await self._speak(text, voice)
+            await self._send_audio(chunks, rate, first)
             await self.write_event(AudioStop().event())
         finally:
             slot.release()
@@ -325,6 +332,8 @@ class WyomingHandler(AsyncEventHandler):
     async def _speak_streamed(self, sentence: str) -> None:
         voice = self._stream_voice
         assert voice is not None
+        if not says_something(sentence):
+            return  # "..." between sentences: nothing to synthesise
         if not self._stream_audio_started:
             await self._start_audio(voice)
             self._stream_audio_started = True
@@ -343,13 +352,26 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _speak(self, text: str, voice: Voice) -> None:
         rate = self._rate(voice)
-        # A one-shot request: behind live sessions' replies (pipeline/stage.py).
-        speech = synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True)
-        async for chunk in speech:
-            pcm = chunk.astype("<i2", copy=False).tobytes()
-            await self.write_event(
-                AudioChunk(rate=rate, width=PCM_WIDTH, channels=1, audio=pcm).event()
-            )
+        await self._send_audio(
+            # A one-shot request: behind live sessions' replies (pipeline/stage.py).
+            synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True),
+            rate,
+        )
+
+    async def _send_audio(
+        self, chunks: AsyncGenerator[Int16Array, None], rate: int, first: Int16Array | None = None
+    ) -> None:
+        """`first` (already taken), then the rest of `chunks`, as audio-chunk events."""
+        async with contextlib.aclosing(chunks):
+            if first is not None:
+                await self._send_chunk(first, rate)
+            async for chunk in chunks:
+                await self._send_chunk(chunk, rate)
+
+    async def _send_chunk(self, chunk: Int16Array, rate: int) -> None:
+        pcm = chunk.astype("<i2", copy=False).tobytes()
+        event = AudioChunk(rate=rate, width=PCM_WIDTH, channels=1, audio=pcm).event()
+        await self.write_event(event)
 
     def _rate(self, voice: Voice) -> int:
         """The voice's own rate when a client can take it (no resampling), else the
