@@ -45,7 +45,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
 
     async def invalidate(request: Request) -> Response:
         cache = _cache(runtime)
-        body = await read_json(request, ADMIN_BODY_BYTES)
+        body = await read_json(request, ADMIN_BODY_BYTES, runtime.settings.limits.max_json_depth)
         voice = _optional_str(body, "voice")
         prefix = _optional_str(body, "text_prefix")
         everything = body.get("all", False)
@@ -68,7 +68,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         cache = _cache(runtime)
         prewarmer = runtime.prewarmer
         assert prewarmer is not None  # made with the cache
-        body = await read_json(request, ADMIN_BODY_BYTES)
+        body = await read_json(request, ADMIN_BODY_BYTES, runtime.settings.limits.max_json_depth)
         items = _prewarm_items(runtime, body)
         try:
             total = prewarmer.submit(items)

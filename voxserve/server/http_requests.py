@@ -4,7 +4,6 @@ check that a named value (a model) is one the route accepts."""
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -18,6 +17,7 @@ from starlette.types import Message, Receive
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.errors import error_response
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 
 log = logging.getLogger("voxserve.server.http_audio")
 """One logger for all the /v1 audio routes (the name they had as one module)."""
@@ -84,14 +84,14 @@ def _check_declared_length(request: Request, limit: int) -> None:
         raise _too_large(limit)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object, read under the byte cap."""
+async def read_json(
+    request: Request, limit: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> dict[str, Any]:
+    """The body as a JSON object, read under the byte cap, decoded by json_input (depth
+    bounded before parsing, text that cannot be encoded refused)."""
     _check_declared_length(request, limit)
     raw = await Request(request.scope, _capped(request.receive, limit)).body()
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise VoxError(ErrorCode.INVALID_JSON, "request body is not valid JSON") from None
+    body = decode_json(raw, max_bytes=limit, max_depth=max_depth, what="request body")
     if not isinstance(body, dict):
         raise VoxError(ErrorCode.INVALID_JSON, "request body must be a JSON object")
     return body

@@ -40,7 +40,8 @@ class SpeechPlan:
 
 async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     engines = runtime.engines
-    body = await read_json(request, runtime.settings.limits.max_message_bytes)
+    limits = runtime.settings.limits
+    body = await read_json(request, limits.max_message_bytes, limits.max_json_depth)
     plan = _speech_plan(body, engines, runtime.settings)
     chunks = synthesize(
         runtime, plan.text, voice=plan.voice.id, speed=plan.speed, sample_rate=plan.sample_rate

@@ -14,6 +14,7 @@ from typing import Any
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.stream_config import MODES, StreamConfig
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
 ENCODINGS = ("pcm_s16le",)
@@ -164,14 +165,11 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     )
 
 
-def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
-    """Decode one JSON control message."""
-    if len(raw) > max_bytes:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {max_bytes} bytes")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise VoxError(ErrorCode.INVALID_JSON, "control message is not valid JSON") from None
+def parse_text_message(
+    raw: str, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ClientMessage:
+    """Decode one JSON control message (size, depth and text checked: json_input)."""
+    data = decode_json(raw, max_bytes=max_bytes, max_depth=max_depth, what="control message")
     if not isinstance(data, dict):
         raise VoxError(ErrorCode.INVALID_JSON, "control message must be a JSON object")
     kind = data.get("type")

@@ -191,7 +191,9 @@ class StreamConnection:
 
     def _parse_fatal(self, text: str) -> Any:
         try:
-            return parse_text_message(text, self.limits.max_message_bytes)
+            return parse_text_message(
+                text, self.limits.max_message_bytes, self.limits.max_json_depth
+            )
         except VoxError as exc:
             exc.fatal = True
             raise
@@ -336,7 +338,9 @@ class StreamConnection:
                     await session.feed_audio(seq, pcm)
                     continue
                 parsed = parse_text_message(
-                    message.get("text") or "", self.limits.max_message_bytes
+                    message.get("text") or "",
+                    self.limits.max_message_bytes,
+                    self.limits.max_json_depth,
                 )
                 if isinstance(parsed, TextMessage):
                     await session.feed_text(parsed.text, flush=parsed.flush)

@@ -157,7 +157,12 @@ class WyomingHandler(AsyncEventHandler):
                     return
                 try:
                     async with asyncio.timeout(min(limits.idle_timeout_s, left)):
-                        event = await read_event(self.reader, max_data=cap, max_payload=cap)
+                        event = await read_event(
+                            self.reader,
+                            max_data=cap,
+                            max_payload=cap,
+                            max_depth=limits.max_json_depth,
+                        )
                 except TimeoutError:
                     # Which bound ran out, not a clock read after it: loop timers may fire
                     # a clock tick early.
