@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message, Receive
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.server.errors import error_response
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 
@@ -113,4 +113,4 @@ def one_of(value: str | None, valid: Iterable[str], name: str) -> str | None:
     if value is None or value in names:
         return value
     listed = ", ".join(names)
-    raise VoxError(ErrorCode.INVALID_PARAMETER, f"unknown {name} {value!r}; valid: {listed}")
+    raise VoxError(ErrorCode.INVALID_PARAMETER, f"unknown {name} {quoted(value)}; valid: {listed}")

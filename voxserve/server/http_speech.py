@@ -15,7 +15,7 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
 from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server.http_requests import log, one_of, read_json
@@ -96,7 +96,8 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
             return voice
     valid = ", ".join(v.id for v in own) or "none"
     raise VoxError(
-        ErrorCode.UNKNOWN_VOICE, f"voice {voice_id!r} is not a {model} voice; valid voices: {valid}"
+        ErrorCode.UNKNOWN_VOICE,
+        f"voice {quoted(voice_id)} is not a {model} voice; valid voices: {valid}",
     )
 
 
@@ -106,13 +107,13 @@ def _speech_format(body: dict[str, Any]) -> str:
         supported = ", ".join(SPEECH_MEDIA_TYPES)
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"response_format {fmt!r} is not supported; use one of {supported}",
+            f"response_format {quoted(fmt)} is not supported; use one of {supported}",
         )
     stream_format = _str_field(body.get("stream_format"), "stream_format")
     if stream_format not in (None, "audio"):
         raise VoxError(
             ErrorCode.INVALID_PARAMETER,
-            f"stream_format {stream_format!r} is not supported; audio is always streamed raw",
+            f"stream_format {quoted(stream_format)} is not supported; audio is always streamed raw",
         )
     return fmt
 

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.stream_config import MODES, StreamConfig
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
@@ -111,13 +111,15 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     mode = data.get("mode")
     if mode not in MODES:
         raise VoxError(
-            ErrorCode.UNKNOWN_MODE, f"mode {mode!r} is not one of {', '.join(MODES)}", fatal=True
+            ErrorCode.UNKNOWN_MODE,
+            f"mode {quoted(mode)} is not one of {', '.join(MODES)}",
+            fatal=True,
         )
     rate = _field(data, "sample_rate", int, 16_000)
     if rate not in SUPPORTED_INPUT_RATES:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-            f"sample_rate {rate} is not supported; use one of "
+            f"sample_rate {quoted(rate)} is not supported; use one of "
             + ", ".join(map(str, SUPPORTED_INPUT_RATES)),
             fatal=True,
         )
@@ -126,14 +128,14 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     if encoding is None:
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"encoding {encoding_in!r} is not supported; use {', '.join(ENCODINGS)}",
+            f"encoding {quoted(encoding_in)} is not supported; use {', '.join(ENCODINGS)}",
             fatal=True,
         )
     out_rate = _field(data, "output_sample_rate", int, None)
     if out_rate is not None and out_rate not in SUPPORTED_OUTPUT_RATES:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-            f"output_sample_rate {out_rate} is not supported; use one of "
+            f"output_sample_rate {quoted(out_rate)} is not supported; use one of "
             + ", ".join(map(str, SUPPORTED_OUTPUT_RATES)),
             fatal=True,
         )
@@ -201,7 +203,7 @@ def parse_text_message(
         return parse_resume(data)
     if not isinstance(kind, str):
         raise _invalid("control message needs a string field 'type'")
-    raise _invalid(f"unknown message type {kind!r}")
+    raise _invalid(f"unknown message type {quoted(kind)}")
 
 
 def parse_resume(data: dict[str, Any]) -> ResumeMessage:

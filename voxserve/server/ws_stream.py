@@ -19,7 +19,7 @@ from typing import Any
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -126,7 +126,7 @@ class StreamConnection:
         if origin is not None and not origin_allowed(origin, headers.get("host", ""), allowed):
             raise VoxError(
                 ErrorCode.ORIGIN_NOT_ALLOWED,
-                f"origin {origin!r} is not allowed (cors_allowed_origins)",
+                f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
                 fatal=True,
             )
         token = bearer_token(headers.get("authorization"))

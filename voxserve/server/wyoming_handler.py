@@ -45,7 +45,7 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.recognition import transcribe
 from voxserve.pipeline.synthesis import check_text, synthesize
@@ -382,4 +382,4 @@ def _voice_for_language(voices: list[Voice], language: str) -> Voice:
     for voice, have in tags:
         if have.split("_")[0] == want.split("_")[0]:
             return voice
-    raise VoxError(ErrorCode.UNKNOWN_LANGUAGE, f"no voice speaks {language!r}")
+    raise VoxError(ErrorCode.UNKNOWN_LANGUAGE, f"no voice speaks {quoted(language)}")

@@ -23,7 +23,7 @@ from typing import Any
 
 from wyoming.event import Event
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, check_encodable, parse_json
 
 MAX_TYPE_CHARS = 64
@@ -56,7 +56,7 @@ def _length(header: dict[str, Any], name: str, limit: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _invalid(f"{name} must be a non-negative integer")
     if value > limit:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"{name} {value} exceeds {limit} bytes")
+        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"{name} {quoted(value)} exceeds {limit} bytes")
     return value
 
 
