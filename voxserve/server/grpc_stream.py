@@ -279,8 +279,7 @@ class SessionCall(Generic[Req, Resp]):
                         seconds = len(item.pcm) / (2 * rate)
                         if not await self._audio_quota(session, len(frames), seconds):
                             continue
-                        for seq, pcm in frames:
-                            await session.feed_audio(seq, pcm)
+                        await _feed_frames(session, frames)
                     else:
                         await self._control(session, item)
                 except VoxError as exc:
@@ -305,6 +304,19 @@ class SessionCall(Generic[Req, Resp]):
             await session.mark(message.id)
         elif isinstance(message, StartMessage):
             raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+
+
+async def _feed_frames(session: Session, frames: list[tuple[int, memoryview]]) -> None:
+    """Each frame of a message as if it had come alone (so each refused one is counted);
+    one error for the message, the first."""
+    refused: VoxError | None = None
+    for seq, pcm in frames:
+        try:
+            await session.feed_audio(seq, pcm)
+        except VoxError as exc:
+            refused = refused or exc
+    if refused is not None:
+        raise refused
 
 
 def converse_first(request: pb.ConverseRequest | codec.Undecodable) -> StreamConfig:

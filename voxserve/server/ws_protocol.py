@@ -78,6 +78,7 @@ ClientMessage = (
     | ResumeMessage
 )
 MAX_CREDIT_MS = 60_000
+MARK_INT_LIMIT = 1 << 63  # echoed back: no 4,000-digit integers
 _SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
 SEQ_MAX = (1 << 32) - 1
 
@@ -193,6 +194,8 @@ def parse_text_message(
             raise _invalid("field 'id' of a mark must be a string or an integer")
         if isinstance(mark_id, str) and len(mark_id) > 64:
             raise _invalid("a mark id is at most 64 characters")
+        if isinstance(mark_id, int) and not -MARK_INT_LIMIT <= mark_id < MARK_INT_LIMIT:
+            raise _invalid("an integer mark id is a signed 64-bit integer")
         return MarkMessage(mark_id)
     if kind == "credit":
         audio_ms = _field(data, "audio_ms", int, None)
@@ -207,16 +210,17 @@ def parse_text_message(
 
 
 def parse_resume(data: dict[str, Any]) -> ResumeMessage:
+    """As the first message, its errors are fatal (the connection's rule for a first
+    message); later, a `session.resume` is refused like any other bad message."""
     session_id = _field(data, "session_id", str, None)
     if session_id is None or not _SESSION_ID.match(session_id):
         raise VoxError(
             ErrorCode.INVALID_MESSAGE,
             "session.resume needs the 'session_id' of session.started",
-            fatal=True,
         )
     last_seq = _field(data, "last_seq", int, None)
     if last_seq is not None and not 0 <= last_seq <= SEQ_MAX:
-        raise VoxError(ErrorCode.INVALID_MESSAGE, "last_seq must be a 32-bit seq_id", fatal=True)
+        raise VoxError(ErrorCode.INVALID_MESSAGE, "last_seq must be a 32-bit seq_id")
     return ResumeMessage(session_id, last_seq)
 
 
@@ -250,4 +254,9 @@ def parse_audio_frame(
 
 
 def encode_event(event: dict[str, Any]) -> str:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    """An event as the text of one message; UnicodeEncodeError (a ValueError) here, before
+    anything is written, if it holds text that cannot be sent as UTF-8."""
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        text.encode("utf-8")
+    return text

@@ -267,20 +267,40 @@ class StreamConnection:
                     break
                 live.unsent = item
             try:
-                if isinstance(item, bytes):
-                    await self.ws.send_bytes(item)
+                message = item if isinstance(item, bytes) else encode_event(item)
+            except (TypeError, ValueError):
+                await self._unsendable(live, str(item.get("type")))  # type: ignore[union-attr]
+                return
+            try:
+                if isinstance(message, bytes):
+                    await self.ws.send_bytes(message)
+                elif fast is not None and fast.send_text is not None and fast.send_text(message):
+                    fast.sent_direct += 1
                 else:
-                    text = encode_event(item)
-                    if fast is not None and fast.send_text is not None and fast.send_text(text):
-                        fast.sent_direct += 1
-                    else:
-                        await self.ws.send_text(text)
+                    await self.ws.send_text(message)
             except (RuntimeError, OSError, WebSocketDisconnect):
                 self._client_left = True
                 return
             live.unsent = None
+        code = CLOSE_INTERNAL if live.session.end_reason == ErrorCode.INTERNAL else CLOSE_NORMAL
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await self.ws.close(CLOSE_NORMAL)
+            await self.ws.close(code)
+
+    async def _unsendable(self, live: LiveStream, event_type: str) -> None:
+        """An event that cannot be encoded (a bug: client text is checked on the way in)
+        ends the session the documented way: `internal`, `session.ended`, close 1011; the
+        client is never left with a dropped connection (1006) and no goodbye."""
+        session = live.session
+        log.error("event could not be encoded; session ended", extra={"event": event_type})
+        live.closing = True
+        live.unsent = None
+        session.end_reason = ErrorCode.INTERNAL.value
+        self.runtime.metrics.errors.labels(ErrorCode.INTERNAL.value, "ws").inc()
+        error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.ws.send_text(encode_event(error.to_event() | {"trace_id": session.trace_id}))
+            await self.ws.send_text(encode_event(session.ended_event()))
+            await self.ws.close(CLOSE_INTERNAL)
 
     @staticmethod
     async def _wait_end(

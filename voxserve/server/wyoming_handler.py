@@ -9,7 +9,9 @@ it is complete, in one audio-start/stop, then `synthesize-stopped` (the `synthes
 Home Assistant also sends while streaming, for older servers, is ignored).
 
 Errors are `error` events whose `code` is the voxserve code (docs/protocol.md); the
-connection stays open. Each request counts against `limits.max_sessions` while it runs.
+connection stays open. An error after `audio-start` (an engine failing mid-reply) comes
+after that reply's `audio-stop`, so every reply begun is ended. Each request counts
+against `limits.max_sessions` while it runs.
 
 Events are read by `wyoming_protocol` (lengths capped, fields checked) instead of the
 package's trusting reader; broken framing ends the connection after an `error`. A
@@ -140,6 +142,7 @@ class WyomingHandler(AsyncEventHandler):
         self._stream_voice: Voice | None = None
         self._stream_request: _Request | None = None
         self._stream_audio_started = False
+        self._audio_open = False  # an audio-start was sent and its audio-stop not yet
         bind_session(self.trace_id)
 
     async def run(self) -> None:
@@ -225,6 +228,8 @@ class WyomingHandler(AsyncEventHandler):
         self._end_asr()
         self._end_stream()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
+            if self._audio_open:  # a reply cut short still ends: audio-stop, then why
+                await self._stop_audio()
             await self.write_event(Error(text=error.message, code=error.code.value).event())
 
     # -- info ---------------------------------------------------------------------------
@@ -290,7 +295,7 @@ class WyomingHandler(AsyncEventHandler):
         try:
             await self._start_audio(voice)
             await self._speak(text, voice)
-            await self.write_event(AudioStop().event())
+            await self._stop_audio()
         finally:
             slot.release()
 
@@ -322,7 +327,7 @@ class WyomingHandler(AsyncEventHandler):
             if rest:
                 await self._speak_streamed(rest)
             if self._stream_audio_started:
-                await self.write_event(AudioStop().event())
+                await self._stop_audio()
             await self.write_event(SynthesizeStopped().event())
         finally:
             self._end_stream()
@@ -345,6 +350,13 @@ class WyomingHandler(AsyncEventHandler):
     async def _start_audio(self, voice: Voice) -> None:
         rate = self._rate(voice)
         await self.write_event(AudioStart(rate=rate, width=PCM_WIDTH, channels=1).event())
+        self._audio_open = True
+
+    async def _stop_audio(self) -> None:
+        """The reply's end. Also after an error mid-reply (`_error`): a client waiting for
+        audio-stop is never left with half a reply."""
+        self._audio_open = False
+        await self.write_event(AudioStop().event())
 
     async def _speak(self, text: str, voice: Voice) -> None:
         rate = self._rate(voice)
