@@ -216,6 +216,15 @@ class WyomingHandler(AsyncEventHandler):
             "synthesize-stop": self._synthesize_stop,
         }
 
+    async def write_event(self, event: Event) -> None:
+        """Every event out; tracks whether a reply's audio is open (audio-start written,
+        its audio-stop not yet), so that an error mid-reply ends it first (`_error`)."""
+        if event.type == "audio-start":
+            self._audio_open = True
+        elif event.type == "audio-stop":
+            self._audio_open = False
+        await super().write_event(event)
+
     async def disconnect(self) -> None:
         self._end_asr()
         self._end_stream()
@@ -229,7 +238,7 @@ class WyomingHandler(AsyncEventHandler):
         self._end_stream()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
             if self._audio_open:  # a reply cut short still ends: audio-stop, then why
-                await self._stop_audio()
+                await self.write_event(AudioStop().event())
             await self.write_event(Error(text=error.message, code=error.code.value).event())
 
     # -- info ---------------------------------------------------------------------------
@@ -295,7 +304,7 @@ class WyomingHandler(AsyncEventHandler):
         try:
             await self._start_audio(voice)
             await self._speak(text, voice)
-            await self._stop_audio()
+            await self.write_event(AudioStop().event())
         finally:
             slot.release()
 
@@ -327,7 +336,7 @@ class WyomingHandler(AsyncEventHandler):
             if rest:
                 await self._speak_streamed(rest)
             if self._stream_audio_started:
-                await self._stop_audio()
+                await self.write_event(AudioStop().event())
             await self.write_event(SynthesizeStopped().event())
         finally:
             self._end_stream()
@@ -350,13 +359,6 @@ class WyomingHandler(AsyncEventHandler):
     async def _start_audio(self, voice: Voice) -> None:
         rate = self._rate(voice)
         await self.write_event(AudioStart(rate=rate, width=PCM_WIDTH, channels=1).event())
-        self._audio_open = True
-
-    async def _stop_audio(self) -> None:
-        """The reply's end. Also after an error mid-reply (`_error`): a client waiting for
-        audio-stop is never left with half a reply."""
-        self._audio_open = False
-        await self.write_event(AudioStop().event())
 
     async def _speak(self, text: str, voice: Voice) -> None:
         rate = self._rate(voice)
