@@ -210,8 +210,16 @@ async def test_http_every_class_is_a_4xx(
         (b'{"input": "Hi.", "model": "' + b"m" * 200_000 + b'"}', "invalid_parameter"),
         (b'{"input": "Hi.", "response_format": "' + b"f" * 100_000 + b'"}', "unsupported_encoding"),
         (b'{"input": "Hi.", "sample_rate": ' + b"9" * 4000 + b"}", "unsupported_sample_rate"),
+        (b'{"input": "Hi.", "speed": ' + b"9" * 400 + b"}", "invalid_parameter"),
     ],
-    ids=["surrogate_bytes", "long_voice", "long_model", "long_format", "long_number"],
+    ids=[
+        "surrogate_bytes",
+        "long_voice",
+        "long_model",
+        "long_format",
+        "long_number",
+        "number_past_float",
+    ],
 )
 async def test_http_values_are_refused_and_quoted_short(
     fault_server: LiveServer, body: bytes, code: str

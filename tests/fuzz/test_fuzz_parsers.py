@@ -123,6 +123,7 @@ def test_control_message_text(raw: str) -> None:
 @example({"type": "session.start", "mode": "asr", "encoding": None})  # found: AttributeError
 @example({"type": "session.start", "mode": "asr", "speed": None})  # found: TypeError
 @example({"type": "session.start", "mode": "asr", "voice": "v" * 20_000})  # echoed whole
+@example({"type": "session.start", "mode": "asr", "speed": 10**400})  # found: OverflowError
 def test_control_message_objects(message: dict[str, Any]) -> None:
     _only_vox_errors(parse_text_message, json.dumps(message), MAX_MESSAGE)
 
@@ -197,6 +198,7 @@ SETTINGS = load_settings()
 @example(b'{"input": "\xed\xa0\x80"}')  # a surrogate as UTF-8 bytes: not valid UTF-8
 @example(b"[" * 1000 + b"]" * 1000)  # found: RecursionError, HTTP 500
 @example(b'{"input": "Hi.", "voice": "' + b"v" * 200_000 + b'"}')  # found: echoed whole
+@example(b'{"input": "Hi.", "speed": 1' + b"0" * 400 + b"}")  # found: OverflowError, a 500
 def test_http_speech_body(body: bytes) -> None:
     """The speech route's body, read and planned: a VoxError (a 4xx) or a plan whose text
     can be synthesised, whatever the body holds."""

@@ -19,6 +19,7 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.synthesis import check_speed, check_text, synthesize
 from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server.http_requests import log, one_of, read_json
+from voxserve.server.json_input import as_float
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -127,7 +128,7 @@ def _str_field(value: object, name: str) -> str | None:
 def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a number")
-    return float(value)
+    return as_float(value, name)
 
 
 async def _first_chunk(chunks: AsyncIterator[Int16Array]) -> Int16Array | None:

@@ -95,6 +95,15 @@ def _parse(text: str, max_depth: int, what: str) -> Any:
         raise VoxError(ErrorCode.INVALID_JSON, f"{what} is not valid JSON") from None
 
 
+def as_float(value: int | float, name: str) -> float:
+    """A JSON number as a float. A JSON integer may have thousands of digits, which float()
+    refuses with OverflowError (a 500 before this): `invalid_parameter` instead."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} is out of range") from None
+
+
 def check_encodable(value: Any, what: str) -> None:
     """Every string in a decoded value (keys too) can be encoded to UTF-8: no lone
     surrogates, which a reply, a cache key or an event writer could not encode later.

@@ -14,7 +14,7 @@ from typing import Any
 
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.stream_config import MODES, StreamConfig
-from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, as_float, decode_json
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
 ENCODINGS = ("pcm_s16le",)
@@ -140,7 +140,7 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
             + ", ".join(map(str, SUPPORTED_OUTPUT_RATES)),
             fatal=True,
         )
-    speed = float(_field(data, "speed", (int, float), 1.0))
+    speed = as_float(_field(data, "speed", (int, float), 1.0), "speed")
     chunk_ms = _field(data, "chunk_ms", int, None)
     if chunk_ms is not None and not _CHUNK_MS_RANGE[0] <= chunk_ms <= _CHUNK_MS_RANGE[1]:
         raise VoxError(

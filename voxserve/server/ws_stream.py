@@ -292,6 +292,7 @@ class StreamConnection:
         client is never left with a dropped connection (1006) and no goodbye."""
         session = live.session
         log.error("event could not be encoded; session ended", extra={"event": event_type})
+        self._release_input(session)  # audio received before the end is counted in it
         live.closing = True
         live.unsent = None
         session.end_reason = ErrorCode.INTERNAL.value
