@@ -15,13 +15,14 @@ Anything after the target is passed to libFuzzer (-max_total_time, -runs, a corp
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from collections.abc import Callable
 
 import atheris
 
 with atheris.instrument_imports():
-    from google.protobuf.message import DecodeError
     from wyoming.event import Event
 
     from voxserve.audio.wav import read_wav
@@ -37,7 +38,9 @@ CAP = 64 * 1024
 
 
 def ws_text(data: bytes) -> None:
-    parse_text_message(data.decode("utf-8", "replace"), MAX_MESSAGE)
+    # surrogateescape: bytes that are not UTF-8 become lone surrogates, a class of its own
+    message = parse_text_message(data.decode("utf-8", "surrogateescape"), MAX_MESSAGE)
+    _encodable(message)
 
 
 def ws_audio(data: bytes) -> None:
@@ -55,23 +58,33 @@ def wyoming(data: bytes) -> None:
     header = parse_header(line, max_data=CAP, max_payload=CAP)
     event = Event(type=header.type, data=merge_data(header, rest[: header.data_length]))
     check_event(event)
+    _encodable(event.data)
 
 
 def grpc(data: bytes) -> None:
-    """grpc itself refuses bytes that do not decode (DecodeError); what decodes is ours."""
+    """Through the server's request decoders, which never raise: bytes that are not a
+    message are refused by the parsers (invalid_message) like any other bad request."""
     for message_type, parsers in (
         (pb.ConverseRequest, (converse_first, grpc_codec.converse_input)),
         (pb.RecognizeRequest, (recognize_first, recognize_input)),
     ):
-        try:
-            request = message_type.FromString(data)
-        except DecodeError:
-            continue
+        request = grpc_codec.request_decoder(message_type)(data)
         for parse in parsers:
             try:
                 parse(request)  # type: ignore[operator]
             except VoxError:
                 pass
+
+
+def _encodable(value: object) -> None:
+    """What a parser lets through can be encoded again (no lone surrogate)."""
+    json.dumps(value, default=_plain, ensure_ascii=False).encode("utf-8")
+
+
+def _plain(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)  # a proto message: its strings are UTF-8 by construction
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {

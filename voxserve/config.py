@@ -210,6 +210,10 @@ class LimitsConfig(BaseModel):
     max_sessions: int = 500
     max_text_chars: int = 4_000
     max_message_bytes: int = 256 * 1024
+    # Nesting of arrays and objects in client JSON (control messages, HTTP bodies, Wyoming
+    # events), checked before parsing: the parser recurses once per level, and ~1,000
+    # levels (2 KB) would exhaust the interpreter's stack. The protocols need 3.
+    max_json_depth: int = Field(default=32, ge=1, le=256)
     max_frame_ms: int = 200  # one binary message may carry up to 10 frames of audio
     max_upload_bytes: int = 25 * 1024 * 1024
     # Time between a WebSocket/gRPC connect and its session.start (slow-loris guard).

@@ -84,6 +84,17 @@ class VoxError(Exception):
         return f"VoxError({self.code.value!r}, {self.message!r}, stage={self.stage!r})"
 
 
+QUOTE_CHARS = 64
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """A client's value as an error message quotes it: its repr (unprintable characters and
+    lone surrogates escaped), cut to `limit` characters. A 200 KB voice name echoed whole
+    made a 200 KB error body, and overflowed gRPC's trailing metadata, losing the code."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def first_vox_error(errors: BaseExceptionGroup[BaseException]) -> VoxError | None:
     """The first VoxError in a (nested) exception group, if any: what a client is told."""
     for error in errors.exceptions:

@@ -23,7 +23,7 @@ from voxserve.cache.tts_cache import TtsCache
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.registry import engine_class
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.generations import Generation, Lease, close_when_idle
 from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
@@ -77,7 +77,9 @@ class Engines:
         found = self._voices.get(key) or self._aliases.get(key)
         if found is None:
             valid = ", ".join(sorted(self._voices))
-            raise VoxError(ErrorCode.UNKNOWN_VOICE, f"unknown voice {key!r}; valid voices: {valid}")
+            raise VoxError(
+                ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(key)}; valid voices: {valid}"
+            )
         return found
 
     def check_language(self, language: str | None) -> str | None:
@@ -85,7 +87,7 @@ class Engines:
             return language
         valid = ", ".join(self.asr.languages)
         raise VoxError(
-            ErrorCode.UNKNOWN_LANGUAGE, f"language {language!r} is not served; valid: {valid}"
+            ErrorCode.UNKNOWN_LANGUAGE, f"language {quoted(language)} is not served; valid: {valid}"
         )
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import soxr
 
 from voxserve.audio.pcm import Int16Array
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import SUPPORTED_INPUT_RATES
 
 
@@ -15,7 +15,7 @@ def check_rate(rate: int, supported: tuple[int, ...] = SUPPORTED_INPUT_RATES) ->
         listed = ", ".join(str(r) for r in supported)
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-            f"sample rate {rate} is not supported; use one of {listed}",
+            f"sample rate {quoted(rate)} is not supported; use one of {listed}",
         )
     return rate
 

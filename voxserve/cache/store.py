@@ -9,6 +9,7 @@ Not thread-safe: one thread at a time uses a store (the loader, then the writer 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -156,7 +157,12 @@ class SqliteStore:
                 shrink = self._apply_one(db, op) or shrink
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # sqlite rolls a transaction back by itself on some errors (SQLITE_FULL: a full
+            # disk); a ROLLBACK then fails too ("no transaction is active") and its error
+            # would replace the cause. The cause is what goes up.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
         if shrink:
             db.execute("PRAGMA incremental_vacuum")  # give bulk-freed pages back to the disk

@@ -41,6 +41,7 @@ class DiskWriter:
         self.written = 0
         self.dropped = 0
         self.errors = 0
+        self._failing: str | None = None  # the cause of the failures going on, logged once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="voxserve-cache-writer", daemon=True)
@@ -131,9 +132,22 @@ class DiskWriter:
         return batch
 
     def _write(self, ops: list[Op]) -> None:
+        """One batch in one transaction. A full or failing disk: the batch is lost (the
+        cache goes on in memory), counted in `errors`; the cause is logged once per run of
+        failures (sqlite's code and message, never an entry's text), not per batch."""
         try:
             self.store.apply(ops)
-            self.written += sum(1 for op in ops if isinstance(op, Put))
-        except sqlite3.Error as exc:  # a full or failing disk: the cache goes on in memory
+        except sqlite3.Error as exc:
             self.errors += 1
-            log.warning("tts cache write failed", extra={"error": str(exc), "ops": len(ops)})
+            cause = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+            if cause != self._failing:
+                self._failing = cause
+                log.warning(
+                    "tts cache writes fail; entries stay in memory only",
+                    extra={"error": cause, "reason": str(exc), "ops": len(ops)},
+                )
+            return
+        self.written += sum(1 for op in ops if isinstance(op, Put))
+        if self._failing is not None:
+            log.info("tts cache writes work again", extra={"failed": self.errors})
+            self._failing = None

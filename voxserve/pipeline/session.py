@@ -215,8 +215,11 @@ class Session:
 
     def _admit_audio(self, seq: int, now: float | None = None) -> bool:
         """Count a received frame; False for a duplicate (counted) or, once told, audio
-        while draining; raises what the client must be told."""
+        while draining; raises what the client must be told. A frame refused outright (a
+        tts session, after the end of input) is counted in `rejected`, so that received +
+        rejected still adds up to what the client sent."""
         if self.listener is None:
+            self.rejected += 1
             raise VoxError(ErrorCode.WRONG_MODE, "tts sessions take text, not audio")
         if self.draining:
             self.received += 1
@@ -228,6 +231,7 @@ class Session:
                 ErrorCode.SHUTTING_DOWN, "the server is shutting down; no more audio is accepted"
             )
         if self.input_closed:
+            self.rejected += 1
             raise VoxError(ErrorCode.INVALID_MESSAGE, "audio after the end of input")
         self.received += 1
         floor = self.resume_floor

@@ -9,9 +9,11 @@ codes. Outgoing events keep the WebSocket's names and fields, typed (see the pro
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.stream_config import Mode, StreamConfig
@@ -33,6 +35,11 @@ TRACE_ID_KEY = "voxserve-trace-id"
 RETRY_AFTER_KEY = "voxserve-retry-after-ms"
 MAX_MARK_ID = 64
 SEQ_MOD = 1 << 32
+MAX_DETAILS = 512
+"""Characters of an error message sent as a call's status details: they travel in the
+trailing metadata, which the client caps (8 KiB by default); past it the status and the
+voxserve code are lost. Messages quote client values cut short (errors.quoted); this is the
+transport's own bound."""
 
 S = grpc.StatusCode
 _STATUS: dict[ErrorCode, grpc.StatusCode] = {
@@ -87,6 +94,12 @@ _MODE_ENUM: dict[str, int] = {name: value for value, name in _MODES.items()}
 def status_for(code: ErrorCode) -> grpc.StatusCode:
     """The gRPC status a voxserve code ends a call with (UNKNOWN for a code not listed)."""
     return _STATUS.get(code) or _BY_NAME.get(code.value, S.UNKNOWN)
+
+
+def details(error: VoxError) -> str:
+    """The status details for `error`: its message, never longer than MAX_DETAILS."""
+    message = error.message
+    return message if len(message) <= MAX_DETAILS else message[: MAX_DETAILS - 3] + "..."
 
 
 def trailing_metadata(error: VoxError, trace_id: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -169,9 +182,48 @@ def _fatal(check: Callable[[], T]) -> T:
 
 # --- requests ------------------------------------------------------------------------------
 
+M = TypeVar("M", bound=Message)
 
-def converse_input(request: pb.ConverseRequest) -> ClientMessage | pb.AudioFrames:
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """Request bytes that are not a message of the RPC's type. The servicer is handed this
+    instead of grpc answering UNKNOWN "Unexpected DecodeError" without a voxserve code:
+    `decoded` refuses it as `invalid_message` (INVALID_ARGUMENT, or an in-stream error)."""
+
+    type_name: str
+
+
+def request_decoder(message_type: type[M]) -> Callable[[bytes], M | Undecodable]:
+    """A request deserializer that never raises (grpc_server registers one per RPC)."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> M | Undecodable:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # DecodeError; nothing a client sends may escape as UNKNOWN
+            return Undecodable(name)
+
+    return decode
+
+
+def decoded(request: M | Undecodable, *, fatal: bool = False) -> M:
+    """The request, or `invalid_message` for bytes that did not decode. Framing is intact
+    (grpc delimits messages), so in a stream the next request is read as usual."""
+    if isinstance(request, Undecodable):
+        raise VoxError(
+            ErrorCode.INVALID_MESSAGE,
+            f"the request is not a valid {request.type_name} message",
+            fatal=fatal,
+        )
+    return request
+
+
+def converse_input(
+    request: pb.ConverseRequest | Undecodable,
+) -> ClientMessage | pb.AudioFrames:
     """One Converse request as the WebSocket's message types (audio stays a proto message)."""
+    request = decoded(request)
     kind = request.WhichOneof("request")
     if kind == "audio":
         return request.audio

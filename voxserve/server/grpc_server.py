@@ -21,9 +21,9 @@ from voxserve.config import Settings
 from voxserve.runtime import Runtime
 from voxserve.server.auth import KeyRing
 from voxserve.server.grpc_auth import AuthInterceptor
+from voxserve.server.grpc_codec import request_decoder
 from voxserve.server.grpc_service import VoxserveServicer
 from voxserve.v1 import voxserve_pb2 as pb
-from voxserve.v1 import voxserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,34 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
         ("grpc.keepalive_time_ms", KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
     ]
+
+
+_HANDLERS: dict[tuple[bool, bool], Any] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_servicer(servicer: VoxserveServicer, server: grpc.aio.Server) -> None:
+    """What the generated `add_VoxserveServicer_to_server` does, read from the proto's
+    service descriptor, but with request deserializers that never raise
+    (grpc_codec.request_decoder): bytes that are not a message reach the servicer, which
+    refuses them with INVALID_ARGUMENT `invalid_message` (grpc's own answer was UNKNOWN
+    "Unexpected DecodeError", without a voxserve code)."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Voxserve"].methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handler = _HANDLERS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = handler(
+            getattr(servicer, method.name),
+            request_deserializer=request_decoder(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def address(host: str, port: int) -> str:
@@ -72,7 +100,6 @@ class GrpcTransport:
         settings = self.runtime.settings
         interceptors = [AuthInterceptor(KeyRing.from_settings(settings))]
         server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
-        add_servicer: Any = pb_grpc.add_VoxserveServicer_to_server  # generated, untyped
         add_servicer(VoxserveServicer(self.runtime), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -29,6 +29,7 @@ from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token, cache_scope
+from voxserve.server.grpc_codec import M, Undecodable
 from voxserve.server.grpc_stream import (
     TRANSPORT,
     SessionCall,
@@ -48,8 +49,8 @@ _TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 class VoxserveServicer:
-    """Implements voxserve.v1.Voxserve (registered by grpc_server with the generated
-    `add_VoxserveServicer_to_server`, which looks the methods up by name)."""
+    """Implements voxserve.v1.Voxserve (registered by `grpc_server.add_servicer`, which
+    looks the methods up by name; requests that did not decode arrive as `Undecodable`)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -70,9 +71,9 @@ class VoxserveServicer:
             await self._fail(context, exc)
 
     async def Converse(  # the RPC names of the proto
-        self, requests: AsyncIterator[pb.ConverseRequest], context: Context
+        self, requests: AsyncIterator[pb.ConverseRequest | Undecodable], context: Context
     ) -> AsyncIterator[pb.ConverseResponse]:
-        call = SessionCall(
+        call = SessionCall[pb.ConverseRequest, pb.ConverseResponse](
             self.runtime,
             context,
             parse_first=converse_first,
@@ -84,9 +85,9 @@ class VoxserveServicer:
             yield response
 
     async def Recognize(
-        self, requests: AsyncIterator[pb.RecognizeRequest], context: Context
+        self, requests: AsyncIterator[pb.RecognizeRequest | Undecodable], context: Context
     ) -> AsyncIterator[pb.RecognizeResponse]:
-        call = SessionCall(
+        call = SessionCall[pb.RecognizeRequest, pb.RecognizeResponse](
             self.runtime,
             context,
             parse_first=recognize_first,
@@ -98,15 +99,16 @@ class VoxserveServicer:
             yield response
 
     async def Synthesize(
-        self, request: pb.SynthesizeRequest, context: Context
+        self, request: pb.SynthesizeRequest | Undecodable, context: Context
     ) -> AsyncIterator[pb.SynthesizeResponse]:
-        trace_id = request.trace_id or uuid.uuid4().hex[:16]
+        synthesis = await self._decoded(request, context)
+        trace_id = synthesis.trace_id or uuid.uuid4().hex[:16]
         bind_session(trace_id)  # this call's own task: its log lines carry the trace id
         await self._count_request(context)
         try:
             admit_request(self.runtime)  # as HTTP speech: drain, readiness, memory, load
             scope = cache_scope(self.runtime.settings, self._principal(context))
-            chunks, started = self._plan(request, trace_id, scope)
+            chunks, started = self._plan(synthesis, trace_id, scope)
             first = await first_audio(chunks)
         except VoxError as exc:
             await self._fail(context, exc, trace_id)
@@ -156,8 +158,9 @@ class VoxserveServicer:
         return chunks, started
 
     async def ListVoices(
-        self, request: pb.ListVoicesRequest, context: Context
+        self, request: pb.ListVoicesRequest | Undecodable, context: Context
     ) -> pb.ListVoicesResponse:
+        await self._decoded(request, context)
         await self._count_request(context)
         try:
             engines = self.runtime.engines
@@ -176,8 +179,9 @@ class VoxserveServicer:
         return pb.ListVoicesResponse(voices=voices, default_voice=engines.default_voice)
 
     async def ListEngines(
-        self, request: pb.ListEnginesRequest, context: Context
+        self, request: pb.ListEnginesRequest | Undecodable, context: Context
     ) -> pb.ListEnginesResponse:
+        await self._decoded(request, context)
         await self._count_request(context)
         try:
             engines = self.runtime.engines
@@ -210,6 +214,13 @@ class VoxserveServicer:
             )
         )
         return pb.ListEnginesResponse(engines=listed, models=list(models))
+
+    async def _decoded(self, request: M | Undecodable, context: Context) -> M:
+        """A unary request, or the call ended with INVALID_ARGUMENT `invalid_message`."""
+        try:
+            return codec.decoded(request)
+        except VoxError as exc:
+            await self._fail(context, exc)
 
     async def _fail(
         self, context: Context, error: VoxError, trace_id: str | None = None

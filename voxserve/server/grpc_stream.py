@@ -63,7 +63,7 @@ async def abort(
     """End the call with the status for `error` and the voxserve code in trailing metadata."""
     await context.abort(
         codec.status_for(error.code),
-        error.message,
+        codec.details(error),
         trailing_metadata=codec.trailing_metadata(error, trace_id),
     )
     raise AssertionError("context.abort returned")  # it always raises
@@ -78,8 +78,8 @@ class SessionCall(Generic[Req, Resp]):
         runtime: Runtime,
         context: grpc.aio.ServicerContext[Any, Any],
         *,
-        parse_first: Callable[[Req], StreamConfig],
-        parse: Callable[[Req], Input],
+        parse_first: Callable[[Req | codec.Undecodable], StreamConfig],
+        parse: Callable[[Req | codec.Undecodable], Input],
         response_type: type[Resp],
         principal: str = ANONYMOUS,
     ) -> None:
@@ -89,14 +89,16 @@ class SessionCall(Generic[Req, Resp]):
         self._last_message_at = time.monotonic()
         self._input_open = True
         self.context = context
-        self.parse_first: Callable[[Req], StreamConfig] = parse_first
-        self.parse: Callable[[Req], Input] = parse
+        self.parse_first: Callable[[Req | codec.Undecodable], StreamConfig] = parse_first
+        self.parse: Callable[[Req | codec.Undecodable], Input] = parse
         self.response_type: type[Resp] = response_type
         self.limits = runtime.settings.limits
         self._fatal: VoxError | None = None
         self._reply = 0  # the reply the audio now being sent belongs to
 
-    async def responses(self, requests: AsyncIterator[Req]) -> AsyncIterator[Resp]:
+    async def responses(
+        self, requests: AsyncIterator[Req | codec.Undecodable]
+    ) -> AsyncIterator[Resp]:
         """The call's response stream (the servicer method yields from this)."""
         metrics = self.runtime.metrics
         try:
@@ -120,7 +122,7 @@ class SessionCall(Generic[Req, Resp]):
             active.dec()
             metrics.session_counts(session.ended_event())
 
-    async def _open(self, requests: AsyncIterator[Req]) -> Session:
+    async def _open(self, requests: AsyncIterator[Req | codec.Undecodable]) -> Session:
         timeout_s = self.runtime.settings.limits.handshake_timeout_s
         try:
             first = await asyncio.wait_for(anext(requests), timeout_s)
@@ -145,7 +147,9 @@ class SessionCall(Generic[Req, Resp]):
             exc.fatal = True
             raise
 
-    async def _run(self, session: Session, requests: AsyncIterator[Req]) -> AsyncIterator[Resp]:
+    async def _run(
+        self, session: Session, requests: AsyncIterator[Req | codec.Undecodable]
+    ) -> AsyncIterator[Resp]:
         # Log lines of this call's tasks (created below, so they copy this context) carry
         # the trace and session ids; never audio or text.
         bind_session(session.trace_id, session.id)
@@ -254,7 +258,9 @@ class SessionCall(Generic[Req, Resp]):
             self._fatal = error
         await session.outbox.close()
 
-    async def _receive(self, session: Session, requests: AsyncIterator[Req]) -> None:
+    async def _receive(
+        self, session: Session, requests: AsyncIterator[Req | codec.Undecodable]
+    ) -> None:
         """Feed the session until the client half-closes (= end of input). An error in one
         message is reported in the stream and the session goes on."""
         rate = session.config.sample_rate
@@ -274,8 +280,7 @@ class SessionCall(Generic[Req, Resp]):
                         seconds = len(item.pcm) / (2 * rate)
                         if not await self._audio_quota(session, len(frames), seconds):
                             continue
-                        for seq, pcm in frames:
-                            await session.feed_audio(seq, pcm)
+                        await _feed_frames(session, frames)
                     else:
                         await self._control(session, item)
                 except VoxError as exc:
@@ -302,19 +307,35 @@ class SessionCall(Generic[Req, Resp]):
             raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
 
 
-def converse_first(request: pb.ConverseRequest) -> StreamConfig:
+async def _feed_frames(session: Session, frames: list[tuple[int, memoryview]]) -> None:
+    """Each frame of a message as if it had come alone (so each refused one is counted);
+    one error for the message, the first."""
+    refused: VoxError | None = None
+    for seq, pcm in frames:
+        try:
+            await session.feed_audio(seq, pcm)
+        except VoxError as exc:
+            refused = refused or exc
+    if refused is not None:
+        raise refused
+
+
+def converse_first(request: pb.ConverseRequest | codec.Undecodable) -> StreamConfig:
+    request = codec.decoded(request, fatal=True)
     if request.WhichOneof("request") != "config":
         raise VoxError(ErrorCode.NOT_STARTED, "the first request must be a config", fatal=True)
     return codec.stream_config(request.config)
 
 
-def recognize_first(request: pb.RecognizeRequest) -> StreamConfig:
+def recognize_first(request: pb.RecognizeRequest | codec.Undecodable) -> StreamConfig:
+    request = codec.decoded(request, fatal=True)
     if request.WhichOneof("request") != "config":
         raise VoxError(ErrorCode.NOT_STARTED, "the first request must be a config", fatal=True)
     return codec.recognition_config(request.config)
 
 
-def recognize_input(request: pb.RecognizeRequest) -> Input:
+def recognize_input(request: pb.RecognizeRequest | codec.Undecodable) -> Input:
+    request = codec.decoded(request)
     kind = request.WhichOneof("request")
     if kind == "audio":
         return request.audio

@@ -27,6 +27,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.synthesis import check_speed, check_text
 from voxserve.runtime import Runtime
 from voxserve.server.http_requests import Endpoint, guarded, read_json
+from voxserve.server.json_input import as_float
 from voxserve.types import SUPPORTED_OUTPUT_RATES
 
 ADMIN_BODY_BYTES = 4 * 1024 * 1024  # a prewarm list: thousands of sentences in one request
@@ -45,7 +46,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
 
     async def invalidate(request: Request) -> Response:
         cache = _cache(runtime)
-        body = await read_json(request, ADMIN_BODY_BYTES)
+        body = await read_json(request, ADMIN_BODY_BYTES, runtime.settings.limits.max_json_depth)
         voice = _optional_str(body, "voice")
         prefix = _optional_str(body, "text_prefix")
         everything = body.get("all", False)
@@ -68,7 +69,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         cache = _cache(runtime)
         prewarmer = runtime.prewarmer
         assert prewarmer is not None  # made with the cache
-        body = await read_json(request, ADMIN_BODY_BYTES)
+        body = await read_json(request, ADMIN_BODY_BYTES, runtime.settings.limits.max_json_depth)
         items = _prewarm_items(runtime, body)
         try:
             total = prewarmer.submit(items)
@@ -145,11 +146,11 @@ def _prewarm_items(runtime: Runtime, body: dict[str, Any]) -> list[PrewarmItem]:
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, int | float):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "speed must be a number")
-    check_speed(float(speed))
+    speed = check_speed(as_float(speed, "speed"))
     rate = body.get("sample_rate", runtime.settings.tts.output_sample_rate)
     if isinstance(rate, bool) or not isinstance(rate, int):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "sample_rate must be an integer (Hz)")
     check_rate(rate, SUPPORTED_OUTPUT_RATES)
     max_chars = runtime.settings.limits.max_text_chars
     texts = [check_text(text, max_chars) for text in expand(sentences)]
-    return [PrewarmItem(text, voice, float(speed), rate) for text in texts]
+    return [PrewarmItem(text, voice, speed, rate) for text in texts]

@@ -35,7 +35,11 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     async def reload(request: Request, trace_id: str) -> Response:
         check_admin_key(runtime, request.headers.get("authorization", ""))
         declared = request.headers.get("content-length", "0")
-        body = await read_json(request, 4096) if declared not in ("", "0") else {}
+        body = (
+            await read_json(request, 4096, runtime.settings.limits.max_json_depth)
+            if declared not in ("", "0")
+            else {}
+        )
         kinds = _kinds(body.get("kinds"))
         previous = runtime.generation.number  # not_ready while the first load runs
         generation = await runtime.reload(kinds)

@@ -4,7 +4,6 @@ check that a named value (a model) is one the route accepts."""
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -16,8 +15,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message, Receive
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.server.errors import error_response
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 
 log = logging.getLogger("voxserve.server.http_audio")
 """One logger for all the /v1 audio routes (the name they had as one module)."""
@@ -94,19 +94,19 @@ def require_json_type(request: Request) -> None:
     if media_type != JSON_MEDIA_TYPE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            f"the body must be sent as Content-Type: application/json, not {declared[:64]!r}",
+            f"the body must be sent as Content-Type: application/json, not {quoted(declared)}",
         )
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object, read under the byte cap."""
+async def read_json(
+    request: Request, limit: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> dict[str, Any]:
+    """The body as a JSON object, read under the byte cap, decoded by json_input (depth
+    bounded before parsing, text that cannot be encoded refused)."""
     require_json_type(request)
     _check_declared_length(request, limit)
     raw = await Request(request.scope, _capped(request.receive, limit)).body()
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise VoxError(ErrorCode.INVALID_JSON, "request body is not valid JSON") from None
+    body = decode_json(raw, max_bytes=limit, max_depth=max_depth, what="request body")
     if not isinstance(body, dict):
         raise VoxError(ErrorCode.INVALID_JSON, "request body must be a JSON object")
     return body
@@ -128,4 +128,4 @@ def one_of(value: str | None, valid: Iterable[str], name: str) -> str | None:
     if value is None or value in names:
         return value
     listed = ", ".join(names)
-    raise VoxError(ErrorCode.INVALID_PARAMETER, f"unknown {name} {value!r}; valid: {listed}")
+    raise VoxError(ErrorCode.INVALID_PARAMETER, f"unknown {name} {quoted(value)}; valid: {listed}")

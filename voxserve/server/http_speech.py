@@ -15,11 +15,12 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
+from voxserve.server.json_input import as_float
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -41,7 +42,8 @@ class SpeechPlan:
 
 async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     engines = runtime.engines
-    body = await read_json(request, runtime.settings.limits.max_message_bytes)
+    limits = runtime.settings.limits
+    body = await read_json(request, limits.max_message_bytes, limits.max_json_depth)
     plan = _speech_plan(body, engines, runtime.settings)
     principal = getattr(request.state, "principal", ANONYMOUS)
     chunks = synthesize(
@@ -104,7 +106,8 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
             return voice
     valid = ", ".join(v.id for v in own) or "none"
     raise VoxError(
-        ErrorCode.UNKNOWN_VOICE, f"voice {voice_id!r} is not a {model} voice; valid voices: {valid}"
+        ErrorCode.UNKNOWN_VOICE,
+        f"voice {quoted(voice_id)} is not a {model} voice; valid voices: {valid}",
     )
 
 
@@ -114,13 +117,13 @@ def _speech_format(body: dict[str, Any]) -> str:
         supported = ", ".join(SPEECH_MEDIA_TYPES)
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"response_format {fmt!r} is not supported; use one of {supported}",
+            f"response_format {quoted(fmt)} is not supported; use one of {supported}",
         )
     stream_format = _str_field(body.get("stream_format"), "stream_format")
     if stream_format not in (None, "audio"):
         raise VoxError(
             ErrorCode.INVALID_PARAMETER,
-            f"stream_format {stream_format!r} is not supported; audio is always streamed raw",
+            f"stream_format {quoted(stream_format)} is not supported; audio is always streamed raw",
         )
     return fmt
 
@@ -134,7 +137,7 @@ def _str_field(value: object, name: str) -> str | None:
 def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a number")
-    return float(value)
+    return as_float(value, name)
 
 
 async def _audio_bytes(

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.wav import read_wav
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import transcribe
 from voxserve.runtime import OPENAI_ASR_MODELS, Engines, Runtime
 from voxserve.server.auth import ANONYMOUS
@@ -63,7 +63,7 @@ def _transcription_plan(form: FormData, engines: Engines) -> TranscriptionPlan:
         supported = ", ".join(TRANSCRIPT_FORMATS)
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"response_format {fmt!r} is not supported; use one of {supported}",
+            f"response_format {quoted(fmt)} is not supported; use one of {supported}",
         )
     language = engines.check_language(_form_text(form, "language") or None)
     return TranscriptionPlan(language, fmt)

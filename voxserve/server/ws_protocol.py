@@ -12,8 +12,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.stream_config import MODES, StreamConfig
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, as_float, decode_json
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
 ENCODINGS = ("pcm_s16le",)
@@ -77,6 +78,7 @@ ClientMessage = (
     | ResumeMessage
 )
 MAX_CREDIT_MS = 60_000
+MARK_INT_LIMIT = 1 << 63  # echoed back: no 4,000-digit integers
 _SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
 SEQ_MAX = (1 << 32) - 1
 
@@ -110,13 +112,15 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     mode = data.get("mode")
     if mode not in MODES:
         raise VoxError(
-            ErrorCode.UNKNOWN_MODE, f"mode {mode!r} is not one of {', '.join(MODES)}", fatal=True
+            ErrorCode.UNKNOWN_MODE,
+            f"mode {quoted(mode)} is not one of {', '.join(MODES)}",
+            fatal=True,
         )
     rate = _field(data, "sample_rate", int, 16_000)
     if rate not in SUPPORTED_INPUT_RATES:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-            f"sample_rate {rate} is not supported; use one of "
+            f"sample_rate {quoted(rate)} is not supported; use one of "
             + ", ".join(map(str, SUPPORTED_INPUT_RATES)),
             fatal=True,
         )
@@ -125,18 +129,18 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     if encoding is None:
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"encoding {encoding_in!r} is not supported; use {', '.join(ENCODINGS)}",
+            f"encoding {quoted(encoding_in)} is not supported; use {', '.join(ENCODINGS)}",
             fatal=True,
         )
     out_rate = _field(data, "output_sample_rate", int, None)
     if out_rate is not None and out_rate not in SUPPORTED_OUTPUT_RATES:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-            f"output_sample_rate {out_rate} is not supported; use one of "
+            f"output_sample_rate {quoted(out_rate)} is not supported; use one of "
             + ", ".join(map(str, SUPPORTED_OUTPUT_RATES)),
             fatal=True,
         )
-    speed = float(_field(data, "speed", (int, float), 1.0))
+    speed = as_float(_field(data, "speed", (int, float), 1.0), "speed")
     chunk_ms = _field(data, "chunk_ms", int, None)
     if chunk_ms is not None and not _CHUNK_MS_RANGE[0] <= chunk_ms <= _CHUNK_MS_RANGE[1]:
         raise VoxError(
@@ -164,14 +168,11 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
     )
 
 
-def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
-    """Decode one JSON control message."""
-    if len(raw) > max_bytes:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"message exceeds {max_bytes} bytes")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise VoxError(ErrorCode.INVALID_JSON, "control message is not valid JSON") from None
+def parse_text_message(
+    raw: str, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ClientMessage:
+    """Decode one JSON control message (size, depth and text checked: json_input)."""
+    data = decode_json(raw, max_bytes=max_bytes, max_depth=max_depth, what="control message")
     if not isinstance(data, dict):
         raise VoxError(ErrorCode.INVALID_JSON, "control message must be a JSON object")
     kind = data.get("type")
@@ -193,6 +194,8 @@ def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
             raise _invalid("field 'id' of a mark must be a string or an integer")
         if isinstance(mark_id, str) and len(mark_id) > 64:
             raise _invalid("a mark id is at most 64 characters")
+        if isinstance(mark_id, int) and not -MARK_INT_LIMIT <= mark_id < MARK_INT_LIMIT:
+            raise _invalid("an integer mark id is a signed 64-bit integer")
         return MarkMessage(mark_id)
     if kind == "credit":
         audio_ms = _field(data, "audio_ms", int, None)
@@ -203,20 +206,21 @@ def parse_text_message(raw: str, max_bytes: int) -> ClientMessage:
         return parse_resume(data)
     if not isinstance(kind, str):
         raise _invalid("control message needs a string field 'type'")
-    raise _invalid(f"unknown message type {kind!r}")
+    raise _invalid(f"unknown message type {quoted(kind)}")
 
 
 def parse_resume(data: dict[str, Any]) -> ResumeMessage:
+    """As the first message, its errors are fatal (the connection's rule for a first
+    message); later, a `session.resume` is refused like any other bad message."""
     session_id = _field(data, "session_id", str, None)
     if session_id is None or not _SESSION_ID.match(session_id):
         raise VoxError(
             ErrorCode.INVALID_MESSAGE,
             "session.resume needs the 'session_id' of session.started",
-            fatal=True,
         )
     last_seq = _field(data, "last_seq", int, None)
     if last_seq is not None and not 0 <= last_seq <= SEQ_MAX:
-        raise VoxError(ErrorCode.INVALID_MESSAGE, "last_seq must be a 32-bit seq_id", fatal=True)
+        raise VoxError(ErrorCode.INVALID_MESSAGE, "last_seq must be a 32-bit seq_id")
     return ResumeMessage(session_id, last_seq)
 
 
@@ -250,4 +254,9 @@ def parse_audio_frame(
 
 
 def encode_event(event: dict[str, Any]) -> str:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    """An event as the text of one message; UnicodeEncodeError (a ValueError) here, before
+    anything is written, if it holds text that cannot be sent as UTF-8."""
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        text.encode("utf-8")
+    return text

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -128,7 +128,7 @@ class StreamConnection:
         if origin is not None and not origin_allowed(origin, headers.get("host", ""), allowed):
             raise VoxError(
                 ErrorCode.ORIGIN_NOT_ALLOWED,
-                f"origin {origin!r} is not allowed (cors_allowed_origins)",
+                f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
                 fatal=True,
             )
         token = bearer_token(headers.get("authorization"))
@@ -194,7 +194,9 @@ class StreamConnection:
 
     def _parse_fatal(self, text: str) -> Any:
         try:
-            return parse_text_message(text, self.limits.max_message_bytes)
+            return parse_text_message(
+                text, self.limits.max_message_bytes, self.limits.max_json_depth
+            )
         except VoxError as exc:
             exc.fatal = True
             raise
@@ -272,20 +274,41 @@ class StreamConnection:
                     break
                 live.unsent = item
             try:
-                if isinstance(item, bytes):
-                    await self.ws.send_bytes(item)
+                message = item if isinstance(item, bytes) else encode_event(item)
+            except (TypeError, ValueError):
+                await self._unsendable(live, str(item.get("type")))  # type: ignore[union-attr]
+                return
+            try:
+                if isinstance(message, bytes):
+                    await self.ws.send_bytes(message)
+                elif fast is not None and fast.send_text is not None and fast.send_text(message):
+                    fast.sent_direct += 1
                 else:
-                    text = encode_event(item)
-                    if fast is not None and fast.send_text is not None and fast.send_text(text):
-                        fast.sent_direct += 1
-                    else:
-                        await self.ws.send_text(text)
+                    await self.ws.send_text(message)
             except (RuntimeError, OSError, WebSocketDisconnect):
                 self._client_left = True
                 return
             live.unsent = None
+        code = CLOSE_INTERNAL if live.session.end_reason == ErrorCode.INTERNAL else CLOSE_NORMAL
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await self.ws.close(CLOSE_NORMAL)
+            await self.ws.close(code)
+
+    async def _unsendable(self, live: LiveStream, event_type: str) -> None:
+        """An event that cannot be encoded (a bug: client text is checked on the way in)
+        ends the session the documented way: `internal`, `session.ended`, close 1011; the
+        client is never left with a dropped connection (1006) and no goodbye."""
+        session = live.session
+        log.error("event could not be encoded; session ended", extra={"event": event_type})
+        self._release_input(session)  # audio received before the end is counted in it
+        live.closing = True
+        live.unsent = None
+        session.end_reason = ErrorCode.INTERNAL.value
+        self.runtime.metrics.errors.labels(ErrorCode.INTERNAL.value, "ws").inc()
+        error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.ws.send_text(encode_event(error.to_event() | {"trace_id": session.trace_id}))
+            await self.ws.send_text(encode_event(session.ended_event()))
+            await self.ws.close(CLOSE_INTERNAL)
 
     @staticmethod
     async def _wait_end(
@@ -355,7 +378,9 @@ class StreamConnection:
                     await session.feed_audio(seq, pcm)
                     continue
                 parsed = parse_text_message(
-                    message.get("text") or "", self.limits.max_message_bytes
+                    message.get("text") or "",
+                    self.limits.max_message_bytes,
+                    self.limits.max_json_depth,
                 )
                 if isinstance(parsed, TextMessage):
                     await session.feed_text(parsed.text, flush=parsed.flush)

@@ -9,7 +9,9 @@ it is complete, in one audio-start/stop, then `synthesize-stopped` (the `synthes
 Home Assistant also sends while streaming, for older servers, is ignored).
 
 Errors are `error` events whose `code` is the voxserve code (docs/protocol.md); the
-connection stays open. Each request counts against `limits.max_sessions` while it runs.
+connection stays open. An error after `audio-start` (an engine failing mid-reply) comes
+after that reply's `audio-stop`, so every reply begun is ended. Each request counts
+against `limits.max_sessions` while it runs.
 
 Events are read by `wyoming_protocol` (lengths capped, fields checked) instead of the
 package's trusting reader; broken framing ends the connection after an `error`. A
@@ -46,7 +48,7 @@ from wyoming.tts import (
 )
 
 from voxserve.audio.pcm import Int16Array
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.recognition import transcribe
 from voxserve.pipeline.synthesis import check_text, first_audio, synthesize
@@ -142,6 +144,7 @@ class WyomingHandler(AsyncEventHandler):
         self._stream_voice: Voice | None = None
         self._stream_request: _Request | None = None
         self._stream_audio_started = False
+        self._audio_open = False  # an audio-start was sent and its audio-stop not yet
         bind_session(self.trace_id)
 
     async def run(self) -> None:
@@ -159,7 +162,12 @@ class WyomingHandler(AsyncEventHandler):
                     return
                 try:
                     async with asyncio.timeout(min(limits.idle_timeout_s, left)):
-                        event = await read_event(self.reader, max_data=cap, max_payload=cap)
+                        event = await read_event(
+                            self.reader,
+                            max_data=cap,
+                            max_payload=cap,
+                            max_depth=limits.max_json_depth,
+                        )
                 except TimeoutError:
                     # Which bound ran out, not a clock read after it: loop timers may fire
                     # a clock tick early.
@@ -210,6 +218,15 @@ class WyomingHandler(AsyncEventHandler):
             "synthesize-stop": self._synthesize_stop,
         }
 
+    async def write_event(self, event: Event) -> None:
+        """Every event out; tracks whether a reply's audio is open (audio-start written,
+        its audio-stop not yet), so that an error mid-reply ends it first (`_error`)."""
+        if event.type == "audio-start":
+            self._audio_open = True
+        elif event.type == "audio-stop":
+            self._audio_open = False
+        await super().write_event(event)
+
     async def disconnect(self) -> None:
         self._end_asr()
         self._end_stream()
@@ -222,6 +239,8 @@ class WyomingHandler(AsyncEventHandler):
         self._end_asr()
         self._end_stream()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
+            if self._audio_open:  # a reply cut short still ends: audio-stop, then why
+                await self.write_event(AudioStop().event())
             await self.write_event(Error(text=error.message, code=error.code.value).event())
 
     # -- info ---------------------------------------------------------------------------
@@ -401,4 +420,4 @@ def _voice_for_language(voices: list[Voice], language: str) -> Voice:
     for voice, have in tags:
         if have.split("_")[0] == want.split("_")[0]:
             return voice
-    raise VoxError(ErrorCode.UNKNOWN_LANGUAGE, f"no voice speaks {language!r}")
+    raise VoxError(ErrorCode.UNKNOWN_LANGUAGE, f"no voice speaks {quoted(language)}")

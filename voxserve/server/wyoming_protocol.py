@@ -6,24 +6,28 @@ A Wyoming event is one JSON header line (``type``, optional ``data``, ``data_len
 a header that is not an object, a length that is not a number or is huge (the server would
 buffer whatever it announces), or nested JSON past the recursion limit escape it as
 AttributeError, TypeError, KeyError or RecursionError, ending the connection with a
-traceback. Here every such input is a VoxError with a code, and the lengths are capped.
+traceback. Here every such input is a VoxError with a code, the lengths are capped, and
+the JSON is decoded by `json_input` (nesting bounded before parsing).
 
 `check_event` then checks the fields the handler reads (the package's `from_event`
-indexes them without checking types), so a bad field is `invalid_message`, not `internal`.
+indexes them without checking types), so a bad field is `invalid_message`, not `internal`;
+so is text that cannot be encoded (a `\\ud800` escape), refused there rather than while
+reading, so the connection stays in step and goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from wyoming.event import Event
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.server.json_input import DEFAULT_MAX_DEPTH, check_encodable, parse_json
 
 MAX_TYPE_CHARS = 64
+MAX_HEADER_BYTES = 64 * 1024 + 1  # a line and its newline: the reader's limit (asyncio's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +42,11 @@ def _invalid(message: str) -> VoxError:
     return VoxError(ErrorCode.INVALID_MESSAGE, message)
 
 
-def _json(raw: bytes | str, what: str) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise VoxError(ErrorCode.INVALID_JSON, f"{what} is not valid JSON") from None
+def _json(raw: bytes, what: str, max_bytes: int, max_depth: int) -> Any:
+    """Framing JSON (json_input, depth bounded before parsing); the strings in it are
+    checked by `check_event`, once the event has been read whole and the stream is
+    still in step."""
+    return parse_json(raw, max_bytes=max_bytes, max_depth=max_depth, what=what)
 
 
 def _length(header: dict[str, Any], name: str, limit: int) -> int:
@@ -52,13 +56,15 @@ def _length(header: dict[str, Any], name: str, limit: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _invalid(f"{name} must be a non-negative integer")
     if value > limit:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"{name} {value} exceeds {limit} bytes")
+        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"{name} {quoted(value)} exceeds {limit} bytes")
     return value
 
 
-def parse_header(line: bytes, *, max_data: int, max_payload: int) -> EventHeader:
+def parse_header(
+    line: bytes, *, max_data: int, max_payload: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> EventHeader:
     """One header line as an EventHeader; VoxError for anything else."""
-    header = _json(line, "event header")
+    header = _json(line, "event header", MAX_HEADER_BYTES, max_depth)
     if not isinstance(header, dict):
         raise _invalid("event header must be a JSON object")
     kind = header.get("type")
@@ -77,9 +83,11 @@ def parse_header(line: bytes, *, max_data: int, max_payload: int) -> EventHeader
     )
 
 
-def merge_data(header: EventHeader, raw: bytes) -> dict[str, Any]:
+def merge_data(
+    header: EventHeader, raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH
+) -> dict[str, Any]:
     """The header's data updated with the separate data block (the package's rule)."""
-    extra = _json(raw, "event data") if raw else {}
+    extra = _json(raw, "event data", header.data_length, max_depth) if raw else {}
     if not isinstance(extra, dict):
         raise _invalid("event data must be a JSON object")
     return {**header.data, **extra}
@@ -151,14 +159,22 @@ _CHECKS = {
 
 
 def check_event(event: Event) -> None:
-    """The fields the handler reads have the types it expects; other events pass."""
+    """The fields the handler reads have the types it expects, and every string in an
+    event it reads can be encoded (no lone surrogate: a reply or an echo of it could not
+    be written); other events pass."""
     check = _CHECKS.get(event.type)
     if check is not None:
-        check(event.data or {})
+        data = event.data or {}
+        check_encodable(data, f"{event.type} event")
+        check(data)
 
 
 async def read_event(
-    reader: asyncio.StreamReader, *, max_data: int, max_payload: int
+    reader: asyncio.StreamReader,
+    *,
+    max_data: int,
+    max_payload: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> Event | None:
     """The next event, None at the end of the stream; VoxError when the framing is broken
     (the connection cannot be read further). A header line over the reader's limit is
@@ -169,10 +185,10 @@ async def read_event(
         raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, "event header line is too long") from None
     if not line:
         return None
-    header = parse_header(line, max_data=max_data, max_payload=max_payload)
+    header = parse_header(line, max_data=max_data, max_payload=max_payload, max_depth=max_depth)
     try:
         raw = await reader.readexactly(header.data_length) if header.data_length else b""
         payload = await reader.readexactly(header.payload_length) if header.payload_length else None
     except asyncio.IncompleteReadError:
         return None  # the peer left mid-event
-    return Event(type=header.type, data=merge_data(header, raw), payload=payload)
+    return Event(type=header.type, data=merge_data(header, raw, max_depth), payload=payload)
