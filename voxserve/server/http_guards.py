@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.server.auth import origin_allowed
 from voxserve.server.errors import error_response
 
@@ -43,7 +43,7 @@ class OriginGuard:
             ):
                 error = VoxError(
                     ErrorCode.ORIGIN_NOT_ALLOWED,
-                    f"origin {origin[:100]!r} is not allowed (cors_allowed_origins)",
+                    f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
                 )
                 await error_response(error)(scope, receive, send)
                 return
