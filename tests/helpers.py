@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jiwer
 import numpy as np
 
@@ -45,3 +48,20 @@ async def sessions_ended(runtime: Any) -> None:
     when it ends, and an earlier test's connection may still be ending: read a "before"
     figure after this (one such late count landed in the next test's figures in CI)."""
     await eventually(lambda: runtime.active_sessions == 0)
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = 60.0
+) -> None:
+    """Wait until a `voxserve serve` subprocess answers /readyz 200; fail with its log if it
+    exits or does not get ready in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the server did not get ready"
+        time.sleep(0.1)

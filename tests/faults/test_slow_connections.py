@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
+from tests.helpers import wait_ready
 from voxserve.config import load_settings
 from voxserve.server.http_protocol import default_max_connections
 
@@ -179,16 +180,7 @@ def small_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+        wait_ready(proc, port, log)
         yield proc, port
     finally:
         proc.kill()

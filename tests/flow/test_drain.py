@@ -24,6 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.conftest import free_port
 from tests.fakes import silence, tone
+from tests.helpers import wait_ready
 from tests.transports.grpc_client import audio_requests, stub
 from tests.transports.grpc_client import collect as grpc_collect
 from tests.wsclient import collect, of_type, send_audio, start
@@ -51,15 +52,7 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int, 
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.1)
+        wait_ready(proc, port, log)
         yield proc, port, grpc_port, log
     finally:
         if proc.poll() is None:
