@@ -90,7 +90,7 @@ def _parse(text: str, max_depth: int, what: str) -> Any:
             f"{what} nests deeper than {max_depth} levels (limits.max_json_depth)",
         )
     try:
-        return json.loads(text, parse_constant=_not_json)
+        return _DECODER.decode(text)
     except (ValueError, RecursionError):  # RecursionError: not below any sane max_depth
         raise VoxError(ErrorCode.INVALID_JSON, f"{what} is not valid JSON") from None
 
@@ -133,3 +133,7 @@ def _check_str(text: str, what: str) -> None:
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
+
+
+# One decoder for every message: json.loads with a keyword argument builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
