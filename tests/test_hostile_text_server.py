@@ -15,7 +15,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import httpx
@@ -32,7 +31,8 @@ from tests.helpers import eventually
 from tests.hostile_text import DIGITS_REQUEST
 from tests.rss import MB, RssPeak
 from tests.transports.grpc_client import collect, error_code, stub
-from tests.wsclient import start
+from tests.wsclient import collect as collect_ws
+from tests.wsclient import of_type, start
 from voxserve.v1 import voxserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,17 +93,13 @@ async def test_a_websocket_reply_of_digits_is_bounded_and_cancel_stops_it(
                     audio += isinstance(await ws.recv(), bytes)
             await ws.send(json.dumps({"type": "cancel"}))
             await ws.send(json.dumps({"type": "session.end"}))
-            events: list[dict[str, Any]] = []
-            async with asyncio.timeout(30):
-                async for message in ws:
-                    if isinstance(message, str):
-                        events.append(json.loads(message))
+            events, _ = await collect_ws(ws, limit_s=30)
         assert runtime.cache is not None
         await eventually(lambda: runtime.cache is not None and not runtime.cache.stats().in_flight)
         calls = stage.calls
         await asyncio.sleep(1.5)  # several pieces' time
         assert stage.calls == calls
-    ends = [e for e in events if e["type"] == "tts.end"]
+    ends = of_type(events, "tts.end")
     assert len(ends) == 1 and ends[0]["interrupted"]
     assert events[-1]["type"] == "session.ended"
     assert peak.growth < 300 * MB, f"grew {peak.growth / MB:.0f} MB"
@@ -126,14 +122,10 @@ async def test_websocket_nothing_to_say_is_empty_text(live_server: LiveServer) -
         await ws.send(json.dumps({"type": "text", "text": "Hi there. .... ", "flush": False}))
         await ws.send(json.dumps({"type": "text", "text": "\u200b Bye now.", "flush": True}))
         await ws.send(json.dumps({"type": "session.end"}))
-        events: list[dict[str, Any]] = []
-        async with asyncio.timeout(60):
-            async for message in ws:
-                if isinstance(message, str):
-                    events.append(json.loads(message))
+        events, _ = await collect_ws(ws, limit_s=60)
     errors = [(e["code"], e["fatal"], e["reply"]) for e in events if e["type"] == "error"]
     assert errors == [("empty_text", False, reply) for reply in range(len(NOTHING_TO_SAY))]
-    spoken = [e for e in events if e["type"] == "tts.end"]
+    spoken = of_type(events, "tts.end")
     assert len(spoken) == 1 and spoken[0]["reply"] == len(NOTHING_TO_SAY)
     assert spoken[0]["audio_ms"] > 500 and not spoken[0]["interrupted"]
     assert events[-1]["type"] == "session.ended" and events[-1]["reason"] == "completed"

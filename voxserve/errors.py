@@ -91,7 +91,11 @@ def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
     """A client's value as an error message quotes it: its repr (unprintable characters and
     lone surrogates escaped), cut to `limit` characters. A 200 KB voice name echoed whole
     made a 200 KB error body, and overflowed gRPC's trailing metadata, losing the code."""
-    text = repr(value)
+    return shortened(repr(value), limit)
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters (the last three "...") when longer."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

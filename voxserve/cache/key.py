@@ -106,8 +106,7 @@ def make_key(
     entry (another key's timing must not tell it what was said before)."""
     text_norm = normalise_text(text)
     speed_text = f"{round_speed(speed):.{SPEED_DECIMALS}f}"
-    parts: list[object] = [KEY_SCHEMA, text_norm, voice, speed_text, sample_rate, ENCODING]
-    parts += [engine.text, scope]
+    parts = [KEY_SCHEMA, text_norm, voice, speed_text, sample_rate, ENCODING, engine.text, scope]
     digest = hashlib.sha256(_canonical(parts).encode("utf-8")).hexdigest()
     return CacheKey(digest, voice, text_norm, sample_rate, scope)
 

@@ -197,8 +197,7 @@ async def synthesize(
     cache = runtime.cache
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
-        runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
-        runtime.memory_guard.check("synthesis", fatal=False)
+        _admit_miss(runtime, bulk)
         source = "miss"
         chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
     else:
@@ -211,8 +210,7 @@ async def synthesize(
             return
         flight = cache.flights.get(key)
         if flight is None:
-            runtime.tts_health.check(_queue_seen(runtime.stage("tts"), bulk))
-            runtime.memory_guard.check("synthesis", fatal=False)
+            _admit_miss(runtime, bulk)
             cache.misses += 1
             source = "miss"
             flight = cache.flights.start(
@@ -304,10 +302,13 @@ def _store(cache: TtsCache, flight: Flight) -> None:
         cache.store(flight.key, flight.pcm())
 
 
-def _queue_seen(stage: EngineStage, bulk: bool) -> int:
-    """The TTS queue a new synthesis is judged by: live work only for a live reply (bulk
-    queued behind it does not delay it), the whole queue for bulk."""
-    return stage.waiting if bulk else stage.live_waiting
+def _admit_miss(runtime: Runtime, bulk: bool) -> None:
+    """A synthesis that needs the engine: refused while TTS is degraded, judged by live
+    work only for a live reply (bulk queued behind it does not delay it) and by the whole
+    queue for bulk, or while the process is over its memory threshold."""
+    stage = runtime.stage("tts")
+    runtime.tts_health.check(stage.waiting if bulk else stage.live_waiting)
+    runtime.memory_guard.check("synthesis", fatal=False)
 
 
 def _producer(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from voxserve.cache.key import SHARED_SCOPE
 from voxserve.config import ConfigError, Settings
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 
 HASH_PREFIX = "sha256:"
 SUBPROTOCOL = "voxserve.v1"
@@ -182,6 +182,19 @@ def check_auth_settings(settings: Settings) -> KeyRing:
             "127.0.0.1 only"
         )
     return keys
+
+
+def check_origin(
+    origin: str | None, host: str, allowed: Sequence[str], *, fatal: bool = False
+) -> None:
+    """Raise `origin_not_allowed` for a browser request from another site (no `Origin`:
+    not a browser, allowed); the one rule of the WebSocket and HTTP `/v1/*`."""
+    if origin is not None and not origin_allowed(origin, host, allowed):
+        raise VoxError(
+            ErrorCode.ORIGIN_NOT_ALLOWED,
+            f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
+            fatal=fatal,
+        )
 
 
 def origin_allowed(origin: str, host: str, allowed: Sequence[str]) -> bool:

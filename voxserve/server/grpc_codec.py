@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, shortened
 from voxserve.pipeline.stream_config import Mode, StreamConfig
 from voxserve.pipeline.synthesis import check_speed
 from voxserve.server.ws_protocol import (
@@ -98,8 +98,7 @@ def status_for(code: ErrorCode) -> grpc.StatusCode:
 
 def details(error: VoxError) -> str:
     """The status details for `error`: its message, never longer than MAX_DETAILS."""
-    message = error.message
-    return message if len(message) <= MAX_DETAILS else message[: MAX_DETAILS - 3] + "..."
+    return shortened(error.message, MAX_DETAILS)
 
 
 def trailing_metadata(error: VoxError, trace_id: str | None = None) -> tuple[tuple[str, str], ...]:

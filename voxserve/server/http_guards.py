@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.server.auth import origin_allowed
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.server.auth import check_origin
 from voxserve.server.errors import error_response
 
 GUARDED_PREFIX = "/v1/"
@@ -37,14 +37,9 @@ class OriginGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIX):
             headers = Headers(scope=scope)
-            origin = headers.get("origin")
-            if origin is not None and not origin_allowed(
-                origin, headers.get("host", ""), self.allowed
-            ):
-                error = VoxError(
-                    ErrorCode.ORIGIN_NOT_ALLOWED,
-                    f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
-                )
+            try:
+                check_origin(headers.get("origin"), headers.get("host", ""), self.allowed)
+            except VoxError as error:
                 await error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -25,16 +25,17 @@ knows when it waits for body, and answers 408 itself.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from voxserve.errors import ErrorCode
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.server.errors import error_response
 
 log = logging.getLogger(__name__)
 
@@ -97,30 +98,14 @@ class ConnectionLimits:
         return False
 
 
-def _error_response(status: int, phrase: str, code: ErrorCode, message: str) -> bytes:
-    """A whole HTTP/1.1 response with the OpenAI error body (server/errors.py's shape),
-    written by the protocol where no app is running to answer."""
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error" if status < 500 else "server_error",
-                "code": code.value,
-                "param": None,
-            }
-        }
-    ).encode()
-    retry = b"retry-after: 1\r\n" if status == 503 else b""
-    return b"".join(
-        [
-            f"HTTP/1.1 {status} {phrase}\r\n".encode(),
-            b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body),
-            retry,
-            b"connection: close\r\n\r\n",
-            body,
-        ]
-    )
+def _error_response(error: VoxError) -> bytes:
+    """A whole HTTP/1.1 response for `error` (server/errors.py's status, headers and body),
+    written by the protocol where no app is running to answer; the connection closes."""
+    response = error_response(error)
+    status = response.status_code
+    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode()]
+    head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    return b"".join([*head, b"connection: close\r\n\r\n", bytes(response.body)])
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -235,29 +220,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._arm_header_timer()
             return
         timeout = self.limits.header_timeout_s
-        self.limits.count_closed("header_timeout")
-        self.limits.count_error(ErrorCode.CLIENT_STALLED)
-        self._close_with(
-            _error_response(
-                408,
-                "Request Timeout",
-                ErrorCode.CLIENT_STALLED,
-                f"request headers not complete within {timeout:g} s",
-            )
+        self._reject(
+            "header_timeout",
+            VoxError(
+                ErrorCode.CLIENT_STALLED, f"request headers not complete within {timeout:g} s"
+            ),
         )
 
     def _refuse(self) -> None:
         self.limits.waiting.pop(self, None)
-        self.limits.count_closed("refused")
-        self.limits.count_error(ErrorCode.OVERLOADED)
-        self._close_with(
-            _error_response(
-                503,
-                "Service Unavailable",
-                ErrorCode.OVERLOADED,
-                "too many open connections; retry later",
-            )
+        self._reject(
+            "refused", VoxError(ErrorCode.OVERLOADED, "too many open connections; retry later")
         )
+
+    def _reject(self, reason: str, error: VoxError) -> None:
+        """Answer `error` and close, counted as closed for `reason` and as the error."""
+        self.limits.count_closed(reason)
+        self.limits.count_error(error.code)
+        self._close_with(_error_response(error))
 
     def evict(self) -> None:
         """Closed to make room for a new connection (ConnectionLimits.make_room)."""

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -31,7 +31,7 @@ from voxserve.server.auth import (
     KeyRing,
     bearer_token,
     cache_scope,
-    origin_allowed,
+    check_origin,
     subprotocol_token,
 )
 from voxserve.server.quotas import SessionQuota, quotas_of
@@ -125,12 +125,7 @@ class StreamConnection:
         headers = self.ws.headers
         origin = headers.get("origin")
         allowed = self.runtime.settings.cors_allowed_origins
-        if origin is not None and not origin_allowed(origin, headers.get("host", ""), allowed):
-            raise VoxError(
-                ErrorCode.ORIGIN_NOT_ALLOWED,
-                f"origin {quoted(origin)} is not allowed (cors_allowed_origins)",
-                fatal=True,
-            )
+        check_origin(origin, headers.get("host", ""), allowed, fatal=True)
         token = bearer_token(headers.get("authorization"))
         if token is None:
             token = subprotocol_token(self.ws.scope.get("subprotocols") or [])

@@ -306,11 +306,12 @@ class WyomingHandler(AsyncEventHandler):
         try:
             rate = self._rate(voice)
             chunks = synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True)
-            # The first audio before audio-start: a text the voice says nothing for is an
-            # `error` (empty_text), not an empty stream.
-            first = await first_audio(chunks)
-            await self._start_audio(voice)
-            await self._send_audio(chunks, rate, first)
+            async with contextlib.aclosing(chunks):  # closed whatever fails after this
+                # The first audio before audio-start: a text the voice says nothing for is
+                # an `error` (empty_text), not an empty stream.
+                first = await first_audio(chunks)
+                await self._start_audio(voice)
+                await self._send_audio(chunks, rate, first)
             await self.write_event(AudioStop().event())
         finally:
             slot.release()

@@ -42,13 +42,6 @@ def _invalid(message: str) -> VoxError:
     return VoxError(ErrorCode.INVALID_MESSAGE, message)
 
 
-def _json(raw: bytes, what: str, max_bytes: int, max_depth: int) -> Any:
-    """Framing JSON (json_input, depth bounded before parsing); the strings in it are
-    checked by `check_event`, once the event has been read whole and the stream is
-    still in step."""
-    return parse_json(raw, max_bytes=max_bytes, max_depth=max_depth, what=what)
-
-
 def _length(header: dict[str, Any], name: str, limit: int) -> int:
     value = header.get(name)
     if value is None:
@@ -64,7 +57,9 @@ def parse_header(
     line: bytes, *, max_data: int, max_payload: int, max_depth: int = DEFAULT_MAX_DEPTH
 ) -> EventHeader:
     """One header line as an EventHeader; VoxError for anything else."""
-    header = _json(line, "event header", MAX_HEADER_BYTES, max_depth)
+    # parse_json, not decode_json: the strings are checked by `check_event`, once the
+    # event has been read whole and the stream is still in step.
+    header = parse_json(line, max_bytes=MAX_HEADER_BYTES, max_depth=max_depth, what="event header")
     if not isinstance(header, dict):
         raise _invalid("event header must be a JSON object")
     kind = header.get("type")
@@ -87,7 +82,11 @@ def merge_data(
     header: EventHeader, raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH
 ) -> dict[str, Any]:
     """The header's data updated with the separate data block (the package's rule)."""
-    extra = _json(raw, "event data", header.data_length, max_depth) if raw else {}
+    extra = (
+        parse_json(raw, max_bytes=header.data_length, max_depth=max_depth, what="event data")
+        if raw
+        else {}
+    )
     if not isinstance(extra, dict):
         raise _invalid("event data must be a JSON object")
     return {**header.data, **extra}
