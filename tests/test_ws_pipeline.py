@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
-from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
+from tests.wsclient import as_read, collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.config import load_settings
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -447,7 +447,7 @@ async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> No
     await asyncio.wait_for(running, 10)
     events = []
     while outbox.qsize():
-        item = await outbox.next()
+        item = as_read(await outbox.next())
         if isinstance(item, dict):
             events.append(item)
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]

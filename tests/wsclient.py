@@ -10,7 +10,19 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
+from voxserve.events import ServerEvent
+from voxserve.server.ws_protocol import encode_event
+
 FRAME = 320
+
+
+def as_read(item: ServerEvent | bytes | None) -> dict[str, Any] | bytes | None:
+    """An outbox item as a WebSocket client reads it: an event as its JSON object (through
+    the one encoder), audio and the end (None) as they are."""
+    if item is None or isinstance(item, bytes):
+        return item
+    decoded: dict[str, Any] = json.loads(encode_event(item))
+    return decoded
 
 
 def frame_message(seq: int, pcm: np.ndarray) -> bytes:

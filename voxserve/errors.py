@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from voxserve.events import UNSET, ErrorEvent
+
 
 class ErrorCode(StrEnum):
     """Stable, documented codes. Values never change once released."""
@@ -67,18 +69,29 @@ class VoxError(Exception):
         self.stage = stage
         self.retry_after_s = retry_after_s  # when to try again (HTTP Retry-After)
 
-    def to_event(self) -> dict[str, object]:
-        event: dict[str, object] = {
-            "type": "error",
-            "code": self.code.value,
-            "message": self.message,
-            "fatal": self.fatal,
-        }
-        if self.stage is not None:
-            event["stage"] = self.stage
+    def to_event(
+        self,
+        *,
+        segment: int | None = None,
+        reply: int | None = None,
+        trace_id: str | None = None,
+        retry_after_ms: int | None = None,
+    ) -> ErrorEvent:
+        """The `error` event telling the client; the keywords add what the error does not
+        know itself: the `segment` or `reply` it concerns, the `trace_id` (an internal error,
+        for the logs), a `retry_after_ms` when the error has no retry time of its own."""
         if self.retry_after_s is not None:
-            event["retry_after_ms"] = self.retry_after_s * 1000
-        return event
+            retry_after_ms = self.retry_after_s * 1000
+        return ErrorEvent(
+            code=self.code.value,
+            message=self.message,
+            fatal=self.fatal,
+            stage=UNSET if self.stage is None else self.stage,
+            retry_after_ms=UNSET if retry_after_ms is None else retry_after_ms,
+            segment=UNSET if segment is None else segment,
+            reply=UNSET if reply is None else reply,
+            trace_id=UNSET if trace_id is None else trace_id,
+        )
 
     def __repr__(self) -> str:
         return f"VoxError({self.code.value!r}, {self.message!r}, stage={self.stage!r})"

@@ -134,7 +134,7 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     collector need not track the thousands a busy server makes each second."""
 
 
-class SessionStarted(Event, tag="session.started"):
+class SessionStarted(Event, frozen=True, tag="session.started"):
     session_id: str
     trace_id: str
     mode: Mode
@@ -148,7 +148,7 @@ class SessionStarted(Event, tag="session.started"):
     resumable: bool
 
 
-class SessionResumed(Event, tag="session.resumed"):
+class SessionResumed(Event, frozen=True, tag="session.resumed"):
     """The answer to `session.resume`: the client resends audio after `acked_seq`."""
 
     session_id: str
@@ -157,7 +157,7 @@ class SessionResumed(Event, tag="session.resumed"):
     credit_window: int | None
 
 
-class SessionEnded(Event, tag="session.ended"):
+class SessionEnded(Event, frozen=True, tag="session.ended"):
     """The session's counters (nothing accepted is dropped silently); the last event."""
 
     session_id: str
@@ -177,18 +177,18 @@ class SessionEnded(Event, tag="session.ended"):
     duration_ms: int
 
 
-class VadStart(Event, tag="vad.start"):
+class VadStart(Event, frozen=True, tag="vad.start"):
     segment: int
     start_ms: int
 
 
-class VadEnd(Event, tag="vad.end"):
+class VadEnd(Event, frozen=True, tag="vad.end"):
     segment: int
     start_ms: int
     end_ms: int
 
 
-class TranscriptPartial(Event, tag="transcript.partial"):
+class TranscriptPartial(Event, frozen=True, tag="transcript.partial"):
     """Replaceable; never sent after its segment's final."""
 
     segment: int
@@ -197,7 +197,7 @@ class TranscriptPartial(Event, tag="transcript.partial"):
     end_ms: int
 
 
-class TranscriptFinal(Event, tag="transcript.final"):
+class TranscriptFinal(Event, frozen=True, tag="transcript.final"):
     segment: int
     text: str
     start_ms: int
@@ -205,24 +205,24 @@ class TranscriptFinal(Event, tag="transcript.final"):
     language: str
 
 
-class ResponseDelta(Event, tag="response.delta"):
+class ResponseDelta(Event, frozen=True, tag="response.delta"):
     reply: int
     text: str
 
 
-class ResponseText(Event, tag="response.text"):
+class ResponseText(Event, frozen=True, tag="response.text"):
     reply: int
     text: str
 
 
-class TtsStart(Event, tag="tts.start"):
+class TtsStart(Event, frozen=True, tag="tts.start"):
     reply: int
     voice: str
     sample_rate: int
     encoding: str = "pcm_s16le"
 
 
-class TtsEnd(Event, tag="tts.end"):
+class TtsEnd(Event, frozen=True, tag="tts.end"):
     reply: int
     chunks: int
     audio_ms: int
@@ -231,7 +231,7 @@ class TtsEnd(Event, tag="tts.end"):
     played_ms: int | UnsetType = UNSET  # an estimate, sent only when interrupted
 
 
-class TtsFallback(Event, tag="tts.fallback"):
+class TtsFallback(Event, frozen=True, tag="tts.fallback"):
     """TTS is degraded: the reply speaks the fallback phrase `text` instead."""
 
     reply: int
@@ -239,25 +239,25 @@ class TtsFallback(Event, tag="tts.fallback"):
     text: str
 
 
-class BargeIn(Event, tag="barge_in"):
+class BargeIn(Event, frozen=True, tag="barge_in"):
     segment: int
 
 
-class Mark(Event, tag="mark"):
+class Mark(Event, frozen=True, tag="mark"):
     """The client's mark, echoed in order. `acked_seq` in audio modes while input is open."""
 
     id: str | int
-    acked_seq: int | None | UnsetType = UNSET
+    acked_seq: int | UnsetType | None = UNSET
 
 
-class Credit(Event, tag="credit"):
+class Credit(Event, frozen=True, tag="credit"):
     """The stream's input window changed."""
 
     window: int
     acked_seq: int | None
 
 
-class ErrorEvent(Event, tag="error"):
+class ErrorEvent(Event, frozen=True, tag="error"):
     """A VoxError as the client reads it (VoxError.to_event); named so as not to read as an
     exception. The optional fields are sent where they apply."""
 

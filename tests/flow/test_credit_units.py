@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from tests.wsclient import as_read
 from voxserve.config import FlowConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.ahead import AudioAhead
@@ -169,7 +170,7 @@ async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -
     credit.healthy()  # 8, whole again: told
     told = []
     while outbox.qsize():
-        event = await outbox.next()
+        event = as_read(await outbox.next())
         assert isinstance(event, dict) and event["type"] == "credit"
         told.append(event["window"])
     assert told == [4, 2, 8]

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from voxserve.events import SessionEnded
 from voxserve.observe import gc_metrics
 from voxserve.observe.cache_metrics import TtsCacheCollector
 from voxserve.observe.flow_metrics import FlowCollector
@@ -230,10 +231,16 @@ class Metrics:
         """Count a session's sample ring in voxserve_ring_fill_max_ratio (weakly held)."""
         self.rings.add(ring)
 
-    def session_counts(self, ended: dict[str, object]) -> None:
-        for outcome in ("received", "duplicates", "processed", "dropped", "rejected"):
-            value = ended.get(outcome, 0)
-            if isinstance(value, int) and value:
+    def session_counts(self, ended: SessionEnded) -> None:
+        """A finished session's audio messages by outcome (voxserve_frames_total)."""
+        for outcome, value in (
+            ("received", ended.received),
+            ("duplicates", ended.duplicates),
+            ("processed", ended.processed),
+            ("dropped", ended.dropped),
+            ("rejected", ended.rejected),
+        ):
+            if value:
                 self.frames.labels(outcome).inc(value)
 
     def watch(self, runtime: Runtime) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+
+import numpy as np
 
 from voxserve.audio.pcm import Int16Array
+from voxserve.events import ServerEvent
 
-AheadItem = Int16Array | dict[str, Any]
+AheadItem = Int16Array | ServerEvent
 
 
 class AudioAhead:
@@ -33,7 +35,7 @@ class AudioAhead:
             self._changed.clear()
             await self._changed.wait()
         self._items.append(item)
-        if not isinstance(item, dict):
+        if isinstance(item, np.ndarray):
             self.samples += item.size
         self._changed.set()
 
@@ -53,7 +55,7 @@ class AudioAhead:
             self._changed.clear()
             await self._changed.wait()
         item = self._items.popleft()
-        if not isinstance(item, dict):
+        if isinstance(item, np.ndarray):
             self.samples -= item.size
         self._changed.set()
         return item

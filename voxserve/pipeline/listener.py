@@ -27,6 +27,7 @@ from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
 from voxserve.engines.base import inline_safe
 from voxserve.errors import VoxError
+from voxserve.events import Mark, TranscriptFinal, TranscriptPartial, VadEnd, VadStart
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.stage import deadline_in
@@ -107,7 +108,7 @@ class Listener:
         # pipeline.vad_batch_windows x 32 ms judged per wake-up: one VAD request per batch
         self.batch_samples = settings.pipeline.vad_batch_windows * self.window
         # (ring position, client's mark id, highest seq_id accepted before the mark)
-        self._marks: deque[tuple[int, object, int | None]] = deque()
+        self._marks: deque[tuple[int, str | int, int | None]] = deque()
         # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start
         # (until the segment's first partial) and of vad.end per recent segment.
         self.metrics = runtime.metrics
@@ -148,7 +149,7 @@ class Listener:
         self.poke()
         await self.space.wait()
 
-    def mark(self, mark_id: object, acked_seq: int | None = None) -> None:
+    def mark(self, mark_id: str | int, acked_seq: int | None = None) -> None:
         """Echo `mark_id` once every sample received before it has been through VAD: the
         client's measure of frame-handling lag, and its acknowledgement that audio up to
         `acked_seq` is processed (what a client keeps for resume can be trimmed)."""
@@ -214,7 +215,7 @@ class Listener:
         done = self.ring.read_total
         while self._marks and self._marks[0][0] <= done:
             _, mark_id, acked_seq = self._marks.popleft()
-            await self.outbox.event({"type": "mark", "id": mark_id, "acked_seq": acked_seq})
+            await self.outbox.event(Mark(id=mark_id, acked_seq=acked_seq))
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -271,9 +272,7 @@ class Listener:
             self.segment += 1
             self._last_partial_at = event.start
             self._last_partial_text = ""
-            await self.outbox.event(
-                {"type": "vad.start", "segment": self.segment, "start_ms": ms(event.start)}
-            )
+            await self.outbox.event(VadStart(segment=self.segment, start_ms=ms(event.start)))
             self._speech_started_at = time.perf_counter()
             self._partial_pending = True
             if self.tracing:
@@ -284,12 +283,7 @@ class Listener:
             return
         assert isinstance(event, SpeechEnd)
         await self.outbox.event(
-            {
-                "type": "vad.end",
-                "segment": self.segment,
-                "start_ms": ms(event.start),
-                "end_ms": ms(event.end),
-            }
+            VadEnd(segment=self.segment, start_ms=ms(event.start), end_ms=ms(event.end))
         )
         self._ended_at[self.segment] = time.perf_counter()
         self._ended_at.pop(self.segment - KEPT_TURNS, None)
@@ -351,13 +345,7 @@ class Listener:
                 self._partial_pending = False
                 self.metrics.observe_first_partial(time.perf_counter() - self._speech_started_at)
             await self.outbox.event(
-                {
-                    "type": "transcript.partial",
-                    "segment": segment,
-                    "text": text,
-                    "start_ms": ms(start),
-                    "end_ms": ms(end),
-                }
+                TranscriptPartial(segment=segment, text=text, start_ms=ms(start), end_ms=ms(end))
             )
 
     async def _recognise(self, audio: Int16Array, *, partial_result: bool) -> AsrResult:
@@ -384,20 +372,17 @@ class Listener:
             try:
                 result = await self._recognise(utterance.audio, partial_result=False)
             except VoxError as exc:
-                event = exc.to_event()
-                event["segment"] = utterance.segment
-                await self.outbox.event(event)
+                await self.outbox.event(exc.to_event(segment=utterance.segment))
                 continue
             text = result.text.strip()
             await self.outbox.event(
-                {
-                    "type": "transcript.final",
-                    "segment": utterance.segment,
-                    "text": text,
-                    "start_ms": ms(utterance.start),
-                    "end_ms": ms(utterance.end),
-                    "language": result.language,
-                }
+                TranscriptFinal(
+                    segment=utterance.segment,
+                    text=text,
+                    start_ms=ms(utterance.start),
+                    end_ms=ms(utterance.end),
+                    language=result.language,
+                )
             )
             ended = self._ended_at.get(utterance.segment)
             if ended is not None:

@@ -1,19 +1,19 @@
 """What a session sends back, in order, through one bounded queue drained by the transport.
 
 Bounded (settings.pipeline.outbox_messages) so a client that stops reading makes the
-pipeline wait instead of growing server memory. Events stay dicts here; each transport
-encodes them for its wire (JSON on the WebSocket, messages on gRPC, ...).
+pipeline wait instead of growing server memory. Events stay typed values here
+(voxserve/events.py); each transport encodes them for its wire (JSON on the WebSocket,
+messages on gRPC) as it sends them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import ServerEvent
 
-Event = dict[str, Any]
-Outgoing = Event | bytes
+Outgoing = ServerEvent | bytes
 
 
 class Outbox:
@@ -48,11 +48,11 @@ class Outbox:
                 fatal=True,
             ) from None
 
-    async def event(self, event: dict[str, Any]) -> None:
+    async def event(self, event: ServerEvent) -> None:
         self.sent_events += 1
         await self._put(event)
 
-    def event_nowait(self, event: dict[str, Any]) -> bool:
+    def event_nowait(self, event: ServerEvent) -> bool:
         """For paths that must not wait (cancellation): False if the client is not reading."""
         try:
             self._queue.put_nowait(event)

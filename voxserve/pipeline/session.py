@@ -22,6 +22,15 @@ from voxserve.audio.pcm import Int16Array, int16_from_bytes
 from voxserve.audio.resample import StreamResampler
 from voxserve.audio.ring import SampleRing
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
+from voxserve.events import (
+    BargeIn,
+    Credit,
+    Mark,
+    ResponseDelta,
+    ResponseText,
+    SessionEnded,
+    SessionStarted,
+)
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
@@ -30,7 +39,7 @@ from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.text import SentenceBuffer
-from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
+from voxserve.types import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -132,21 +141,20 @@ class Session:
         self._reply_task: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
 
-    def started_event(self) -> dict[str, object]:
-        return {
-            "type": "session.started",
-            "session_id": self.id,
-            "trace_id": self.trace_id,
-            "mode": self.config.mode,
-            "sample_rate": self.config.sample_rate,
-            "encoding": self.config.encoding,
-            "language": self.language,
-            "voice": self.voice,
-            "output_sample_rate": self.output_sample_rate,
-            "frame_ms": 20,
-            "credit_window": self.credit.size if self.credit else None,
-            "resumable": self.config.resumable,
-        }
+    def started_event(self) -> SessionStarted:
+        return SessionStarted(
+            session_id=self.id,
+            trace_id=self.trace_id,
+            mode=self.config.mode,
+            sample_rate=self.config.sample_rate,
+            encoding=self.config.encoding,
+            language=self.language,
+            voice=self.voice,
+            output_sample_rate=self.output_sample_rate,
+            frame_ms=FRAME_MS,
+            credit_window=self.credit.size if self.credit else None,
+            resumable=self.config.resumable,
+        )
 
     # -- input, called by the transport ---------------------------------------------------
 
@@ -285,9 +293,7 @@ class Session:
         whole = self.credit is not None and window == self.credit.maximum
         if grows and not whole and now - self._credit_told_at < CREDIT_GROWTH_EVERY_S:
             return
-        if self.outbox.event_nowait(
-            {"type": "credit", "window": window, "acked_seq": self.acked_seq}
-        ):
+        if self.outbox.event_nowait(Credit(window=window, acked_seq=self.acked_seq)):
             self._credit_told, self._credit_told_at = window, now
 
     async def _write(self, samples: Int16Array) -> None:
@@ -369,7 +375,7 @@ class Session:
         elif self.listener is None:
             await self._text_queue.put(_Mark(mark_id))
         else:
-            await self.outbox.event({"type": "mark", "id": mark_id})
+            await self.outbox.event(Mark(id=mark_id))
 
     async def cancel(self) -> None:
         """Client barge-in: stop the current reply and forget text not yet spoken."""
@@ -377,7 +383,7 @@ class Session:
         while not self._text_queue.empty():
             item = self._text_queue.get_nowait()
             if isinstance(item, _Mark):  # marks are answered, never lost
-                await self.outbox.event({"type": "mark", "id": item.id})
+                await self.outbox.event(Mark(id=item.id))
             if item is None:  # keep the end-of-input marker
                 await self._text_queue.put(None)
                 break
@@ -417,27 +423,26 @@ class Session:
             self.credit.on_change = None  # the flow's ticks stop telling a finished session
         self.lease.release()
 
-    def ended_event(self) -> dict[str, object]:
+    def ended_event(self) -> SessionEnded:
         dropped_frames = -(-self.dropped_samples // FRAME_SAMPLES)
         accepted = self.received - self.dedup.duplicates
-        return {
-            "type": "session.ended",
-            "session_id": self.id,
-            "trace_id": self.trace_id,
-            "reason": self.end_reason,
-            "received": self.received,
-            "duplicates": self.dedup.duplicates,
-            "accepted": accepted,
-            "processed": max(0, self.processed - dropped_frames),
-            "dropped": dropped_frames,
-            "rejected": self.rejected,
-            "gaps": self.dedup.gaps,
-            "reordered": self.dedup.reordered,
-            "segments": (self.listener.segment + 1) if self.listener else 0,
-            "replies": self.speaker.replies,
-            "interrupted": self.speaker.interrupted,
-            "duration_ms": int((time.monotonic() - self.started_at) * 1000),
-        }
+        return SessionEnded(
+            session_id=self.id,
+            trace_id=self.trace_id,
+            reason=self.end_reason,
+            received=self.received,
+            duplicates=self.dedup.duplicates,
+            accepted=accepted,
+            processed=max(0, self.processed - dropped_frames),
+            dropped=dropped_frames,
+            rejected=self.rejected,
+            gaps=self.dedup.gaps,
+            reordered=self.dedup.reordered,
+            segments=(self.listener.segment + 1) if self.listener else 0,
+            replies=self.speaker.replies,
+            interrupted=self.speaker.interrupted,
+            duration_ms=int((time.monotonic() - self.started_at) * 1000),
+        )
 
     async def _speak_texts(self) -> None:
         reply = 0
@@ -448,7 +453,7 @@ class Session:
             if item is _FLUSH:
                 continue
             if isinstance(item, _Mark):
-                await self.outbox.event({"type": "mark", "id": item.id})
+                await self.outbox.event(Mark(id=item.id))
                 continue
             assert self._group is not None
             task = self._group.create_task(self._speak_utterance(str(item), reply))
@@ -467,7 +472,7 @@ class Session:
                     await self._text_queue.put(None)
                     return
                 if isinstance(item, _Mark):
-                    await self.outbox.event({"type": "mark", "id": item.id})
+                    await self.outbox.event(Mark(id=item.id))
                     continue
                 yield str(item)
 
@@ -476,11 +481,11 @@ class Session:
         except VoxError as exc:
             if exc.fatal:  # e.g. client_stalled: the session ends
                 raise
-            await self.outbox.event(exc.to_event() | {"reply": reply})
+            await self.outbox.event(exc.to_event(reply=reply))
             return
         if not stats.chunks and not stats.fallback:  # "....": no tts.start, say why
             empty = VoxError(ErrorCode.EMPTY_TEXT, "the text of this reply has nothing to speak")
-            await self.outbox.event(empty.to_event() | {"reply": reply})
+            await self.outbox.event(empty.to_event(reply=reply))
 
     # -- assistant ------------------------------------------------------------------------
 
@@ -495,7 +500,7 @@ class Session:
         audible = self.speaker.audible()
         if self._cancel_reply() or audible:
             self.speaker.playback_until = 0.0
-            await self.outbox.event({"type": "barge_in", "segment": segment})
+            await self.outbox.event(BargeIn(segment=segment))
 
     async def _start_reply(self, segment: int, text: str) -> None:
         self._cancel_reply()
@@ -531,9 +536,7 @@ class Session:
                         if not pieces:  # the responder's time to its first text
                             metrics.observe_stage("responder", time.perf_counter() - asked)
                         pieces.append(piece)
-                        await self.outbox.event(
-                            {"type": "response.delta", "reply": segment, "text": piece}
-                        )
+                        await self.outbox.event(ResponseDelta(reply=segment, text=piece))
                         for sentence in buffer.push(piece):
                             await sentences.put(sentence)
             except TimeoutError:
@@ -570,10 +573,10 @@ class Session:
             raise fatal
         if failures:
             for exc in failures:
-                await self.outbox.event(exc.to_event() | {"reply": segment})
+                await self.outbox.event(exc.to_event(reply=segment))
             return
         reply_text = "".join(pieces).strip()
-        await self.outbox.event({"type": "response.text", "reply": segment, "text": reply_text})
+        await self.outbox.event(ResponseText(reply=segment, text=reply_text))
         self._history.append((user_text, reply_text))
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import UNSET, Event, TtsEnd, TtsFallback, TtsStart
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.ahead import AudioAhead
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
@@ -117,13 +118,7 @@ class Speaker:
                 stats.first_audio_s = started - began
                 self.playback_until = started
                 await self.outbox.event(
-                    {
-                        "type": "tts.start",
-                        "reply": reply,
-                        "voice": self.voice,
-                        "sample_rate": self.sample_rate,
-                        "encoding": "pcm_s16le",
-                    }
+                    TtsStart(reply=reply, voice=self.voice, sample_rate=self.sample_rate)
                 )
             else:
                 metrics.observe_chunk_gap(now - last_chunk)
@@ -144,7 +139,7 @@ class Speaker:
         )
         try:
             while (item := await ahead.get()) is not None:
-                if isinstance(item, dict):
+                if isinstance(item, Event):
                     await self.outbox.event(item)
                     continue
                 if started is not None:
@@ -247,23 +242,17 @@ class Speaker:
     def _fallback_audio(self) -> Int16Array | None:
         return self.runtime.fallback.audio(self.voice, self.sample_rate)
 
-    def _fallback_event(self, reply: int, reason: str) -> dict[str, object]:
-        return {
-            "type": "tts.fallback",
-            "reply": reply,
-            "reason": reason,
-            "text": self.runtime.fallback.text,
-        }
+    def _fallback_event(self, reply: int, reason: str) -> TtsFallback:
+        text = self.runtime.fallback.text
+        assert text is not None  # the phrase's audio, which the reply speaks, needs its text
+        return TtsFallback(reply=reply, reason=reason, text=text)
 
-    def _end_event(self, stats: ReplyStats, started: float) -> dict[str, object]:
-        event: dict[str, object] = {
-            "type": "tts.end",
-            "reply": stats.reply,
-            "chunks": stats.chunks,
-            "audio_ms": stats.samples * 1000 // self.sample_rate,
-            "interrupted": stats.interrupted,
-            "underruns": stats.underruns,
-        }
-        if stats.interrupted:
-            event["played_ms"] = self.played_ms(stats, started)
-        return event
+    def _end_event(self, stats: ReplyStats, started: float) -> TtsEnd:
+        return TtsEnd(
+            reply=stats.reply,
+            chunks=stats.chunks,
+            audio_ms=stats.samples * 1000 // self.sample_rate,
+            interrupted=stats.interrupted,
+            underruns=stats.underruns,
+            played_ms=self.played_ms(stats, started) if stats.interrupted else UNSET,
+        )

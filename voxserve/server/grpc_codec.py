@@ -1,9 +1,10 @@
-"""voxserve.v1 messages <-> the pipeline's values, and VoxError -> gRPC status, as pure
-functions (no I/O, no server), so every mapping is unit-tested and fuzzable apart from a call.
+"""voxserve.v1 requests -> the protocol's values (configs, client messages, audio frames), and
+VoxError -> gRPC status, as pure functions (no I/O, no server), so every mapping is
+unit-tested and fuzzable apart from a call. Events go the other way in grpc_events.py.
 
 Configs are turned into the WebSocket's `session.start` dict and validated by the same
 `parse_start`, so both transports accept and refuse exactly the same values with the same
-codes. Outgoing events keep the WebSocket's names and fields, typed (see the proto).
+codes.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import grpc
 from google.protobuf.message import Message
 
 from voxserve.errors import ErrorCode, VoxError, shortened
-from voxserve.pipeline.stream_config import Mode, StreamConfig
-from voxserve.pipeline.synthesis import check_speed
-from voxserve.server.ws_protocol import (
+from voxserve.events import (
     CancelMessage,
     ClientMessage,
     EndMessage,
     MarkMessage,
+    Mode,
+    StreamConfig,
     TextMessage,
-    parse_start,
 )
+from voxserve.pipeline.synthesis import check_speed
+from voxserve.server.grpc_events import MODE_ENUM
+from voxserve.server.ws_protocol import parse_start
 from voxserve.types import FRAME_MS
 from voxserve.v1 import voxserve_pb2 as pb
 
@@ -87,8 +90,7 @@ _BY_NAME = {
     "origin_not_allowed": S.PERMISSION_DENIED,
 }
 
-_MODES: dict[int, Mode] = {pb.MODE_ASR: "asr", pb.MODE_TTS: "tts", pb.MODE_ASSISTANT: "assistant"}
-_MODE_ENUM: dict[str, int] = {name: value for value, name in _MODES.items()}
+_MODES: dict[int, Mode] = {value: name for name, value in MODE_ENUM.items()}
 
 
 def status_for(code: ErrorCode) -> grpc.StatusCode:
@@ -270,159 +272,3 @@ def split_frames(
         ((seq + i) % SEQ_MOD, pcm[start : start + step])
         for i, start in enumerate(range(0, size, step))
     ]
-
-
-# --- events --------------------------------------------------------------------------------
-
-Filler = Callable[[Any, dict[str, Any]], None]
-
-
-def _started(m: pb.SessionStarted, e: dict[str, Any]) -> None:
-    m.session_id = str(e.get("session_id", ""))
-    m.trace_id = str(e.get("trace_id", ""))
-    m.mode = _MODE_ENUM.get(str(e.get("mode")), pb.MODE_UNSPECIFIED)  # type: ignore[assignment]
-    m.sample_rate = int(e.get("sample_rate", 0))
-    m.encoding = str(e.get("encoding", ""))
-    m.language = str(e.get("language") or "")
-    m.voice = str(e.get("voice") or "")
-    m.output_sample_rate = int(e.get("output_sample_rate", 0))
-    m.frame_ms = int(e.get("frame_ms", FRAME_MS))
-
-
-def _vad_start(m: pb.VadStart, e: dict[str, Any]) -> None:
-    m.segment = int(e["segment"])
-    m.start_ms = _ms(e.get("start_ms"))
-
-
-def _vad_end(m: pb.VadEnd, e: dict[str, Any]) -> None:
-    m.segment = int(e["segment"])
-    m.start_ms = _ms(e.get("start_ms"))
-    m.end_ms = _ms(e.get("end_ms"))
-
-
-def _transcript(final: bool) -> Filler:
-    def fill(m: pb.Transcript, e: dict[str, Any]) -> None:
-        m.segment = int(e["segment"])
-        m.text = str(e.get("text", ""))
-        m.is_final = final
-        m.start_ms = _ms(e.get("start_ms"))
-        m.end_ms = _ms(e.get("end_ms"))
-        m.language = str(e.get("language") or "")
-
-    return fill
-
-
-def _response_text(m: pb.ResponseText, e: dict[str, Any]) -> None:
-    m.reply = int(e["reply"])
-    m.text = str(e.get("text", ""))
-
-
-def _tts_start(m: pb.TtsStart, e: dict[str, Any]) -> None:
-    m.reply = int(e["reply"])
-    m.voice = str(e.get("voice", ""))
-    m.sample_rate = int(e.get("sample_rate", 0))
-    m.encoding = str(e.get("encoding", ""))
-
-
-def _tts_end(m: pb.TtsEnd, e: dict[str, Any]) -> None:
-    m.reply = int(e["reply"])
-    m.chunks = int(e.get("chunks", 0))
-    m.audio_ms = _ms(e.get("audio_ms"))
-    m.interrupted = bool(e.get("interrupted", False))
-    m.played_ms = _ms(e.get("played_ms"))
-
-
-def _barge_in(m: pb.BargeIn, e: dict[str, Any]) -> None:
-    m.segment = int(e["segment"])
-
-
-def _mark(m: pb.Mark, e: dict[str, Any]) -> None:
-    m.id = str(e.get("id", ""))
-
-
-def _error(m: pb.Error, e: dict[str, Any]) -> None:
-    m.code = str(e.get("code", ""))
-    m.message = str(e.get("message", ""))
-    m.fatal = bool(e.get("fatal", False))
-    m.stage = str(e.get("stage") or "")
-    if e.get("segment") is not None:
-        m.segment = int(e["segment"])
-    if e.get("reply") is not None:
-        m.reply = int(e["reply"])
-
-
-_COUNTERS = (
-    "received",
-    "duplicates",
-    "accepted",
-    "processed",
-    "dropped",
-    "rejected",
-    "gaps",
-    "reordered",
-    "segments",
-    "replies",
-    "interrupted",
-    "duration_ms",
-)
-
-
-def _ended(m: pb.SessionEnded, e: dict[str, Any]) -> None:
-    m.session_id = str(e.get("session_id", ""))
-    m.trace_id = str(e.get("trace_id", ""))
-    m.reason = str(e.get("reason", ""))
-    for name in _COUNTERS:
-        setattr(m, name, max(0, int(e.get(name, 0))))
-
-
-def _ms(value: object) -> int:
-    """Milliseconds as the proto's unsigned field (events carry ints; be lenient)."""
-    if isinstance(value, int | float) and value > 0:
-        return int(value)
-    return 0
-
-
-EVENT_FIELDS: dict[str, tuple[str, Filler]] = {
-    "session.started": ("started", _started),
-    "vad.start": ("vad_start", _vad_start),
-    "vad.end": ("vad_end", _vad_end),
-    "transcript.partial": ("transcript", _transcript(False)),
-    "transcript.final": ("transcript", _transcript(True)),
-    "response.delta": ("response_delta", _response_text),
-    "response.text": ("response_text", _response_text),
-    "tts.start": ("tts_start", _tts_start),
-    "tts.end": ("tts_end", _tts_end),
-    "barge_in": ("barge_in", _barge_in),
-    "mark": ("mark", _mark),
-    "error": ("error", _error),
-    "session.ended": ("ended", _ended),
-}
-"""Each WebSocket event type -> (oneof field of the response, function that fills it)."""
-
-R = TypeVar("R", pb.ConverseResponse, pb.RecognizeResponse)
-
-
-def encode_event(event: dict[str, Any], response_type: type[R]) -> R | None:
-    """The response carrying `event`, or None when this response type has no such field
-    (a Recognize stream has no reply events) or the event type is unknown."""
-    found = EVENT_FIELDS.get(str(event.get("type")))
-    if found is None:
-        return None
-    field, fill = found
-    if field not in response_type.DESCRIPTOR.fields_by_name:
-        return None
-    response = response_type()
-    fill(getattr(response, field), event)
-    return response
-
-
-def encode_audio(pcm: bytes, reply: int) -> pb.ConverseResponse:
-    """Reply audio (the WebSocket's binary message) with the reply it belongs to."""
-    response = pb.ConverseResponse()
-    response.audio.reply = reply
-    response.audio.pcm = pcm
-    return response
-
-
-def mode_enum(mode: str) -> int:
-    return _MODE_ENUM.get(mode, pb.MODE_UNSPECIFIED)

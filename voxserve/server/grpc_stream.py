@@ -28,24 +28,26 @@ from typing import Any, Generic, NoReturn, TypeVar
 import grpc
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.observe.logs import bind_session
-from voxserve.pipeline.drain import SessionDrain
-from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.session import Session
-from voxserve.pipeline.stream_config import StreamConfig
-from voxserve.runtime import Runtime
-from voxserve.server import grpc_codec as codec
-from voxserve.server.admission import admit
-from voxserve.server.auth import ANONYMOUS, cache_scope
-from voxserve.server.quotas import SessionQuota, quotas_of
-from voxserve.server.ws_protocol import (
+from voxserve.events import (
     CancelMessage,
     ClientMessage,
     EndMessage,
     MarkMessage,
     StartMessage,
     TextMessage,
+    TtsStart,
 )
+from voxserve.observe.logs import bind_session
+from voxserve.pipeline.drain import SessionDrain
+from voxserve.pipeline.outbox import Outbox, Outgoing
+from voxserve.pipeline.session import Session
+from voxserve.pipeline.stream_config import StreamConfig
+from voxserve.runtime import Runtime
+from voxserve.server import grpc_codec as codec
+from voxserve.server import grpc_events
+from voxserve.server.admission import admit
+from voxserve.server.auth import ANONYMOUS, cache_scope
+from voxserve.server.quotas import SessionQuota, quotas_of
 from voxserve.v1 import voxserve_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ class SessionCall(Generic[Req, Resp]):
         # the trace and session ids; never audio or text.
         bind_session(session.trace_id, session.id)
         log.info("session started", extra={"mode": session.config.mode, "transport": TRANSPORT})
-        started = codec.encode_event(session.started_event(), self.response_type)
+        started = grpc_events.encode_event(session.started_event(), self.response_type)
         assert started is not None
         yield started
         pipeline = asyncio.create_task(self._pipeline(session), name="voxserve-grpc-session")
@@ -181,20 +183,20 @@ class SessionCall(Generic[Req, Resp]):
                     log.error("session task failed", exc_info=result)
             log.info("session closed", extra={"transport": TRANSPORT})
         if self._fatal is not None:
-            ended = codec.encode_event(session.ended_event(), self.response_type)
+            ended = grpc_events.encode_event(session.ended_event(), self.response_type)
             if ended is not None:
                 yield ended
             self.runtime.metrics.errors.labels(self._fatal.code.value, TRANSPORT).inc()
             await abort(self.context, self._fatal, session.trace_id)
 
-    def _encode(self, item: dict[str, Any] | bytes) -> Resp | None:
+    def _encode(self, item: Outgoing) -> Resp | None:
         if isinstance(item, bytes):
             if self.response_type is not pb.ConverseResponse:
                 return None
-            return codec.encode_audio(item, self._reply)  # type: ignore[return-value]
-        if item.get("type") == "tts.start":
-            self._reply = int(item.get("reply", 0))
-        return codec.encode_event(item, self.response_type)
+            return grpc_events.encode_audio(item, self._reply)  # type: ignore[return-value]
+        if isinstance(item, TtsStart):
+            self._reply = item.reply
+        return grpc_events.encode_event(item, self.response_type)
 
     async def _pipeline(self, session: Session) -> None:
         try:

@@ -96,7 +96,7 @@ class LiveStream:
             log.exception("session pipeline failed")
             session.end_reason = ErrorCode.INTERNAL.value
             error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
-            outbox.event_nowait(error.to_event() | {"trace_id": session.trace_id})
+            outbox.event_nowait(error.to_event(trace_id=session.trace_id))
             outbox.event_nowait(session.ended_event())
             outbox.close_nowait()
 

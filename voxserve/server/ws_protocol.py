@@ -1,19 +1,32 @@
 """The /v1/stream wire format as pure functions: bytes/str in, typed messages or VoxError out.
 
 No I/O here, so every parser can be unit-tested and fuzzed without a socket. The transport
-adapter (ws_stream.py) maps the messages onto a Session.
+adapter (ws_stream.py) maps the messages onto a Session. The messages and events themselves
+are the protocol's vocabulary (voxserve/events.py); this is their JSON form.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.stream_config import MODES, StreamConfig
+from voxserve.events import (
+    MODES,
+    CancelMessage,
+    ClientMessage,
+    CreditMessage,
+    EndMessage,
+    MarkMessage,
+    ResumeMessage,
+    ServerEvent,
+    StartMessage,
+    StreamConfig,
+    TextMessage,
+)
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, as_float, decode_json
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
@@ -23,60 +36,6 @@ _TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _CHUNK_MS_RANGE = (160, 4000)
 
 
-@dataclass(frozen=True, slots=True)
-class StartMessage:
-    config: StreamConfig
-
-
-@dataclass(frozen=True, slots=True)
-class TextMessage:
-    text: str
-    flush: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class EndMessage:
-    """`audio.end` or `session.end`: no more input; finish what is pending, then close."""
-
-    kind: str
-
-
-@dataclass(frozen=True, slots=True)
-class CancelMessage:
-    """Barge-in from the client: stop the reply now."""
-
-
-@dataclass(frozen=True, slots=True)
-class MarkMessage:
-    """Echoed back as `mark` once everything sent before it has been handled."""
-
-    id: str | int
-
-
-@dataclass(frozen=True, slots=True)
-class CreditMessage:
-    """Output credit: the client may play `audio_ms` more of reply audio (speaker.py)."""
-
-    audio_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeMessage:
-    """First message of a reconnect: continue a parked session (limits.resume_window_s)."""
-
-    session_id: str
-    last_seq: int | None
-
-
-ClientMessage = (
-    StartMessage
-    | TextMessage
-    | EndMessage
-    | CancelMessage
-    | MarkMessage
-    | CreditMessage
-    | ResumeMessage
-)
 MAX_CREDIT_MS = 60_000
 MARK_INT_LIMIT = 1 << 63  # echoed back: no 4,000-digit integers
 _SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
@@ -253,10 +212,13 @@ def parse_audio_frame(
     return int.from_bytes(data[:SEQ_HEADER_BYTES], "big"), pcm
 
 
-def encode_event(event: dict[str, Any]) -> str:
-    """An event as the text of one message; UnicodeEncodeError (a ValueError) here, before
-    anything is written, if it holds text that cannot be sent as UTF-8."""
-    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    if not text.isascii():
-        text.encode("utf-8")
-    return text
+_encode_json = msgspec.json.Encoder().encode
+
+
+def encode_event(event: ServerEvent) -> str:
+    """An event as the text of one message: its `type` first, then its fields in their
+    declared order, UNSET ones left out; the same text `json.dumps(..., separators=(",",
+    ":"), ensure_ascii=False)` made of the dicts events once were. UnicodeEncodeError (a
+    ValueError) here, before anything is written, if it holds text that cannot be sent as
+    UTF-8 (a lone surrogate)."""
+    return _encode_json(event).decode()

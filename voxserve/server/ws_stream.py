@@ -20,6 +20,17 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import (
+    CancelMessage,
+    CreditMessage,
+    EndMessage,
+    MarkMessage,
+    ResumeMessage,
+    SessionResumed,
+    StartMessage,
+    TextMessage,
+    event_type,
+)
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -38,13 +49,6 @@ from voxserve.server.quotas import SessionQuota, quotas_of
 from voxserve.server.ws_fastpath import FastPath, fast_path_of
 from voxserve.server.ws_live import LiveStream, ParkedStreams
 from voxserve.server.ws_protocol import (
-    CancelMessage,
-    CreditMessage,
-    EndMessage,
-    MarkMessage,
-    ResumeMessage,
-    StartMessage,
-    TextMessage,
     encode_event,
     max_frame_bytes,
     parse_audio_frame,
@@ -246,15 +250,14 @@ class StreamConnection:
             await self._close_stalled(live)
         log.info("session closed")
 
-    def _resumed_event(self, session: Session) -> dict[str, object]:
+    def _resumed_event(self, session: Session) -> SessionResumed:
         """What a reconnecting client needs: send audio after `acked_seq` again."""
-        return {
-            "type": "session.resumed",
-            "session_id": session.id,
-            "trace_id": session.trace_id,
-            "acked_seq": session.acked_seq,
-            "credit_window": session.credit.size if session.credit else None,
-        }
+        return SessionResumed(
+            session_id=session.id,
+            trace_id=session.trace_id,
+            acked_seq=session.acked_seq,
+            credit_window=session.credit.size if session.credit else None,
+        )
 
     async def _send(self, live: LiveStream) -> None:
         """Drain the outbox into the socket; ends the connection when the session is over.
@@ -271,7 +274,7 @@ class StreamConnection:
             try:
                 message = item if isinstance(item, bytes) else encode_event(item)
             except (TypeError, ValueError):
-                await self._unsendable(live, str(item.get("type")))  # type: ignore[union-attr]
+                await self._unsendable(live, event_type(item))  # type: ignore[arg-type]
                 return
             try:
                 if isinstance(message, bytes):
@@ -301,7 +304,7 @@ class StreamConnection:
         self.runtime.metrics.errors.labels(ErrorCode.INTERNAL.value, "ws").inc()
         error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs", fatal=True)
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            await self.ws.send_text(encode_event(error.to_event() | {"trace_id": session.trace_id}))
+            await self.ws.send_text(encode_event(error.to_event(trace_id=session.trace_id)))
             await self.ws.send_text(encode_event(session.ended_event()))
             await self.ws.close(CLOSE_INTERNAL)
 
@@ -540,8 +543,6 @@ class StreamConnection:
         )
         code = CLOSE_TRY_AGAIN if error.code in try_again else CLOSE_POLICY
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            event = error.to_event()
-            if code == CLOSE_TRY_AGAIN:
-                event.setdefault("retry_after_ms", 1000)
+            event = error.to_event(retry_after_ms=1000 if code == CLOSE_TRY_AGAIN else None)
             await self.ws.send_text(encode_event(event))
             await self.ws.close(code, reason=error.code.value)
