@@ -1,6 +1,7 @@
 """docs/protocol.md against voxserve/events.py, both ways, so the two cannot drift: every
 event and client message the WebSocket section documents exists with exactly the documented
-fields, and every one the module defines is documented.
+fields, and every one the module defines is documented; the gRPC section names the events
+its wire does not carry.
 
 Read from the section: the server events table (### 5: `name` | fields, optional ones in
 "(+ ...)"), the `session.started` example (### 1), the `session.start` field table (### 1),
@@ -18,7 +19,10 @@ from typing import Any, get_args
 import msgspec
 import pytest
 
+from tests.event_samples import SAMPLES
 from voxserve import events as ev
+from voxserve.server import grpc_events
+from voxserve.v1 import voxserve_pb2 as pb
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 _NAME = re.compile(r"`([a-z_.]+)`")
@@ -133,6 +137,19 @@ def test_every_client_message_is_documented_and_every_documented_one_exists() ->
 @pytest.mark.parametrize("kind", sorted(ev.CLIENT_MESSAGE_TYPES))
 def test_client_message_fields_match_the_docs(kind: str) -> None:
     assert documented_client_messages()[kind] == wire_fields(ev.CLIENT_MESSAGE_TYPES[kind])
+
+
+def test_the_grpc_section_names_the_events_voxserve_v1_cannot_carry() -> None:
+    text = PROTOCOL.read_text(encoding="utf-8")
+    grpc_section = text[text.index("## gRPC `voxserve.v1`") :]
+    sentence = grpc_section[grpc_section.index("The WebSocket's") :]
+    sentence = _ASIDE.sub("", sentence[: sentence.index("have no")])
+    not_sent = {
+        ev.event_type(event)
+        for event, _ in SAMPLES
+        if grpc_events.encode_event(event, pb.ConverseResponse) is None
+    }
+    assert set(_NAME.findall(sentence)) == not_sent
 
 
 def test_the_reader_finds_what_it_should() -> None:
