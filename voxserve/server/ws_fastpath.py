@@ -43,7 +43,7 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame, Opcode
-from websockets.protocol import State
+from websockets.protocol import Protocol, State
 
 from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
 from voxserve.server.ws_send import DirectSendProtocol
@@ -52,10 +52,11 @@ log = logging.getLogger(__name__)
 
 FAST_PATH = "voxserve.audio_fast_path"  # key in scope["extensions"]
 
-# What this protocol and server/ws_send.py extend and read of uvicorn's, checked at import
-# so that a uvicorn that changed them runs the plain protocol (slower, same behaviour)
-# instead of breaking. All of it is there from uvicorn 0.52.1 on (pyproject.toml says which
-# uvicorn this is tested with, and why).
+# What this protocol and server/ws_send.py extend and read of uvicorn's, and what
+# server/ws_frames.py reads of websockets' parser, checked when the protocol is chosen so
+# that a uvicorn or websockets that changed them runs the plain protocol (slower, same
+# behaviour) instead of breaking. All of it is there from uvicorn 0.52.1 and websockets 16.0
+# on (pyproject.toml says which versions this is tested with, and why).
 _HOOKS = (
     "handle_connect",
     "handle_bytes",
@@ -77,6 +78,7 @@ _STATE = (
     "read_paused",
     "writable",
 )
+_WEBSOCKETS_STATE = ("current_size", "extensions", "max_message_size", "parser", "parser_exc")
 
 
 class FastPath:
@@ -261,12 +263,15 @@ def _refuse(messages: list[bytes]) -> int:
 
 def websocket_protocol() -> type[WebSocketsSansIOProtocol] | str:
     """The protocol class for uvicorn's `ws` setting."""
-    state = WebSocketsSansIOProtocol.__init__.__code__.co_names  # the attributes it sets
-    if all(hasattr(WebSocketsSansIOProtocol, name) for name in _HOOKS) and all(
-        name in state for name in _STATE
+    uvicorn_state = WebSocketsSansIOProtocol.__init__.__code__.co_names  # attributes it sets
+    websockets_state = Protocol.__init__.__code__.co_names
+    if (
+        all(hasattr(WebSocketsSansIOProtocol, name) for name in _HOOKS)
+        and all(name in uvicorn_state for name in _STATE)
+        and all(name in websockets_state for name in _WEBSOCKETS_STATE)
     ):
         return AudioFastPathProtocol
-    log.warning("this uvicorn's websockets protocol changed; audio takes the ASGI queue")
+    log.warning("uvicorn's or websockets' protocol changed; audio takes the ASGI queue")
     return "websockets-sansio"
 
 
