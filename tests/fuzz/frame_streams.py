@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from websockets.frames import Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
+from websockets.utils import apply_mask
 
 from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
 
@@ -58,7 +59,7 @@ def encode(
         head = bytes([first, masked | 127]) + length.to_bytes(8, "big")
     if mask is None:
         return head + payload
-    return head + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+    return head + mask + apply_mask(payload, mask)
 
 
 @dataclass(frozen=True)

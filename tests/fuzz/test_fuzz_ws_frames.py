@@ -35,29 +35,26 @@ def _raw(data: bytes) -> Stream:
 
 @given(valid_streams())
 @example(Stream([_audio(b"x" * 300, width=64), _audio(b"")], cuts=[1, 2, 3, 9, 10, 11]))
-def test_the_splitter_alone_gives_the_same_frames_wherever_the_stream_is_cut(
-    stream: Stream,
-) -> None:
+def test_a_valid_stream_gives_the_same_frames_wherever_it_is_cut(stream: Stream) -> None:
+    """The splitter alone returns each whole binary message unmasked and every other frame
+    as it came; read as the server reads, the stream gives the frames the client sent and
+    what websockets alone reads, every whole binary message split here."""
     out: list[tuple[str, bytes]] = []
     splitter = FrameSplitter(lambda payload: out.append(("message", payload)), MAX_SIZE)
-    for data in stream.reads():
+    reads = stream.reads()
+    for data in reads:
         while (frame := splitter.split(data)) is not None:
             out.append(("frame", frame))
             data = b""
         assert splitter.rest is None  # a valid stream is never given up on
     assert splitter.give_up() == b""  # nothing left over
-    expected = [("message", s.frame[2]) if s.message else ("frame", s.wire) for s in stream.sent]
-    assert out == expected
+    assert out == [("message", s.frame[2]) if s.message else ("frame", s.wire) for s in stream.sent]
 
-
-@given(valid_streams())
-def test_a_valid_stream_reads_the_same_split_here_as_by_websockets(stream: Stream) -> None:
-    reads = stream.reads()
     frames, code, split = split_reading(reads, max_held=64 * 1024)
     closed = bool(stream.sent) and stream.frames[-1][0] is Opcode.CLOSE
     assert frames == stream.frames
     assert code == (1000 if closed else None)
-    assert split == sum(s.message for s in stream.sent)  # every whole binary message
+    assert split == sum(s.message for s in stream.sent)
     assert (frames, code) == websockets_alone(reads)
 
 
