@@ -23,16 +23,12 @@ listener poke) per ~3 frames instead of per frame. Anything else that comes in (
 message, a control frame, a frame the path cannot take) first hands over what is held, so
 order is kept; so do the connection's end and the session's (`FastPath.hand_over`).
 
-Framing: once a connection is open, without extensions, and websockets' parser waits at a
-frame boundary, this protocol splits the stream itself (server/ws_frames.py
-`FrameSplitter`): whole binary messages come out unmasked and are offered here exactly as
-websockets' would have been; every other whole frame is fed to websockets alone, which
-parses it and is at a frame boundary again after it; and what the splitter cannot judge
-(or a closing connection) ends the take-over: that byte and everything after it go to
-websockets, which fails the connection its own way.
-
-Output that skips the ASGI send (the session's events) and the stalled-reader check are
-server/ws_send.py's, which this protocol is built on.
+Framing: while websockets' parser waits at a frame boundary, server/ws_frames.py's
+`FrameSplitter` splits the stream instead: its binary messages are offered here as
+websockets' would have been, every other frame is fed to websockets alone, and what it
+cannot judge (or a closing connection) goes to websockets with all that follows, until its
+parser waits at a boundary again. Output that skips the ASGI send and the stalled-reader
+check are server/ws_send.py's, which this protocol extends.
 """
 
 from __future__ import annotations
