@@ -7,7 +7,8 @@ unmasked, exactly as websockets would have returned them. It stops at every othe
 frame (text, control, fragments, reserved bits) and hands it back as it came, for
 websockets to parse; and it gives up on anything it cannot judge (an unmasked frame, one
 over the message size limit, more than `max_held` bytes of an incomplete frame): that
-byte and everything after it go to websockets, which fails the connection its own way.
+byte and everything after it go to websockets, which parses them or fails the connection
+its own way.
 
 It does no I/O and knows nothing of uvicorn (server/ws_fastpath.py feeds it). It may start
 only where websockets' parser waits at a frame boundary (`at_frame_boundary`), so the two
