@@ -14,7 +14,7 @@ from typing import Any, cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxserve.server.ws_stall import CONFIRM_S, ReadProbe
+from voxserve.server.ws_stall import CONFIRM_S, ReadProbe, StallWatch
 
 STALL_S = 3.0
 
@@ -163,3 +163,51 @@ def test_output_waits_only_until_its_ping_is_answered() -> None:
     client.probe.wrote(40_000)  # over PROBE_BYTES: pinged at once
     loop.run_until(loop.now + 0.6)
     assert not client.probe.waiting
+
+
+class Connection:
+    """What a StallWatch is given: a session's switch, pings that are never answered, the
+    close; and what happened to it."""
+
+    def __init__(self, loop: VirtualLoop) -> None:
+        self.on_stall: Callable[[], None] | None = self.session_ended
+        self.stall_s: float | None = STALL_S
+        self.ended = self.closed = 0
+        self.pings: list[bytes] = []
+        self.watch = StallWatch(cast(Any, loop), self, self.ping, lambda: True, self.close)
+
+    def ping(self, payload: bytes) -> bool:
+        self.pings.append(payload)
+        return True
+
+    def session_ended(self) -> None:
+        self.ended += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_the_watch_probes_from_the_sessions_first_output_and_ends_it_once() -> None:
+    loop = VirtualLoop()
+    connection = Connection(loop)
+    assert not connection.watch.keepalive_missed()  # no output yet: uvicorn's keepalive
+    connection.watch.wrote(100)
+    loop.run_until(STALL_S / 3)
+    assert connection.pings and connection.watch.probe is not None
+    assert connection.watch.keepalive_missed()  # output waits unread
+    loop.run_until(2 * STALL_S)
+    assert (connection.ended, connection.closed) == (1, 1)  # by the probe
+    connection.watch.stalled()  # the keepalive too, later: nothing more
+    assert (connection.ended, connection.closed) == (1, 1)
+    assert connection.on_stall is None
+
+
+def test_the_watch_leaves_a_connection_without_a_session_alone() -> None:
+    loop = VirtualLoop()
+    connection = Connection(loop)
+    connection.on_stall = connection.stall_s = None  # no session runs
+    connection.watch.wrote(100)
+    loop.run_until(3 * STALL_S)
+    assert connection.watch.probe is None and not connection.pings
+    assert not connection.watch.keepalive_missed()
+    assert (connection.ended, connection.closed) == (0, 0)

@@ -23,23 +23,12 @@ listener poke) per ~3 frames instead of per frame. Anything else that comes in (
 message, a control frame, a frame the path cannot take) first hands over what is held, so
 order is kept; so do the connection's end and the session's (`FastPath.hand_over`).
 
-Framing: websockets' parser (a generator per connection, an event list per read) cost as
-much per 20 ms frame as the session's own work. Once a connection is open, without
-extensions, and websockets' parser waits at a frame boundary with nothing buffered, this
-protocol splits the stream into frames itself: a whole, masked, unfragmented binary frame
-within the size limit is unmasked (websockets' C `apply_mask`) and handed on exactly as
-websockets would have; every other *whole* frame (text, control, fragments, reserved bits)
-is fed to websockets alone, which parses it and is at a frame boundary again after it; and
-anything this cannot judge (an unmasked frame, one over the size limit, more than 64 KiB
-of an incomplete frame, a closing connection) ends the take-over: that byte and everything
-after it go to websockets, which fails the connection its own way.
-
-Stalled readers: while the session runs (`FastPath.on_stall` installed), output written is
-followed by pings whose pongs say the client read it (server/ws_stall.py). A client that
-reads nothing for `FastPath.stall_s` while output waits is handed to `on_stall` and closed
-here with 1008 `client_stalled` (written behind what it has not read; the socket is
-aborted if it still reads nothing). The keepalive's own missing pong counts the same while
-output waits; without output it stays uvicorn's (1011).
+Framing: while websockets' parser waits at a frame boundary, server/ws_frames.py's
+`FrameSplitter` splits the stream instead: its binary messages are offered here as
+websockets' would have been, every other frame is fed to websockets alone, and what it
+cannot judge (or a closing connection) goes to websockets with all that follows, until its
+parser waits at a boundary again. Output that skips the ASGI send and the stalled-reader
+check are server/ws_send.py's, which this protocol extends.
 """
 
 from __future__ import annotations
@@ -50,21 +39,20 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame, Opcode
-from websockets.protocol import State
+from websockets.protocol import Protocol, State
 
-from voxserve.server.ws_stall import ReadProbe
-
-try:
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover (websockets built without its C extension)
-    from websockets.utils import apply_mask
+from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
+from voxserve.server.ws_send import DirectSendProtocol
 
 log = logging.getLogger(__name__)
 
 FAST_PATH = "voxserve.audio_fast_path"  # key in scope["extensions"]
 
-# The uvicorn methods this subclass extends; checked at import so that a uvicorn that
-# changed them runs the plain protocol (slower, same behaviour) instead of breaking.
+# What this protocol and server/ws_send.py extend and read of uvicorn's, and what
+# server/ws_frames.py reads of websockets' parser, checked when the protocol is chosen so
+# that a uvicorn or websockets that changed them runs the plain protocol (slower, same
+# behaviour) instead of breaking. All of it is there from uvicorn 0.52.1 and websockets 16.0
+# on (pyproject.toml says which versions this is tested with, and why).
 _HOOKS = (
     "handle_connect",
     "handle_bytes",
@@ -75,11 +63,18 @@ _HOOKS = (
     "send",
     "stop_keepalive",
 )
-_FIN_BINARY = 0x82  # first header byte of a whole binary message: FIN, no RSV bits, opcode 2
-_MAX_HELD = 64 * 1024  # an incomplete frame waited for here; a longer one goes to websockets
-CLOSE_POLICY = 1008
-STALLED = "client_stalled"
-STALLED_ABORT_S = 5.0  # a stalled client's close frame waits this long to be read, then abort
+_STATE = (
+    "close_sent",
+    "close_timer",
+    "disconnected",
+    "handshake_complete",
+    "pending_ping_payload",
+    "pong_timer",
+    "queue",
+    "read_paused",
+    "writable",
+)
+_WEBSOCKETS_STATE = ("current_size", "extensions", "max_message_size", "parser", "parser_exc")
 
 
 class FastPath:
@@ -120,7 +115,7 @@ class FastPath:
         self.send_text: Callable[[str], bool] | None = None
         self.sent_direct = 0  # events written by `send_text`
         # Installed by the app while its session runs: called (once) when the client has
-        # read nothing for `stall_s` while output waited (module docstring).
+        # read nothing for `stall_s` while output waited (server/ws_send.py).
         self.on_stall: Callable[[], None] | None = None
         self.stall_s: float | None = None
         # Installed by the protocol: close with 1008 `client_stalled` at once, behind what
@@ -128,111 +123,59 @@ class FastPath:
         self.close_stalled: Callable[[], None] | None = None
 
 
-class AudioFastPathProtocol(WebSocketsSansIOProtocol):
+class AudioFastPathProtocol(DirectSendProtocol):
     """uvicorn's websockets-sansio protocol with the audio fast path (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fast_path: FastPath | None = None
-        self.framing = False  # True: this protocol splits frames (module docstring)
-        self._held = b""  # the start of a frame whose rest has not arrived yet
+        self.framing = False  # True: `_splitter` splits the frames (module docstring)
+        self._splitter: FrameSplitter | None = None  # an app connection's, once accepted
         self._audio: list[bytes] = []  # whole binary messages held for the session
         self._audio_samples = 0  # their size in samples (bytes // 2)
-        self._probe: ReadProbe | None = None  # made once output is written in a session
 
     def data_received(self, data: bytes) -> None:
         if self.framing:
-            self._split_frames(data)
+            self._split(data)
             return
         super().data_received(data)
-        self.framing = self._at_frame_boundary()
+        self.framing = self.fast_path is not None and at_frame_boundary(self.conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._hand_over()  # before the disconnect is queued
         super().connection_lost(exc)
-        if self._probe is not None:
-            self._probe.stop()
         if self.fast_path is not None:
             # Their bound methods would hold this protocol.
             fast = self.fast_path
             fast.send_text = fast.hand_over = fast.close_stalled = None
+            self._splitter = None
         # websockets' parser generator holds its connection: a reference cycle that would
         # keep every closed connection until a full GC pass (soaks with session churn).
         # Closing the generator ends it and frees its frame (nothing is received after this).
         self.conn.parser.close()
 
-    def _at_frame_boundary(self) -> bool:
-        """Whether framing can be taken over: an app connection, open, without extensions,
-        not inside a fragmented message, and websockets' parser waiting for the next frame
-        (suspended in `at_eof`) with nothing buffered."""
-        conn = self.conn
-        if (
-            self.fast_path is None
-            or conn.state is not State.OPEN
-            or conn.parser_exc is not None
-            or conn.extensions
-            or conn.current_size is not None
-            or conn.reader.buffer
-        ):
-            return False
-        waiting = conn.parser
-        while (inner := getattr(waiting, "gi_yieldfrom", None)) is not None:
-            waiting = inner
-        return getattr(waiting, "__name__", "") == "at_eof"
-
-    def _split_frames(self, data: bytes) -> None:
-        if self._held:
-            data = self._held + data
-            self._held = b""
-        conn, fast = self.conn, self.fast_path
-        assert fast is not None  # framing is only taken over on an app connection
+    def _split(self, data: bytes) -> None:
+        """A read while this protocol splits the frames (module docstring)."""
+        conn, splitter = self.conn, self._splitter
+        assert splitter is not None  # framing is only taken over on an app connection
         if conn.state is not State.OPEN:  # closing (e.g. the server sent a close): websockets'
-            self._give_back(data)
+            self._give_back(splitter.give_up(data))
             return
-        limit = conn.max_message_size
-        end = len(data)
-        pos = 0
-        while end - pos >= 2:
-            second = data[pos + 1]
-            length = second & 0x7F
-            head = pos + 2
-            if length == 126:
-                if end - head < 2:
-                    break
-                length = int.from_bytes(data[head : head + 2], "big")
-                head += 2
-            elif length == 127:
-                if end - head < 8:
-                    break
-                length = int.from_bytes(data[head : head + 8], "big")
-                head += 8
-            if not second & 0x80 or (limit is not None and length > limit):
-                self._give_back(data[pos:])  # unmasked, or too large: websockets fails it
+        while (frame := splitter.split(data)) is not None:
+            self._hand_over()  # what is held goes before this frame
+            conn.receive_data(frame)  # one whole frame: websockets parses it
+            if conn.parser_exc is not None:
+                self.framing = False
+                splitter.give_up()  # websockets discards what follows its error
+                self.handle_parser_exception()
                 return
-            stop = head + 4 + length
-            if stop > end:
-                if stop - pos > _MAX_HELD:
-                    self._give_back(data[pos:])
-                    return
-                break
-            if data[pos] == _FIN_BINARY and conn.current_size is None:
-                payload = apply_mask(data[head + 4 : stop], data[head : head + 4])
-                pos = stop
-                fast.split += 1
-                self._offer(fast, payload, hold=True)
-            else:
-                self._hand_over()  # what is held goes before this frame
-                conn.receive_data(data[pos:stop])  # one whole frame: websockets parses it
-                pos = stop
-                if conn.parser_exc is not None:
-                    self.framing = False
-                    self.handle_parser_exception()
-                    return
-                self.handle_events()
-                if conn.state is not State.OPEN:
-                    self._give_back(data[pos:])
-                    return
-        self._held = data[pos:]
+            self.handle_events()
+            if conn.state is not State.OPEN:
+                self._give_back(splitter.give_up())
+                return
+            data = b""
+        if splitter.rest is not None:  # unmasked, too large, or too long to wait for
+            self._give_back(splitter.rest)
 
     def _give_back(self, rest: bytes) -> None:
         """End the take-over: websockets frames `rest` and everything after it."""
@@ -245,133 +188,38 @@ class AudioFastPathProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:  # the handshake went on to the app
-            self.fast_path = FastPath()
-            self.fast_path.send_text = self._send_text
-            self.fast_path.hand_over = self._hand_over
-            self.fast_path.close_stalled = self._close_stalled
-            scope["extensions"][FAST_PATH] = self.fast_path
-
-    def _send_text(self, text: str) -> bool:
-        """uvicorn's `websocket.send` for a text message without the ASGI message, the
-        awaits and Starlette's state checks: for the session's events, one per mark, turn
-        and transcript. Only when nothing has to wait: accepted, not closing, the transport
-        taking writes (uvicorn's send waits for `writable`; so does the caller on False)."""
-        if (
-            not self.handshake_complete
-            or self.close_sent
-            or self.disconnected
-            or not self.writable.is_set()
-            or self.transport.is_closing()
-        ):
-            return False
-        self.conn.send_text(text.encode())
-        self.transport.write(b"".join(self.conn.data_to_send()))
-        self._wrote(len(text))
-        return True
-
-    # -- stalled readers (server/ws_stall.py) --------------------------------------------
-
-    async def send(self, message: Any) -> None:
-        await super().send(message)
-        if message["type"] == "websocket.send":
-            self._wrote(len(message.get("bytes") or message.get("text") or ""))
-
-    def _wrote(self, size: int) -> None:
-        """Output went out: the session's probe pings behind it."""
-        probe = self._probe
-        if probe is None:
-            fast = self.fast_path
-            if fast is None or fast.on_stall is None or fast.stall_s is None:
-                return
-            probe = self._probe = ReadProbe(
-                self.loop, fast.stall_s, self._send_probe, self._stalled, self._reading
-            )
-        probe.wrote(size)
-
-    def _reading(self) -> bool:
-        return not self.read_paused
-
-    def _send_probe(self, payload: bytes) -> bool:
-        if self.close_sent or self.disconnected or self.transport.is_closing():
-            return False
-        if self.conn.state is not State.OPEN:
-            return False
-        self.conn.send_ping(payload)
-        self.transport.write(b"".join(self.conn.data_to_send()))
-        return True
-
-    def handle_pong(self, event: Any) -> None:
-        if self._probe is not None:
-            self._probe.heard(bytes(event.data))  # uvicorn's keepalive pong confirms too
-        super().handle_pong(event)
-
-    def keepalive_timeout(self) -> None:
-        probe, fast = self._probe, self.fast_path
-        in_session = fast is not None and fast.on_stall is not None
-        if probe is not None and probe.waiting and not probe.stopped and in_session:
-            # No pong, and output unread: a stalled reader, not a dead keepalive.
-            self.pong_timer = None
-            self.pending_ping_payload = None
-            probe.stop()
-            self._stalled()
-            return
-        super().keepalive_timeout()
-
-    def _stalled(self) -> None:
-        """The client read nothing for the stall time while output waited: the app ends the
-        session (`on_stall`), and the connection closes now."""
-        fast = self.fast_path
-        on_stall = fast.on_stall if fast is not None else None
-        if on_stall is None:
-            return  # the session is over already
-        fast.on_stall = None  # type: ignore[union-attr]
-        on_stall()
-        self._close_stalled()
-
-    def _close_stalled(self) -> None:
-        """Close with 1008 `client_stalled`: the close frame goes behind what the client has
-        not read (a client that reads again sees why), the app hears a disconnect at once,
-        and the socket is aborted if the client has not answered the close within
-        `STALLED_ABORT_S`."""
-        if self._probe is not None:
-            self._probe.stop()
-        if self.close_sent or self.disconnected or self.transport.is_closing():
-            return
-        self.stop_keepalive()
-        if self.conn.state is State.OPEN:
-            self.conn.send_close(CLOSE_POLICY, STALLED)
-            self.transport.write(b"".join(self.conn.data_to_send()))
-        self.close_sent = True
-        self.queue.put_nowait(
-            {"type": "websocket.disconnect", "code": CLOSE_POLICY, "reason": STALLED}
-        )
-        self.writable.set()  # an app send waiting for the buffer to drain gives up now
-        # Not closed yet: a closed socket whose peer's window is shut is soon reset by the
-        # kernel, losing the close frame. The client's answering close ends it (uvicorn's
-        # handle_close); one that still reads nothing is aborted.
-        self.close_timer = self.loop.call_later(STALLED_ABORT_S, self.transport.abort)
+            fast = self.fast_path = FastPath()
+            fast.send_text, fast.close_stalled = self.send_text, self.close_stalled
+            fast.hand_over = self._hand_over
+            self._splitter = FrameSplitter(self._offer, self.conn.max_message_size)
+            self.watch_stalls(fast)
+            scope["extensions"][FAST_PATH] = fast
 
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path
         if fast is None:
             super().handle_bytes(event)
         elif event.fin:
-            self._offer(fast, event.data, hold=False)
+            self._offer(event.data, split=False)
         else:
             self._hand_over()
             self._to_queue(fast, event)
 
-    def _offer(self, fast: FastPath, data: bytes, *, hold: bool) -> None:
-        """A whole binary message: held for the session (`hold`, while under what it can
-        wait for), handed to it with what is held, or queued when the path is not open or
-        something queued is ahead of it."""
+    def _offer(self, data: bytes, split: bool = True) -> None:
+        """A whole binary message, split here (the splitter's `on_message`: held while under
+        what the session can wait for) or by websockets (handed over with what is held), or
+        queued when the path is not open or something queued is ahead of it."""
+        fast = self.fast_path
+        assert fast is not None  # on an app connection only
+        if split:
+            fast.split += 1
         if fast.sink is None or not fast.open or self.close_sent or not self.queue.empty():
             self._hand_over()
             self._to_queue(fast, Frame(Opcode.BINARY, data))
             return
         self._audio.append(data)
         self._audio_samples += len(data) >> 1
-        if not hold or self._audio_samples >= fast.hold_samples:
+        if not split or self._audio_samples >= fast.hold_samples:
             self._hand_over()
 
     def _hand_over(self) -> None:
@@ -411,9 +259,15 @@ def _refuse(messages: list[bytes]) -> int:
 
 def websocket_protocol() -> type[WebSocketsSansIOProtocol] | str:
     """The protocol class for uvicorn's `ws` setting."""
-    if all(hasattr(WebSocketsSansIOProtocol, name) for name in _HOOKS):
+    uvicorn_state = WebSocketsSansIOProtocol.__init__.__code__.co_names  # attributes it sets
+    websockets_state = Protocol.__init__.__code__.co_names
+    if (
+        all(hasattr(WebSocketsSansIOProtocol, name) for name in _HOOKS)
+        and all(name in uvicorn_state for name in _STATE)
+        and all(name in websockets_state for name in _WEBSOCKETS_STATE)
+    ):
         return AudioFastPathProtocol
-    log.warning("this uvicorn's websockets protocol changed; audio takes the ASGI queue")
+    log.warning("uvicorn's or websockets' protocol changed; audio takes the ASGI queue")
     return "websockets-sansio"
 
 

@@ -19,9 +19,12 @@ once more a moment later, so a pong already in the socket's buffer (a loop that 
 reading just resumed) is read first; and while the server itself is not reading the
 socket (its app busy), no pong could be read, so nobody is stalled then.
 
-The protocol (server/ws_fastpath.py) owns one probe per connection once the session runs:
-it calls `wrote` after output, `heard` for every pong; `on_stall` is its way to end the
-session.
+`StallWatch` is a connection's side of it: the protocol (server/ws_fastpath.py) tells it
+of output written (`wrote`), of every pong (`heard`) and of its keepalive's missing pong
+(`keepalive_missed`), and supplies the ping, the close and whether it reads; the session
+(the app's `on_stall`, while it runs) is told once. The probe starts with the session's
+first output; the keepalive's missing pong counts as a stall while output waits unread,
+and stays uvicorn's (1011) without output.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 PAYLOAD_PREFIX = b"vx"  # 6-byte payloads: never uvicorn's keepalive ping (4 bytes)
 PROBE_BYTES = 32 * 1024
@@ -135,3 +139,77 @@ class ReadProbe:
             return
         self.stop()
         self._on_stall()
+
+
+class StallSwitch(Protocol):
+    """Where the app installs its session's end for a stalled client (server/ws_fastpath.py
+    `FastPath`): `on_stall` is called once, and only while it is installed."""
+
+    on_stall: Callable[[], None] | None
+    stall_s: float | None
+
+
+class StallWatch:
+    """One connection's stalled-reader check (module docstring)."""
+
+    __slots__ = ("_close", "_loop", "_reading", "_send_ping", "_switch", "probe")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        switch: StallSwitch,
+        send_ping: Callable[[bytes], bool],
+        reading: Callable[[], bool],
+        close: Callable[[], None],
+    ) -> None:
+        self._loop = loop
+        self._switch = switch
+        self._send_ping = send_ping  # False when the connection can no longer send one
+        self._reading = reading
+        self._close = close  # closes the connection as `client_stalled`
+        self.probe: ReadProbe | None = None  # made at the session's first output
+
+    def wrote(self, size: int) -> None:
+        """`size` bytes of output went to the transport: the session's probe pings behind."""
+        probe = self.probe
+        if probe is None:
+            switch = self._switch
+            if switch.on_stall is None or switch.stall_s is None:
+                return
+            probe = self.probe = ReadProbe(
+                self._loop, switch.stall_s, self._send_ping, self.stalled, self._reading
+            )
+        probe.wrote(size)
+
+    def heard(self, payload: bytes) -> None:
+        """A pong (the keepalive's confirms too)."""
+        if self.probe is not None:
+            self.probe.heard(payload)
+
+    def keepalive_missed(self) -> bool:
+        """The keepalive's pong did not come: whether that is a stalled reader (output waits
+        unread while the session runs), to be ended with `stalled`, not by the keepalive."""
+        probe = self.probe
+        return (
+            probe is not None
+            and probe.waiting
+            and not probe.stopped
+            and self._switch.on_stall is not None
+        )
+
+    def stalled(self) -> None:
+        """The client read nothing for the stall time while output waited: the session is
+        ended (`on_stall`, once), then the connection closed."""
+        self.stop()
+        switch = self._switch
+        on_stall = switch.on_stall
+        if on_stall is None:
+            return  # the session is over already
+        switch.on_stall = None
+        on_stall()
+        self._close()
+
+    def stop(self) -> None:
+        """No more pings or checks: the connection closes or is lost."""
+        if self.probe is not None:
+            self.probe.stop()
