@@ -27,7 +27,9 @@ async def main() -> None:
     settings = settings.model_copy(
         update={"pipeline": PipelineConfig(ring_full_policy="drop_oldest")}
     )
-    session = Session(fake_runtime(settings), StreamConfig(mode="asr"), Outbox(256))
+    session = Session(
+        fake_runtime(settings).session_context(), StreamConfig(mode="asr"), Outbox(256)
+    )
     pcm = (np.random.default_rng(0).standard_normal(320) * 1000).astype("<i2").tobytes()
     messages = [i.to_bytes(4, "big") + pcm for i in range(FRAMES)]
     started = time.perf_counter()

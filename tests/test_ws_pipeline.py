@@ -413,7 +413,7 @@ async def test_larger_vad_batches_give_the_same_turns() -> None:
         update={"pipeline": settings.pipeline.model_copy(update={"vad_batch_windows": 4})}
     )
     runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.02))
-    listener = Session(runtime, StreamConfig(mode="asr"), Outbox(8)).listener
+    listener = Session(runtime.session_context(), StreamConfig(mode="asr"), Outbox(8)).listener
     assert listener is not None and listener.batch_samples == 4 * FakeVad.window_samples
     live = start_server(settings, runtime)
     try:
@@ -434,7 +434,7 @@ async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> No
     settings = load_settings(log_level="warning")
     runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.0))
     outbox = Outbox(1024)
-    session = Session(runtime, StreamConfig(mode="asr", partials=False), outbox)
+    session = Session(runtime.session_context(), StreamConfig(mode="asr", partials=False), outbox)
     listener = session.listener
     assert listener is not None
     running = asyncio.create_task(session.run())

@@ -159,7 +159,7 @@ async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -
 
     settings = load_settings()
     outbox = Outbox(64)
-    session = Session(fake_runtime(settings), StreamConfig(mode="asr"), outbox)
+    session = Session(fake_runtime(settings).session_context(), StreamConfig(mode="asr"), outbox)
     credit = session.credit
     assert credit is not None and credit.size == 8
     credit.pressure()

@@ -23,12 +23,12 @@ from voxserve.audio.resample import StreamResampler
 from voxserve.audio.ring import SampleRing
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.stream_config import StreamConfig
-from voxserve.runtime import Runtime
 from voxserve.text import SentenceBuffer
 from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -50,18 +50,18 @@ class _Mark:
 
 class Session:
     def __init__(
-        self, runtime: Runtime, config: StreamConfig, outbox: Outbox, *, cache_scope: str = ""
+        self, ctx: SessionContext, config: StreamConfig, outbox: Outbox, *, cache_scope: str = ""
     ) -> None:
-        """`cache_scope`: whose TTS cache entries its replies may use (cache/key.py)."""
-        # The engines this session runs on to its end, even if they are reloaded meanwhile.
-        self.lease = runtime.lease()
-        self.runtime = runtime = runtime.session_view(self.lease)
+        """`ctx`: made by the runtime for this session, with a lease on the engines it runs
+        on to its end (released by `release`), even if they are reloaded meanwhile.
+        `cache_scope`: whose TTS cache entries its replies may use (cache/key.py)."""
+        self.ctx = ctx
         self.config = config
         self.outbox = outbox
         self.id = uuid.uuid4().hex[:16]
         self.trace_id = config.trace_id or self.id
-        settings = runtime.settings
-        engines = runtime.engines
+        settings = ctx.settings
+        engines = ctx.engines
         self.language = engines.check_language(config.language) or engines.asr.languages[0]
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
@@ -69,12 +69,12 @@ class Session:
         self.started_at = time.monotonic()
         self.dedup = SeqDedup(settings.pipeline.dedup_window_ms / 1000)
         # The ring's storage comes from the process-wide pool (tts sessions need none).
-        self.buffer = runtime.pool.acquire(self.trace_id) if config.mode != "tts" else None
+        self.buffer = ctx.pool.acquire(self.trace_id) if config.mode != "tts" else None
         self.ring = SampleRing(
             settings.pipeline.ring_frames * FRAME_SAMPLES if self.buffer else FRAME_SAMPLES,
             self.buffer.samples if self.buffer else None,
         )
-        runtime.metrics.track_ring(self.ring)
+        ctx.metrics.track_ring(self.ring)
         self.drop_oldest = settings.pipeline.ring_full_policy == "drop_oldest"
         self.resampler = StreamResampler(config.sample_rate, SAMPLE_RATE)
         self.received = 0
@@ -98,13 +98,13 @@ class Session:
         # receiver stops reading (TCP pushes back); shrinks under stage pressure.
         self.credit: CreditWindow | None = None
         if config.mode != "tts":
-            self.credit = runtime.flow.input_window()
+            self.credit = ctx.flow.input_window()
             self.credit.on_change = self._announce_credit
         # The window last told to the client (session.started tells the first) and when.
         self._credit_told = self.credit.size if self.credit else 0
         self._credit_told_at = 0.0
         self.speaker = Speaker(
-            runtime,
+            ctx,
             outbox,
             voice=self.voice,
             speed=config.speed,
@@ -115,7 +115,7 @@ class Session:
         if config.mode in ("asr", "assistant"):
             assistant = config.mode == "assistant"
             self.listener = Listener(
-                runtime,
+                ctx,
                 self.ring,
                 outbox,
                 language=self.language,
@@ -124,7 +124,7 @@ class Session:
                 on_speech_start=self._barge_in if assistant else None,
                 on_final=self._start_reply if assistant else None,
             )
-        if self.listener is not None and runtime.tracer is not None:
+        if self.listener is not None and ctx.tracer is not None:
             self.listener.turn_done = self._emit_turn
         self._texts = SentenceBuffer()
         self._text_queue: asyncio.Queue[object] = asyncio.Queue(TEXT_QUEUE)
@@ -323,7 +323,7 @@ class Session:
             )
         if self.input_closed:
             raise VoxError(ErrorCode.INVALID_MESSAGE, "text after the end of input")
-        limit = self.runtime.settings.limits.max_text_chars
+        limit = self.ctx.settings.limits.max_text_chars
         if len(text) + len(self._texts) > limit:
             raise VoxError(ErrorCode.TEXT_TOO_LONG, f"pending text would exceed {limit} characters")
         for sentence in self._texts.push(text):
@@ -415,7 +415,7 @@ class Session:
             self.listener.release()
         if self.credit is not None:
             self.credit.on_change = None  # the flow's ticks stop telling a finished session
-        self.lease.release()
+        self.ctx.lease.release()
 
     def ended_event(self) -> dict[str, object]:
         dropped_frames = -(-self.dropped_samples // FRAME_SAMPLES)
@@ -505,17 +505,17 @@ class Session:
         )
 
     def _emit_turn(self, turn: TurnMarks) -> None:
-        tracer = self.runtime.tracer
+        tracer = self.ctx.tracer
         if tracer is not None:
             tracer.emit(turn, trace_id=self.trace_id, session_id=self.id, mode=self.config.mode)
 
     async def _reply(self, segment: int, user_text: str) -> None:
-        responder = self.runtime.engines.responder
+        responder = self.ctx.engines.responder
         listener = self.listener
         since = listener.speech_ended_at(segment) if listener else None
         turn = listener.take_turn(segment) if listener else None
-        metrics = self.runtime.metrics
-        limit = self.runtime.settings.pipeline.responder.timeout_s
+        metrics = self.ctx.metrics
+        limit = self.ctx.settings.pipeline.responder.timeout_s
         sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
         pieces: list[str] = []
 

@@ -142,7 +142,7 @@ class SessionCall(Generic[Req, Resp]):
         outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
         try:
             scope = cache_scope(self.runtime.settings, self.principal)
-            return Session(self.runtime, config, outbox, cache_scope=scope)
+            return Session(self.runtime.session_context(), config, outbox, cache_scope=scope)
         except VoxError as exc:
             exc.fatal = True
             raise
