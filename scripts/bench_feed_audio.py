@@ -37,7 +37,7 @@ async def main() -> None:
         seq, view = parse_audio_frame(message, 16_000, 200)
         await session.feed_audio(seq, view)
         if i % 3 == 2:
-            session.ring.read()
+            session.audio.ring.read()
     took = time.perf_counter() - started
     print(f"parse + feed_audio + batched read: {took / FRAMES * 1e6:.2f} us per frame")
 
