@@ -14,9 +14,9 @@ import numpy as np
 
 from tests.fakes import fake_runtime
 from voxserve.config import PipelineConfig, load_settings
+from voxserve.events import StreamConfig
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.server.ws_protocol import parse_audio_frame
 
 FRAMES = 50_000
@@ -27,7 +27,9 @@ async def main() -> None:
     settings = settings.model_copy(
         update={"pipeline": PipelineConfig(ring_full_policy="drop_oldest")}
     )
-    session = Session(fake_runtime(settings), StreamConfig(mode="asr"), Outbox(256))
+    session = Session(
+        fake_runtime(settings).session_context(), StreamConfig(mode="asr"), Outbox(256)
+    )
     pcm = (np.random.default_rng(0).standard_normal(320) * 1000).astype("<i2").tobytes()
     messages = [i.to_bytes(4, "big") + pcm for i in range(FRAMES)]
     started = time.perf_counter()
@@ -35,7 +37,7 @@ async def main() -> None:
         seq, view = parse_audio_frame(message, 16_000, 200)
         await session.feed_audio(seq, view)
         if i % 3 == 2:
-            session.ring.read()
+            session.audio.ring.read()
     took = time.perf_counter() - started
     print(f"parse + feed_audio + batched read: {took / FRAMES * 1e6:.2f} us per frame")
 

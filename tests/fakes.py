@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from voxserve.config import Settings
+from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
-from voxserve.runtime import Engines, Runtime
+from voxserve.runtime import Runtime
 from voxserve.types import AsrResult, EngineInfo, Voice
 
 SR = 16_000

@@ -14,9 +14,9 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
 from tests.wsclient import as_read, collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.config import load_settings
+from voxserve.events import StreamConfig
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.stream_config import StreamConfig
 
 
 def two_utterances(f1: float, f2: float) -> np.ndarray:
@@ -413,7 +413,7 @@ async def test_larger_vad_batches_give_the_same_turns() -> None:
         update={"pipeline": settings.pipeline.model_copy(update={"vad_batch_windows": 4})}
     )
     runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.02))
-    listener = Session(runtime, StreamConfig(mode="asr"), Outbox(8)).listener
+    listener = Session(runtime.session_context(), StreamConfig(mode="asr"), Outbox(8)).listener
     assert listener is not None and listener.batch_samples == 4 * FakeVad.window_samples
     live = start_server(settings, runtime)
     try:
@@ -434,7 +434,7 @@ async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> No
     settings = load_settings(log_level="warning")
     runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.0))
     outbox = Outbox(1024)
-    session = Session(runtime, StreamConfig(mode="asr", partials=False), outbox)
+    session = Session(runtime.session_context(), StreamConfig(mode="asr", partials=False), outbox)
     listener = session.listener
     assert listener is not None
     running = asyncio.create_task(session.run())

@@ -1,171 +1,47 @@
-"""The process-wide runtime: engines loaded once and shared, the executor, the stage limits.
+"""The process-wide runtime: the composition root of one server process.
 
-Everything a transport needs to serve a session hangs off one `Runtime`; tests build one
-with fake engines (`Runtime.from_engines`) to exercise the pipeline alone. Engines live in
-generations (`generations.py`): `reload()` loads a new set while streams run; a session
-sees the runtime through `session_view()`, bound to the generation it started on.
+It builds the parts (engine generations, stages, executor, cache, flow control, metrics)
+and hands them out: a session gets a `SessionContext` (pipeline/context.py) bound to the
+generation it started on; one-shot recognition and synthesis are given the runtime itself,
+as the narrow `EngineContext` / `SpeechContext` they read. Tests build one with fake engines
+(`Runtime.from_engines`) to exercise the pipeline alone. `reload()` loads a new generation of
+engines while streams run (pipeline/generations.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import os
 import time
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from voxserve.audio.pool import BufferPool, pool_buffers
-from voxserve.cache.key import EngineFingerprint
-from voxserve.cache.prewarm import Prewarmer, PrewarmItem, read_sentences
+from voxserve.cache.fingerprints import EngineFingerprints
+from voxserve.cache.prewarm import Prewarmer
 from voxserve.cache.tts_cache import TtsCache
-from voxserve.config import EngineSpec, Settings
-from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
-from voxserve.engines.registry import engine_class
-from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.generations import Generation, Lease, close_when_idle
+from voxserve.config import Settings
+from voxserve.engines.loaded import ENGINE_KINDS, Engines, load_engines
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import make_tracer
-from voxserve.pipeline.asr_batch import AsrBatcher
+from voxserve.pipeline.context import SessionContext, SpeechParts
 from voxserve.pipeline.drain import Drain
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.flow import FlowMonitor
+from voxserve.pipeline.generations import Batching, Generation, Lease, close_when_idle
 from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.vad_batch import VadBatcher
-from voxserve.types import FRAME_SAMPLES, Voice
+from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, start_prewarm_file
+from voxserve.types import FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
-
-# OpenAI's model names map to the default engines so the official SDK works unchanged.
-OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-OPENAI_ASR_MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
-
-
-@dataclass
-class Engines:
-    vad: VadEngine
-    asr: AsrEngine
-    tts: list[TtsEngine]
-    responder: Responder
-    default_voice: str
-    load_seconds: dict[str, float] = field(default_factory=dict)
-    _voices: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
-    _aliases: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for engine in self.tts:
-            for voice in engine.voices():
-                self._voices.setdefault(voice.id, (voice, engine))
-        for voice, engine in list(self._voices.values()):
-            for alias in voice.aliases:
-                self._aliases.setdefault(alias, (voice, engine))
-        if self.default_voice not in self._voices and self._voices:
-            self.default_voice = next(iter(self._voices))
-
-    def voices(self) -> list[Voice]:
-        return [voice for voice, _ in self._voices.values()]
-
-    def voice(self, voice_id: str | None) -> tuple[Voice, TtsEngine]:
-        """Resolve a voice id (None = default) or raise UNKNOWN_VOICE listing the valid ids."""
-        key = voice_id or self.default_voice
-        found = self._voices.get(key) or self._aliases.get(key)
-        if found is None:
-            valid = ", ".join(sorted(self._voices))
-            raise VoxError(
-                ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(key)}; valid voices: {valid}"
-            )
-        return found
-
-    def check_language(self, language: str | None) -> str | None:
-        if language is None or language in self.asr.languages:
-            return language
-        valid = ", ".join(self.asr.languages)
-        raise VoxError(
-            ErrorCode.UNKNOWN_LANGUAGE, f"language {quoted(language)} is not served; valid: {valid}"
-        )
-
-    def close(self) -> None:
-        for engine in (self.vad, self.asr, *self.tts, self.responder):
-            close_engine(engine)
-
-
-ENGINE_KINDS = ("vad", "asr", "tts", "responder")
-
-
-def _build(
-    kind: str, spec: EngineSpec, default_threads: int, parallel: int | None = None
-) -> tuple[Any, float]:
-    """Construct one engine. `parallel`: the stage's limit, given to an engine whose
-    constructor takes `num_workers` (Whisper: CTranslate2 replicas, sharing the weights)
-    unless its options say otherwise, so the stage's slots are calls the engine really runs
-    at once: with one replica a live final queued inside CTranslate2 behind an upload's
-    window however many slots the stage had (1.75 s median beside a 28 s window, 0.26 s
-    with two replicas)."""
-    cls = engine_class(kind, spec.name)
-    options = dict(spec.options)
-    started = time.perf_counter()
-    if kind != "responder" and "threads" not in options:
-        options["threads"] = default_threads
-    if parallel is not None and "num_workers" not in options and _takes(cls, "num_workers"):
-        options["num_workers"] = parallel
-    engine = cls(**options)
-    return engine, time.perf_counter() - started
-
-
-def _takes(cls: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(cls).parameters
-    except (TypeError, ValueError):  # no signature to read (a builtin, a C type)
-        return False
-
-
-def load_engines(
-    settings: Settings,
-    *,
-    kinds: tuple[str, ...] = ENGINE_KINDS,
-    current: Engines | None = None,
-    preloaded: dict[str, Any] | None = None,
-) -> Engines:
-    """Construct the configured engines (blocking; seconds). Kinds not in `kinds` are
-    taken from `current` (a reload of some kinds); `preloaded` ("vad", "asr", "tts.NAME",
-    "responder") were built before the worker processes forked and are used as they are."""
-    cfg = settings.engines
-    have = dict(preloaded or {})
-    if current is not None:
-        have.setdefault("vad", current.vad)
-        have.setdefault("asr", current.asr)
-        have.setdefault("responder", current.responder)
-        for engine in current.tts:
-            have.setdefault(f"tts.{engine.info.name}", engine)
-    seconds: dict[str, float] = {}
-
-    def one(kind: str, key: str, spec: EngineSpec) -> Any:
-        kept = have.get(key)
-        if kept is not None and (kind not in kinds or key in (preloaded or {})):
-            return kept
-        parallel = settings.pipeline.asr.concurrency if kind == "asr" else None
-        engine, seconds[key] = _build(kind, spec, cfg.default_threads, parallel)
-        return engine
-
-    vad = one("vad", "vad", cfg.vad)
-    asr = one("asr", "asr", cfg.asr)
-    tts = [one("tts", f"tts.{spec.name}", spec) for spec in cfg.tts]
-    responder = one("responder", "responder", cfg.responder)
-    for name, took in seconds.items():
-        log.info("engine loaded", extra={"engine": name, "seconds": round(took, 3)})
-    return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds)
-
-
-def _log_prewarm(done: int, total: int) -> None:
-    """Prewarm progress in the log: every 100 sentences and at the end."""
-    if done == total or done % 100 == 0:
-        log.info("tts cache prewarm", extra={"done": done, "total": total})
 
 
 class Runtime:
@@ -180,11 +56,14 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self._preloaded = preloaded  # engines built before fork (`serve --workers N`)
+        self.metrics = Metrics(
+            enabled=settings.metrics_enabled, profile_window=settings.profile_window
+        )
         ex = settings.pipeline.executor
         self.executor = AdaptiveExecutor(
             min_workers=ex.min_workers, max_workers=ex.max_workers, idle_release_s=ex.idle_release_s
         )
-        self.stages: dict[str, EngineStage] = {}
+        self.stages = Stages(settings.pipeline, self.executor, self.metrics.observe_stage)
         # Credit windows and load shedding (ticks while the app serves), graceful drain.
         self.flow = FlowMonitor(settings.flow, self.stages)
         self.drain = Drain()
@@ -192,6 +71,7 @@ class Runtime:
             threshold_bytes(settings.limits, workers=settings.workers),
             retry_after_s=settings.flow.retry_after_s,
         )
+        self._batching = Batching(settings.pipeline, self.stages, self.metrics.observe_batch)
         self._generation: Generation | None = None
         self.generations: list[Generation] = []  # current and retired, until closed
         self._closers: set[asyncio.Task[None]] = set()
@@ -203,16 +83,19 @@ class Runtime:
         self.loaded = asyncio.Event()
         self.cache = TtsCache(settings.cache) if settings.cache.enabled else None
         self.prewarmer = (
-            Prewarmer(self.cache, self._prewarm_one, _log_prewarm) if self.cache else None
+            Prewarmer(self.cache, partial(prewarm_one, self), log_prewarm) if self.cache else None
         )
         degrade = settings.tts.degrade
         self.tts_health = TtsHealth(degrade)
-        self.fallback = FallbackPhrase(degrade.fallback_text if degrade.enabled else None)
-        self._fingerprints: dict[int, EngineFingerprint] = {}
-        self._ready = False
-        self.metrics = Metrics(
-            enabled=settings.metrics_enabled, profile_window=settings.profile_window
+        self.speech = SpeechParts(
+            cache=self.cache,
+            fingerprints=EngineFingerprints(settings.engines.tts),
+            health=self.tts_health,
+            fallback=FallbackPhrase(degrade.fallback_text if degrade.enabled else None),
+            memory_guard=self.memory_guard,
+            executor=self.executor,
         )
+        self._ready = False
         self.pool = BufferPool(
             pool_buffers(settings), settings.pipeline.ring_frames * FRAME_SAMPLES
         )
@@ -245,7 +128,7 @@ class Runtime:
 
     def _set_generation(self, engines: Engines) -> Generation:
         number = self._generation.number + 1 if self._generation is not None else 1
-        generation = Generation(number, engines)
+        generation = Generation(number, engines, self._batching)
         generation.on_unused = self._close_generation
         old, self._generation = self._generation, generation
         self.generations.append(generation)
@@ -262,9 +145,6 @@ class Runtime:
             default=15.0,
         )
 
-        def running() -> int:
-            return sum(stage.running for stage in self.stages.values())
-
         def keep() -> Engines | None:
             return self._generation.engines if self._generation is not None else None
 
@@ -275,7 +155,8 @@ class Runtime:
             generation.close_engines(keep())
             return
         task = loop.create_task(
-            close_when_idle(generation, keep, running, grace), name="voxserve-close-generation"
+            close_when_idle(generation, keep, self.stages.running, grace),
+            name="voxserve-close-generation",
         )
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
@@ -284,9 +165,19 @@ class Runtime:
         """Hold the current generation (a session holds it from start to end)."""
         return self.generation.lease()
 
-    def session_view(self, lease: Lease) -> Runtime:
-        """This runtime as a session sees it: the engines and batchers of its generation."""
-        return SessionRuntime(self, lease)
+    def session_context(self) -> SessionContext:
+        """What a new session is given: the shared parts, and a lease on the current
+        generation (its engines and batchers) that the session releases at its end."""
+        return SessionContext(
+            settings=self.settings,
+            metrics=self.metrics,
+            stages=self.stages,
+            speech=self.speech,
+            pool=self.pool,
+            flow=self.flow,
+            tracer=self.tracer,
+            lease=self.lease(),
+        )
 
     async def reload(self, kinds: tuple[str, ...] = ENGINE_KINDS) -> Generation:
         """Load new engines (all, or `kinds`) off the loop and make them current. Live
@@ -311,7 +202,7 @@ class Runtime:
                 raise VoxError(
                     ErrorCode.INTERNAL, f"engine reload failed ({type(exc).__name__}: {exc})"
                 ) from exc
-            self._fingerprints.clear()
+            self.speech.fingerprints.reset(self.settings.engines.tts)
             generation = self._set_generation(engines)
             self.reloads += 1
             self.metrics.engine_reloads.labels("ok").inc()
@@ -330,74 +221,11 @@ class Runtime:
 
     def stage(self, name: str) -> EngineStage:
         """The shared stage for vad/asr/responder/tts, created on the running loop."""
-        found = self.stages.get(name)
-        if found is None:
-            cfg = getattr(self.settings.pipeline, name)
-            pipeline = self.settings.pipeline
-            found = EngineStage(
-                name,
-                cfg.concurrency,
-                cfg.timeout_s,
-                self.executor,
-                edf=pipeline.edf,
-                inline_below_s=pipeline.inline_below_us / 1e6,
-                bulk_slots=cfg.bulk_slots,
-            )
-            found.on_latency = self.metrics.observe_stage
-            self.stages[name] = found
-        return found
+        return self.stages.stage(name)
 
     def vad_batcher(self) -> VadBatcher:
         """The current generation's VAD batcher (all its sessions' VAD work goes through it)."""
-        return self._vad_batcher_of(self.generation)
-
-    def asr_batcher(self) -> AsrBatcher | None:
-        """The current generation's batcher for final transcriptions, or None when
-        `pipeline.asr_batch_enabled` is off (finals then go to the ASR stage one at a time)."""
-        return self._asr_batcher_of(self.generation)
-
-    def _vad_batcher_of(self, generation: Generation) -> VadBatcher:
-        if generation.vad_batcher is None:
-            cfg = self.settings.pipeline
-            generation.vad_batcher = VadBatcher(
-                generation.engines.vad,
-                self.stage("vad"),
-                max_wait_ms=cfg.vad_batch_wait_ms,
-                max_batch=cfg.vad_max_batch,
-            )
-            generation.vad_batcher.on_batch = self.metrics.observe_batch
-        return generation.vad_batcher
-
-    def _asr_batcher_of(self, generation: Generation) -> AsrBatcher | None:
-        cfg = self.settings.pipeline
-        if not cfg.asr_batch_enabled:
-            return None
-        if generation.asr_batcher is None:
-            generation.asr_batcher = AsrBatcher(
-                generation.engines.asr,
-                self.stage("asr"),
-                max_wait_ms=cfg.asr_batch_wait_ms,
-                max_batch=cfg.asr_max_batch,
-                gather_when_busy=cfg.asr_batch_gather_busy,
-            )
-            generation.asr_batcher.on_batch = self.metrics.observe_batch
-        return generation.asr_batcher
-
-    def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
-        """What of `engine` goes into cache keys: its info, the options it was built with
-        (from the config), and an optional `cache_fingerprint` string it declares."""
-        found = self._fingerprints.get(id(engine))
-        if found is None:
-            options: dict[str, Any] = {}
-            for spec in self.settings.engines.tts:
-                if spec.name == engine.info.name:
-                    options = spec.options
-                    break
-            extra = str(getattr(engine, "cache_fingerprint", ""))
-            found = self._fingerprints[id(engine)] = EngineFingerprint.of(
-                engine.info, options, extra
-            )
-        return found
+        return self.generation.vad_batcher()
 
     async def load(self) -> None:
         """Load the engines and read the TTS cache from disk, both off the event loop (so
@@ -417,7 +245,7 @@ class Runtime:
                 self._set_generation(engines)
             if reading is not None:
                 await reading
-            await self._make_fallback()
+            await make_fallback(self)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("engine loading failed", extra={"error": self.load_error})
@@ -437,55 +265,9 @@ class Runtime:
                 },
             },
         )
-        self._start_prewarm_file()
-
-    async def _make_fallback(self) -> None:
-        """The fallback phrase in every voice, from the cache or made now (before ready:
-        a degraded server must always have it)."""
-        from voxserve.pipeline.synthesis import cache_speech  # imports this module
-
-        text = self.fallback.text
-        if text is None:
-            return
-        rate = self.settings.tts.output_sample_rate
-        for voice in self.engines.voices():
-            try:
-                samples, _ = await cache_speech(self, text, voice=voice.id, sample_rate=rate)
-            except VoxError as exc:
-                log.warning(
-                    "fallback phrase failed", extra={"voice": voice.id, "error": exc.code.value}
-                )
-                continue
-            if samples.size:
-                self.fallback.add(voice.id, rate, samples)
-
-    def _start_prewarm_file(self) -> None:
         path = self.settings.cache.prewarm_file
-        if path is None or self.prewarmer is None:
-            return
-        try:
-            texts = read_sentences(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            log.warning("prewarm file unreadable", extra={"path": str(path), "error": str(exc)})
-            return
-        log.info("prewarming the tts cache", extra={"sentences": len(texts)})
-        try:
-            self.prewarmer.submit([PrewarmItem(text) for text in texts])
-        except ValueError as exc:
-            log.warning("prewarm file too long", extra={"error": str(exc)})
-
-    async def _prewarm_one(self, item: PrewarmItem) -> bool:
-        from voxserve.pipeline.synthesis import cache_speech  # imports this module
-
-        _, made = await cache_speech(
-            self,
-            item.text,
-            voice=item.voice,
-            speed=item.speed,
-            sample_rate=item.sample_rate,
-            polite=True,
-        )
-        return made
+        if path is not None and self.prewarmer is not None:
+            start_prewarm_file(self.prewarmer, path)
 
     async def aclose(self) -> None:
         """Stop prewarming and syntheses in progress, write the cache out, and close engines
@@ -510,51 +292,3 @@ class Runtime:
             generation.close_batchers()
             generation.close_engines()
         self.generations.clear()
-
-
-class SessionRuntime(Runtime):
-    """The runtime seen by one session: everything is the shared runtime's (looked up on
-    it), except the engines and batchers, which are those of the session's generation."""
-
-    _shared: Runtime
-    _lease: Lease
-
-    def __init__(self, runtime: Runtime, lease: Lease) -> None:  # shares; builds nothing
-        object.__setattr__(self, "_shared", runtime)
-        object.__setattr__(self, "_lease", lease)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._shared, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._shared, name, value)  # counters and the like live on the shared one
-
-    @property
-    def engines(self) -> Engines:
-        return self._lease.generation.engines
-
-    @property
-    def generation(self) -> Generation:
-        return self._lease.generation
-
-    def vad_batcher(self) -> VadBatcher:
-        return self._shared._vad_batcher_of(self._lease.generation)
-
-    def asr_batcher(self) -> AsrBatcher | None:
-        return self._shared._asr_batcher_of(self._lease.generation)
-
-    def stage(self, name: str) -> EngineStage:
-        return self._shared.stage(name)
-
-    def fingerprint(self, engine: TtsEngine) -> EngineFingerprint:
-        return self._shared.fingerprint(engine)
-
-
-def process_stats() -> dict[str, int]:
-    """Threads and open fds of this process (Linux /proc; -1 elsewhere), for leak checks."""
-    try:
-        fds = len(os.listdir("/proc/self/fd"))
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:
-        return {"threads": -1, "fds": -1}
-    return {"threads": threads, "fds": fds}

@@ -28,7 +28,7 @@ from tests.transports.grpc_client import collect as grpc_collect
 from tests.transports.grpc_client import error_code, of_kind, stub
 from tests.wsclient import collect, of_type, send_audio
 from voxserve.engines.responders import EchoResponder
-from voxserve.pipeline.session import Session
+from voxserve.pipeline.text_input import TextInput
 from voxserve.v1 import voxserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)
@@ -140,10 +140,10 @@ async def test_websocket_internal_error_closes_1011(
     """A bug in the pipeline: `internal` (fatal), session.ended, then close 1011 as the
     protocol says (it closed 1000)."""
 
-    async def broken(self: Session) -> None:
+    async def broken(self: TextInput) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(Session, "_speak_texts", broken)
+    monkeypatch.setattr(TextInput, "run", broken)
     async with connect(fault_server.ws_url) as ws:
         await ws.send(json.dumps({"type": "session.start", "mode": "tts"}))
         events, close_code = await _events_until_close(ws)

@@ -155,12 +155,12 @@ async def test_audio_ahead_is_bounded_by_audio_length_and_keeps_order() -> None:
 async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -> None:
     from tests.fakes import fake_runtime
     from voxserve.config import load_settings
+    from voxserve.events import StreamConfig
     from voxserve.pipeline.session import Session
-    from voxserve.pipeline.stream_config import StreamConfig
 
     settings = load_settings()
     outbox = Outbox(64)
-    session = Session(fake_runtime(settings), StreamConfig(mode="asr"), outbox)
+    session = Session(fake_runtime(settings).session_context(), StreamConfig(mode="asr"), outbox)
     credit = session.credit
     assert credit is not None and credit.size == 8
     credit.pressure()

@@ -30,9 +30,9 @@ from tests.fuzz.strategies import (
 )
 from voxserve.audio.wav import read_wav, write_wav
 from voxserve.config import load_settings
+from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import VoxError
-from voxserve.runtime import Engines
 from voxserve.server import grpc_codec
 from voxserve.server.grpc_stream import converse_first, recognize_first, recognize_input
 from voxserve.server.http_requests import read_json

@@ -29,7 +29,7 @@ PROBE = """
 import os, signal, sys
 import numpy as np
 from voxserve.config import EngineSpec
-from voxserve.runtime import _build
+from voxserve.engines.loaded import build_engine as _build
 kind, name = sys.argv[1], sys.argv[2]
 engine, _ = _build(kind, EngineSpec(name=name), 1)
 pid = os.fork()

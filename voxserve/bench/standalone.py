@@ -26,7 +26,7 @@ import numpy as np
 from voxserve.bench.program import Program, Utterance
 from voxserve.bench.stats import summarize
 from voxserve.config import Settings
-from voxserve.runtime import load_engines
+from voxserve.engines.loaded import load_engines
 from voxserve.types import FRAME_SAMPLES, SAMPLE_RATE
 
 VAD_BATCH = 1024  # the listener judges two 512-sample windows per call

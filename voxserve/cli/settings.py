@@ -66,7 +66,8 @@ def check_engines_import(settings: Settings) -> None:
 def load_runtime(settings: Settings) -> Runtime:
     """A runtime for one command (say, transcribe): no TTS cache, which lives with a
     server (one process per cache directory) and would cost more to load than it saves."""
-    from voxserve.runtime import Runtime, load_engines
+    from voxserve.engines.loaded import load_engines
+    from voxserve.runtime import Runtime
 
     settings = settings.model_copy(
         update={"cache": settings.cache.model_copy(update={"enabled": False})}

@@ -18,7 +18,7 @@ from voxserve.types import EngineInfo, Voice
 
 
 def build_engine(kind: str, spec: EngineSpec, default_threads: int) -> Any:
-    """Construct one engine as runtime.py does (threads from the config unless set)."""
+    """Construct one engine as engines/loaded.py does (threads from the config unless set)."""
     options = dict(spec.options)
     options.setdefault("threads", default_threads)
     return engine_class(kind, spec.name)(**options)

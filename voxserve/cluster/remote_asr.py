@@ -1,6 +1,6 @@
 """`RemoteAsr`: the AsrEngine protocol over the core tier's ASR deployment (engine `ray`).
 
-Registered in the `voxserve.asr` entry-point group, so runtime.py builds it like any engine;
+Registered in the `voxserve.asr` entry-point group, so engines/loaded.py builds it like any engine;
 `voxserve serve --cluster` selects it (gateway.py). Languages and info come from the core.
 """
 

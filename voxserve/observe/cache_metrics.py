@@ -4,13 +4,11 @@ time: the hot path only bumps plain ints."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from voxserve.runtime import Runtime
+from voxserve.observe.sources import Watched
 
 _COUNTERS = (
     ("hits", "Synthesis requests served from the cache"),
@@ -31,13 +29,13 @@ _PREWARM = (
 
 
 class TtsCacheCollector(Collector):
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, state: Watched) -> None:
+        self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        runtime = self.runtime
-        health = runtime.tts_health
-        stage = runtime.stages.get("tts")
+        state = self.state
+        health = state.tts_health
+        stage = state.stages.get("tts")
         degraded = health.reason(stage.live_waiting if stage else 0) is not None
         yield GaugeMetricFamily(
             "voxserve_tts_degraded", "1 while TTS is degraded (only cached speech)", degraded
@@ -48,7 +46,7 @@ class TtsCacheCollector(Collector):
         yield CounterMetricFamily(
             "voxserve_tts_refused", "Syntheses refused while degraded", health.refused
         )
-        cache = runtime.cache
+        cache = state.cache
         if cache is None:
             return
         stats = cache.stats().as_dict()

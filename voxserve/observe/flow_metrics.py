@@ -4,21 +4,19 @@ and the drain."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from voxserve.runtime import Runtime
+from voxserve.observe.sources import Watched
 
 
 class FlowCollector(Collector):
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, state: Watched) -> None:
+        self.state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        flow = self.runtime.flow
+        flow = self.state.flow
         windows = GaugeMetricFamily(
             "voxserve_credit_window",
             "The stage's credit window (chunks in flight per stream; halves under pressure, "
@@ -34,5 +32,5 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily(
             "voxserve_draining",
             "1 while the server drains for shutdown",
-            1 if self.runtime.drain.draining else 0,
+            1 if self.state.drain.draining else 0,
         )

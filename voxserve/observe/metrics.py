@@ -28,10 +28,10 @@ from voxserve.observe.cache_metrics import TtsCacheCollector
 from voxserve.observe.flow_metrics import FlowCollector
 from voxserve.observe.process_memory import memory_limit_bytes, rss_bytes
 from voxserve.observe.profiler import StageProfiler
+from voxserve.observe.sources import Watched
 
 if TYPE_CHECKING:
     from voxserve.audio.ring import SampleRing
-    from voxserve.runtime import Runtime
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
@@ -243,16 +243,17 @@ class Metrics:
             if value:
                 self.frames.labels(outcome).inc(value)
 
-    def watch(self, runtime: Runtime) -> None:
+    def watch(self, state: Watched) -> None:
         """Expose live state (stage queues, executor, TTS cache) read at scrape time."""
-        self.registry.register(_RuntimeCollector(runtime))
-        self.registry.register(TtsCacheCollector(runtime))
-        self.registry.register(FlowCollector(runtime))
+        self.registry.register(_RuntimeCollector(state, self.rings))
+        self.registry.register(TtsCacheCollector(state))
+        self.registry.register(FlowCollector(state))
 
 
 class _RuntimeCollector(Collector):
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, state: Watched, rings: weakref.WeakSet[SampleRing]) -> None:
+        self.state = state
+        self.rings = rings
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         waiting = GaugeMetricFamily(
@@ -274,7 +275,7 @@ class _RuntimeCollector(Collector):
             "Stage slots held by bulk calls (at most pipeline.<stage>.bulk_slots)",
             labels=["stage"],
         )
-        for name, stage in list(self.runtime.stages.items()):
+        for name, stage in list(self.state.stages.items()):
             waiting.add_metric([name], stage.waiting)
             running.add_metric([name], stage.running)
             inline.add_metric([name], stage.inline_calls)
@@ -285,13 +286,13 @@ class _RuntimeCollector(Collector):
         yield inline
         yield bulk_waiting
         yield bulk_running
-        stats = self.runtime.executor.stats
+        stats = self.state.executor.stats
         yield GaugeMetricFamily("voxserve_executor_workers", "Executor threads", stats.workers)
         yield GaugeMetricFamily(
             "voxserve_executor_queued", "Calls queued on the executor", stats.queued
         )
         yield GaugeMetricFamily(
-            "voxserve_ready", "1 once every engine is loaded", 1 if self.runtime.ready else 0
+            "voxserve_ready", "1 once every engine is loaded", 1 if self.state.ready else 0
         )
         try:
             tasks = len(asyncio.all_tasks())
@@ -299,7 +300,7 @@ class _RuntimeCollector(Collector):
             tasks = 0
         yield GaugeMetricFamily("voxserve_asyncio_tasks", "Tasks on the event loop", tasks)
         fullest = 0.0
-        for ring in list(self.runtime.metrics.rings):
+        for ring in list(self.rings):
             fullest = max(fullest, len(ring) / ring.capacity)
         yield GaugeMetricFamily(
             "voxserve_ring_fill_max_ratio",
@@ -307,7 +308,7 @@ class _RuntimeCollector(Collector):
             "keeping up and input waits or is dropped",
             fullest,
         )
-        pool = self.runtime.pool
+        pool = self.state.pool
         yield GaugeMetricFamily(
             "voxserve_pool_usage_ratio",
             "Share of the session buffer pool in use (pipeline.pool_buffers, by default "
@@ -322,18 +323,18 @@ class _RuntimeCollector(Collector):
             "Session buffers allocated outside the pool because it was exhausted",
             pool.fallbacks,
         )
-        current = self.runtime._generation
+        generations = list(self.state.generations)
         yield GaugeMetricFamily(
             "voxserve_engine_generation",
             "Number of the engine generation new sessions use (1 + hot reloads)",
-            current.number if current is not None else 0,
+            max((g.number for g in generations if not g.retired), default=0),
         )
         live = GaugeMetricFamily(
             "voxserve_engine_generation_sessions",
             "Sessions per live engine generation (retired ones close when this reaches 0)",
             labels=["generation", "state"],
         )
-        for generation in list(self.runtime.generations):
+        for generation in generations:
             state = "retired" if generation.retired else "current"
             live.add_metric([str(generation.number), state], generation.sessions)
         yield live
@@ -345,7 +346,7 @@ class _RuntimeCollector(Collector):
             "The cgroup (container) memory limit; 0 when there is none",
             memory_limit_bytes(),
         )
-        guard = self.runtime.memory_guard
+        guard = self.state.memory_guard
         yield GaugeMetricFamily(
             "voxserve_memory_guard_threshold_bytes",
             "Resident set size over which new work is refused `overloaded` "

@@ -1,5 +1,6 @@
 """This process's memory and the ceiling it lives under (Linux; 0 elsewhere): read by the
-metrics at scrape time and by the memory guard (pipeline/memory_guard.py) before new work."""
+metrics at scrape time and by the memory guard (pipeline/memory_guard.py) before new work;
+and its threads and open files, for the debug endpoints' leak checks."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ def machine_memory_bytes() -> int:
     except (OSError, IndexError, ValueError):
         pass
     return 0
+
+
+def process_stats() -> dict[str, int]:
+    """Threads and open fds of this process (Linux /proc; -1 elsewhere), for leak checks."""
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return {"threads": -1, "fds": -1}
+    return {"threads": threads, "fds": fds}

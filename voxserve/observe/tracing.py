@@ -1,7 +1,7 @@
 """Optional OpenTelemetry spans per turn: voxserve.turn with vad, asr, responder, tts children.
 
 Off by default and free when off: `make_tracer` returns None, nothing from opentelemetry is
-imported, and the pipeline only checks `runtime.tracer is None`. On (settings.otel_enabled
+imported, and the pipeline only checks `ctx.tracer is None`. On (settings.otel_enabled
 or `voxserve serve --otel`, with the `otel` extra installed), the pipeline notes a few
 timestamps per turn in a `TurnMarks` and the spans are made at the end of the turn with
 those start and end times, so no span object lives across tasks. The exporter is whatever

@@ -29,10 +29,10 @@ from voxserve.engines.base import inline_safe
 from voxserve.errors import VoxError
 from voxserve.events import Mark, TranscriptFinal, TranscriptPartial, VadEnd, VadStart
 from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.stage import deadline_in
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent
-from voxserve.runtime import Runtime
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Utterance:
 class Listener:
     def __init__(
         self,
-        runtime: Runtime,
+        ctx: SessionContext,
         ring: SampleRing,
         outbox: Outbox,
         *,
@@ -73,13 +73,13 @@ class Listener:
         on_speech_start: Callable[[int], Awaitable[None]] | None = None,
         on_final: Callable[[int, str], Awaitable[None]] | None = None,
     ) -> None:
-        self.runtime = runtime
+        self.ctx = ctx
         self.ring = ring
         self.outbox = outbox
         self.language = language
         self.partials = partials
-        settings = runtime.settings
-        self.vad = runtime.engines.vad
+        settings = ctx.settings
+        self.vad = ctx.engines.vad
         self.vad_state = self.vad.new_state()
         self.window = self.vad.window_samples
         self.turns = TurnDetector(settings.vad, self.window)
@@ -111,12 +111,12 @@ class Listener:
         self._marks: deque[tuple[int, str | int, int | None]] = deque()
         # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start
         # (until the segment's first partial) and of vad.end per recent segment.
-        self.metrics = runtime.metrics
+        self.metrics = ctx.metrics
         self._speech_started_at = 0.0
         self._partial_pending = False
         self._ended_at: dict[int, float] = {}
-        # Per-turn span marks, only when tracing is on (runtime.tracer).
-        self.tracing = runtime.tracer is not None
+        # Per-turn span marks, only when tracing is on (ctx.tracer).
+        self.tracing = ctx.tracer is not None
         self._turn_marks: dict[int, TurnMarks] = {}
         self.turn_done: Callable[[TurnMarks], None] | None = None  # asr mode: emit at final
 
@@ -165,7 +165,7 @@ class Listener:
         queued = len(self.ring)
         if queued >= self.batch_samples or (queued and (self.closed or self._marks)):
             self._holder = _VAD
-            self.runtime.vad_batcher().enqueue(self)
+            self.ctx.vad_batcher().enqueue(self)
         elif self.closed or self._mark_due():
             self._give_task(None)
 
@@ -244,7 +244,7 @@ class Listener:
 
     async def _judge(self, audio: Float32Array, group: asyncio.TaskGroup) -> None:
         """The last partial window at the end of input, judged on its own."""
-        probs = await self.runtime.vad_batcher().speech_probs(self.vad_state, audio)
+        probs = await self.ctx.vad_batcher().speech_probs(self.vad_state, audio)
         for event in self.turns.feed(probs.tolist()):
             await self._on_turn(event)
         self._after_judge(group)
@@ -321,7 +321,7 @@ class Listener:
             return
         if self._partial_task is not None and not self._partial_task.done():
             return
-        stage = self.runtime.stage("asr")
+        stage = self.ctx.stages.stage("asr")
         if stage.live_waiting or stage.bulk_short:
             return  # best effort: never queue behind finals, nor take bulk's share of slots
         self._last_partial_at = now
@@ -349,13 +349,13 @@ class Listener:
             )
 
     async def _recognise(self, audio: Int16Array, *, partial_result: bool) -> AsrResult:
-        batcher = None if partial_result else self.runtime.asr_batcher()
+        batcher = None if partial_result else self.ctx.asr_batcher()
         if batcher is not None:
             return await batcher.final(
                 to_float32(audio), self.language, deadline=deadline_in(FINAL_DUE_S)
             )
-        stage = self.runtime.stage("asr")
-        asr = self.runtime.engines.asr
+        stage = self.ctx.stages.stage("asr")
+        asr = self.ctx.engines.asr
         call = partial(
             asr.transcribe,
             to_float32(audio),

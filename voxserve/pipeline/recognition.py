@@ -23,9 +23,9 @@ from functools import partial
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.windows import cut_windows
-from voxserve.runtime import Runtime
 from voxserve.types import SAMPLE_RATE, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
@@ -33,7 +33,7 @@ MAX_FILE_RATE = 192_000
 
 
 async def transcribe(
-    runtime: Runtime, samples: Int16Array, sample_rate: int, *, language: str | None = None
+    ctx: EngineContext, samples: Int16Array, sample_rate: int, *, language: str | None = None
 ) -> AsrResult:
     """Recognise a whole recording, window by window (module docstring)."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
@@ -41,21 +41,21 @@ async def transcribe(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
             f"sample rate {sample_rate} is outside {MIN_FILE_RATE}-{MAX_FILE_RATE} Hz",
         )
-    engines = runtime.engines
+    engines = ctx.engines
     language = engines.check_language(language)
     if samples.size == 0:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
     audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
-    stage = runtime.stage("asr")
+    stage = ctx.stages.stage("asr")
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
     began = time.monotonic()
-    windows = cut_windows(audio, runtime.settings.asr.bulk_window_s)
+    windows = cut_windows(audio, ctx.settings.asr.bulk_window_s)
     first_due = began + stage.timeout_s + windows[0][1] / SAMPLE_RATE
     if stage.bulk_done_s(first_due) > budget:
         raise VoxError(
             ErrorCode.OVERLOADED,
             "the asr stage's bulk work would not reach this upload in time; retry later",
-            retry_after_s=runtime.settings.flow.retry_after_s,
+            retry_after_s=ctx.settings.flow.retry_after_s,
         )
     results: list[tuple[int, int, AsrResult]] = []
     for start, end in windows:

@@ -30,10 +30,10 @@ from voxserve.events import UNSET, Event, TtsEnd, TtsFallback, TtsStart
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.ahead import AudioAhead
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
+from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis import synthesize
 from voxserve.pipeline.tts_health import TtsDegraded
-from voxserve.runtime import Runtime
 from voxserve.speakable import says_something
 
 
@@ -51,7 +51,7 @@ class ReplyStats:
 class Speaker:
     def __init__(
         self,
-        runtime: Runtime,
+        ctx: SpeechContext,
         outbox: Outbox,
         *,
         voice: str,
@@ -59,7 +59,7 @@ class Speaker:
         sample_rate: int,
         cache_scope: str = "",
     ) -> None:
-        self.runtime = runtime
+        self.ctx = ctx
         self.cache_scope = cache_scope
         self.outbox = outbox
         self.voice = voice
@@ -68,7 +68,7 @@ class Speaker:
         self.playback_until = 0.0
         self.replies = 0
         self.interrupted = 0
-        tts = runtime.settings.tts
+        tts = ctx.settings.tts
         self.max_ahead_samples = tts.max_ahead_ms * sample_rate // 1000
         self._credit_ms: float | None = None  # None until the client grants output credit
         self._granted = asyncio.Event()
@@ -105,7 +105,7 @@ class Speaker:
         began = time.monotonic()
         started: float | None = None
         last_chunk = 0.0
-        metrics = self.runtime.metrics
+        metrics = self.ctx.metrics
         self.replies += 1
 
         async def send(chunk: Int16Array) -> None:
@@ -189,7 +189,7 @@ class Speaker:
                     turn.mark("tts.start")
                 try:
                     chunks = synthesize(
-                        self.runtime,
+                        self.ctx,
                         sentence,
                         voice=self.voice,
                         speed=self.speed,
@@ -203,11 +203,11 @@ class Speaker:
                     fallback = self._fallback_audio()
                     if fallback is None:
                         raise
-                    self.runtime.tts_health.fallbacks += 1
+                    self.ctx.speech.health.fallbacks += 1
                     await ahead.put(self._fallback_event(reply, exc.reason))
                     stats.fallback = True
                     # Cut like any other reply (small first chunk, then growing).
-                    sizes = chunk_sizes(self.runtime.settings.tts, self.sample_rate)
+                    sizes = chunk_sizes(self.ctx.settings.tts, self.sample_rate)
                     for piece in Chunker(*sizes).split(fallback):
                         await ahead.put(piece)
                     break
@@ -219,13 +219,13 @@ class Speaker:
     async def _pace(self, samples: int) -> None:
         """Wait until sending `samples` more keeps the client at most the pacing lead
         ahead of its playback, and (once the client grants credit) until it has credit."""
-        lead = self.runtime.settings.tts.pacing_lead_ms / 1000
+        lead = self.ctx.settings.tts.pacing_lead_ms / 1000
         wait = self.playback_until - time.monotonic() - lead
         if wait > 0:
             await asyncio.sleep(wait)
         if self._credit_ms is None:
             return
-        stall_s = self.runtime.settings.limits.stalled_client_s
+        stall_s = self.ctx.settings.limits.stalled_client_s
         while self._credit_ms <= 0:
             self._granted.clear()
             try:
@@ -240,10 +240,10 @@ class Speaker:
         self._credit_ms -= samples * 1000 / self.sample_rate
 
     def _fallback_audio(self) -> Int16Array | None:
-        return self.runtime.fallback.audio(self.voice, self.sample_rate)
+        return self.ctx.speech.fallback.audio(self.voice, self.sample_rate)
 
     def _fallback_event(self, reply: int, reason: str) -> TtsFallback:
-        text = self.runtime.fallback.text
+        text = self.ctx.speech.fallback.text
         assert text is not None  # the phrase's audio, which the reply speaks, needs its text
         return TtsFallback(reply=reply, reason=reason, text=text)
 

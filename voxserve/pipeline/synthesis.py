@@ -35,14 +35,16 @@ import numpy as np
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import StreamResampler, check_rate
 from voxserve.cache.entry import Entry
+from voxserve.cache.fingerprints import EngineFingerprints
 from voxserve.cache.flight import Flight
 from voxserve.cache.key import SHARED_SCOPE, CacheKey, canonical_text, make_key, round_speed
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
+from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
-from voxserve.runtime import Runtime
+from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.speakable import clean_text, is_speakable
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -141,43 +143,45 @@ class SpeechRequest:
 
 
 def plan(
-    runtime: Runtime, text: str, voice: str | None, speed: float, sample_rate: int | None
+    ctx: SpeechContext, text: str, voice: str | None, speed: float, sample_rate: int | None
 ) -> SpeechRequest:
-    settings = runtime.settings
+    settings = ctx.settings
     out_rate = check_rate(sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
     # The engine is given the text's canonical (NFC) form, the one its cache key names.
     text = canonical_text(check_text(text, settings.limits.max_text_chars))
     check_speed(speed)
-    voice_info, engine = runtime.engines.voice(voice)
+    voice_info, engine = ctx.engines.voice(voice)
     first_samples, max_samples = chunk_sizes(settings.tts, out_rate)
     return SpeechRequest(
         text, voice_info, engine, round_speed(speed), out_rate, max_samples, first_samples
     )
 
 
-def cache_key(runtime: Runtime, request: SpeechRequest, scope: str = SHARED_SCOPE) -> CacheKey:
+def cache_key(
+    fingerprints: EngineFingerprints, request: SpeechRequest, scope: str = SHARED_SCOPE
+) -> CacheKey:
     return make_key(
         request.text,
         voice=request.voice.id,
         speed=request.speed,
         sample_rate=request.sample_rate,
-        engine=runtime.fingerprint(request.engine),
+        engine=fingerprints.of(request.engine),
         scope=scope,
     )
 
 
 def _lookup(
-    cache: TtsCache, runtime: Runtime, request: SpeechRequest, key: CacheKey
+    cache: TtsCache, fingerprints: EngineFingerprints, request: SpeechRequest, key: CacheKey
 ) -> Entry | None:
     """The entry of `key`; for a key's own scope, else the shared one (prewarmed phrases)."""
     entry = cache.lookup(key)
     if entry is None and key.scope != SHARED_SCOPE:
-        entry = cache.lookup(cache_key(runtime, request))
+        entry = cache.lookup(cache_key(fingerprints, request))
     return entry
 
 
 async def synthesize(
-    runtime: Runtime,
+    ctx: SpeechContext,
     text: str,
     *,
     voice: str | None = None,
@@ -192,32 +196,33 @@ async def synthesize(
     a live session's reply: its chunks are bulk calls on the TTS stage (pipeline/stage.py).
     `scope`: whose cache entries may answer and where a miss is stored (cache/key.py; the
     transports derive it from the caller's API key)."""
-    request = plan(runtime, text, voice, speed, sample_rate)
+    request = plan(ctx, text, voice, speed, sample_rate)
     started = time.perf_counter()
-    cache = runtime.cache
+    cache = ctx.speech.cache
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
-        _admit_miss(runtime, bulk)
+        _admit_miss(ctx, bulk)
         source = "miss"
-        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
+        chunks = _observed(ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk))
     else:
-        key = cache_key(runtime, request, scope)
-        entry = _lookup(cache, runtime, request, key)
+        fingerprints = ctx.speech.fingerprints
+        key = cache_key(fingerprints, request, scope)
+        entry = _lookup(cache, fingerprints, request, key)
         if entry is not None:
-            runtime.metrics.observe_first_audio("hit", time.perf_counter() - started)
+            ctx.metrics.observe_first_audio("hit", time.perf_counter() - started)
             for piece in request.chunker().split(entry.samples()):
                 yield piece
             return
         flight = cache.flights.get(key)
         if flight is None:
-            _admit_miss(runtime, bulk)
+            _admit_miss(ctx, bulk)
             cache.misses += 1
             source = "miss"
             flight = cache.flights.start(
                 key,
-                _producer(runtime, request, bulk),
+                _producer(ctx, request, bulk),
                 lambda done: _store(cache, done),
-                max_bytes=runtime.settings.cache.max_entry_bytes,
+                max_bytes=ctx.settings.cache.max_entry_bytes,
             )
         else:
             cache.coalesced += 1
@@ -227,13 +232,13 @@ async def synthesize(
         first = True
         async for piece in chunks:
             if first:
-                runtime.metrics.observe_first_audio(source, time.perf_counter() - started)
+                ctx.metrics.observe_first_audio(source, time.perf_counter() - started)
                 first = False
             yield piece
 
 
 async def synthesize_all(
-    runtime: Runtime,
+    ctx: SpeechContext,
     text: str,
     *,
     voice: str | None = None,
@@ -242,15 +247,13 @@ async def synthesize_all(
 ) -> Int16Array:
     chunks = [
         chunk
-        async for chunk in synthesize(
-            runtime, text, voice=voice, speed=speed, sample_rate=sample_rate
-        )
+        async for chunk in synthesize(ctx, text, voice=voice, speed=speed, sample_rate=sample_rate)
     ]
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
 
 
 async def cache_speech(
-    runtime: Runtime,
+    ctx: SpeechContext,
     text: str,
     *,
     voice: str | None = None,
@@ -262,16 +265,16 @@ async def cache_speech(
     traffic: no degradation check, no latency accounting, no hit counted). Returns its audio
     and whether it had to be synthesised. `polite`: take a TTS slot only when the stage has
     one to spare, so live requests never wait behind this."""
-    request = plan(runtime, text, voice, speed, sample_rate)
-    cache = runtime.cache
-    key = cache_key(runtime, request) if cache is not None else None
+    request = plan(ctx, text, voice, speed, sample_rate)
+    cache = ctx.speech.cache
+    key = cache_key(ctx.speech.fingerprints, request) if cache is not None else None
     if cache is not None and key is not None:
         entry = cache.lru.get(key.digest)
         if entry is not None and entry.expires > cache.clock():
             return entry.samples(), False
-    stage = runtime.stage("tts")
+    stage = ctx.stages.stage("tts")
     before = (lambda: _spare_slot(stage)) if polite else None
-    pieces_of = _engine_chunks(runtime, request, before, bulk=polite, prewarm=polite)
+    pieces_of = _engine_chunks(ctx, request, before, bulk=polite, prewarm=polite)
     async with contextlib.aclosing(pieces_of) as chunks:
         pieces = [piece async for piece in chunks]
     samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
@@ -302,22 +305,22 @@ def _store(cache: TtsCache, flight: Flight) -> None:
         cache.store(flight.key, flight.pcm())
 
 
-def _admit_miss(runtime: Runtime, bulk: bool) -> None:
+def _admit_miss(ctx: SpeechContext, bulk: bool) -> None:
     """A synthesis that needs the engine: refused while TTS is degraded, judged by live
     work only for a live reply (bulk queued behind it does not delay it) and by the whole
     queue for bulk, or while the process is over its memory threshold."""
-    stage = runtime.stage("tts")
-    runtime.tts_health.check(stage.waiting if bulk else stage.live_waiting)
-    runtime.memory_guard.check("synthesis", fatal=False)
+    stage = ctx.stages.stage("tts")
+    ctx.speech.health.check(stage.waiting if bulk else stage.live_waiting)
+    ctx.speech.memory_guard.check("synthesis", fatal=False)
 
 
 def _producer(
-    runtime: Runtime, request: SpeechRequest, bulk: bool = False
+    ctx: SpeechContext, request: SpeechRequest, bulk: bool = False
 ) -> Callable[[Flight], Awaitable[None]]:
     """The task body of a miss's flight: engine chunks into the flight."""
 
     async def produce(flight: Flight) -> None:
-        chunks = _observed(runtime, _engine_chunks(runtime, request, bulk=bulk))
+        chunks = _observed(ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk))
         async with contextlib.aclosing(chunks) as it:
             async for piece in it:
                 await flight.push(piece)
@@ -326,7 +329,7 @@ def _producer(
 
 
 async def _observed(
-    runtime: Runtime, chunks: AsyncGenerator[Int16Array, None]
+    health: TtsHealth, chunks: AsyncGenerator[Int16Array, None]
 ) -> AsyncGenerator[Int16Array, None]:
     """Pass chunks through, telling TTS health how long a live miss waited for its first."""
     started = time.perf_counter()
@@ -334,13 +337,13 @@ async def _observed(
     async with contextlib.aclosing(chunks):
         async for piece in chunks:
             if first:
-                runtime.tts_health.observe_first_audio(time.perf_counter() - started)
+                health.observe_first_audio(time.perf_counter() - started)
                 first = False
             yield piece
 
 
 async def _engine_chunks(
-    runtime: Runtime,
+    ctx: SpeechContext,
     request: SpeechRequest,
     before_chunk: Callable[[], Awaitable[None]] | None = None,
     *,
@@ -351,7 +354,7 @@ async def _engine_chunks(
     `bulk`: each chunk is a bulk call (pipeline/stage.py); `prewarm`: due a whole stage
     timeout out, as nobody is listening."""
     engine = request.engine
-    stage = runtime.stage("tts")
+    stage = ctx.stages.stage("tts")
     priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
     started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
     made_s = 0.0  # audio produced so far
@@ -387,4 +390,4 @@ async def _engine_chunks(
             yield piece
     finally:
         # Closing waits for a chunk still being made, so do it on the executor.
-        runtime.executor.submit(source.close)
+        ctx.speech.executor.submit(source.close)

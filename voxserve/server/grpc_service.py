@@ -25,7 +25,7 @@ from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
-from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Runtime
+from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token, cache_scope
@@ -38,6 +38,7 @@ from voxserve.server.grpc_stream import (
     recognize_first,
     recognize_input,
 )
+from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
 from voxserve.server.quotas import quotas_of
 from voxserve.types import SUPPORTED_OUTPUT_RATES
 from voxserve.v1 import voxserve_pb2 as pb

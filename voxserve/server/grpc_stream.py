@@ -34,6 +34,7 @@ from voxserve.events import (
     EndMessage,
     MarkMessage,
     StartMessage,
+    StreamConfig,
     TextMessage,
     TtsStart,
 )
@@ -41,7 +42,6 @@ from voxserve.observe.logs import bind_session
 from voxserve.pipeline.drain import SessionDrain
 from voxserve.pipeline.outbox import Outbox, Outgoing
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server import grpc_events
@@ -144,7 +144,7 @@ class SessionCall(Generic[Req, Resp]):
         outbox = Outbox(self.runtime.settings.pipeline.outbox_messages)
         try:
             scope = cache_scope(self.runtime.settings, self.principal)
-            return Session(self.runtime, config, outbox, cache_scope=scope)
+            return Session(self.runtime.session_context(), config, outbox, cache_scope=scope)
         except VoxError as exc:
             exc.fatal = True
             raise

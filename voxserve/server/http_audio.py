@@ -14,11 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from voxserve.runtime import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, Engines, Runtime
+from voxserve.engines.loaded import Engines
+from voxserve.runtime import Runtime
 from voxserve.server import http_speech, http_transcriptions
 from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.http_requests import Handler, guarded
+from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
 from voxserve.server.quotas import quotas_of
 
 

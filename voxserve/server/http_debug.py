@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from voxserve.runtime import Runtime, process_stats
+from voxserve.observe.process_memory import process_stats
+from voxserve.runtime import Runtime
 from voxserve.server.http_admin import check_admin_key
 from voxserve.server.http_requests import guarded
 

@@ -4,7 +4,7 @@
     POST /admin/engines/reload   {"kinds"?: ["vad", "asr", "tts", "responder"]} (default all)
 
 New sessions start on the new engines as soon as the reload answers; live sessions finish
-on the ones they started with, which are closed after their last session (generations.py).
+on the ones they started with, which are closed after their last session (pipeline/generations.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from voxserve.engines.loaded import ENGINE_KINDS
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.runtime import ENGINE_KINDS, Runtime
+from voxserve.runtime import Runtime
 from voxserve.server.http_admin import check_admin_key
 from voxserve.server.http_requests import guarded, read_json
 

@@ -15,12 +15,14 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
+from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
-from voxserve.runtime import OPENAI_TTS_MODELS, Engines, Runtime
+from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
 from voxserve.server.json_input import as_float
+from voxserve.server.openai_models import OPENAI_TTS_MODELS
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}

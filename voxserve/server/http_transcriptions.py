@@ -12,11 +12,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.wav import read_wav
+from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import transcribe
-from voxserve.runtime import OPENAI_ASR_MODELS, Engines, Runtime
+from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.http_requests import one_of, read_form
+from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
 from voxserve.types import AsrResult, Segment
 

@@ -64,7 +64,7 @@ def fork_safe(kind: str, name: str) -> bool:
 def preload_engines(settings: Settings) -> dict[str, Any]:
     """Build the fork-safe engines in the parent ("vad", "asr", "tts.NAME", "responder"),
     for `load_engines(preloaded=...)` in every worker."""
-    from voxserve.runtime import _build
+    from voxserve.engines.loaded import build_engine
 
     cfg = settings.engines
     specs: list[tuple[str, str, EngineSpec]] = [
@@ -79,7 +79,7 @@ def preload_engines(settings: Settings) -> dict[str, Any]:
             log.info("engine loaded in each worker (not fork-safe)", extra={"engine": key})
             continue
         parallel = settings.pipeline.asr.concurrency if kind == "asr" else None
-        loaded[key], seconds = _build(kind, spec, cfg.default_threads, parallel)
+        loaded[key], seconds = build_engine(kind, spec, cfg.default_threads, parallel)
         log.info(
             "engine loaded before fork (shared)",
             extra={"engine": key, "seconds": round(seconds, 3)},

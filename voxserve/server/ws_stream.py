@@ -157,7 +157,9 @@ class StreamConnection:
             )
             try:
                 scope = cache_scope(self.runtime.settings, self.key_id or ANONYMOUS)
-                session = Session(self.runtime, first.config, outbox, cache_scope=scope)
+                session = Session(
+                    self.runtime.session_context(), first.config, outbox, cache_scope=scope
+                )
             except VoxError as exc:
                 exc.fatal = True
                 raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 from wyoming.info import AsrModel, AsrProgram, Attribution, Info, TtsProgram, TtsVoice
 
 from voxserve import __version__
-from voxserve.runtime import Engines
+from voxserve.engines.loaded import Engines
 from voxserve.types import EngineInfo
 
 PROGRAM = "voxserve"

@@ -5,7 +5,8 @@ that was current when it started and keeps using those engines (and that generat
 batchers) to its end, so a reload never changes the model under a live stream. A reload
 makes a new generation current and retires the old one; the old one is closed once its last
 lease is released (and, for model work already running in the executor, after a grace that
-covers the longest stage timeout).
+covers the longest stage timeout). The runtime makes the generations; a session is given
+its lease (pipeline/context.py).
 """
 
 from __future__ import annotations
@@ -16,26 +17,59 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from voxserve.config import PipelineConfig
 from voxserve.engines.base import close_engine
-
-if TYPE_CHECKING:
-    from voxserve.pipeline.asr_batch import AsrBatcher
-    from voxserve.pipeline.vad_batch import VadBatcher
-    from voxserve.runtime import Engines
+from voxserve.engines.loaded import Engines
+from voxserve.pipeline.asr_batch import AsrBatcher
+from voxserve.pipeline.stages import Stages
+from voxserve.pipeline.vad_batch import VadBatcher
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """What every generation builds its batchers from: the pipeline settings, the shared
+    stages, and the metrics' observer of batch sizes."""
+
+    cfg: PipelineConfig
+    stages: Stages
+    on_batch: Callable[[str, int], None] | None = None
+
+    def vad(self, engines: Engines) -> VadBatcher:
+        batcher = VadBatcher(
+            engines.vad,
+            self.stages.stage("vad"),
+            max_wait_ms=self.cfg.vad_batch_wait_ms,
+            max_batch=self.cfg.vad_max_batch,
+        )
+        batcher.on_batch = self.on_batch
+        return batcher
+
+    def asr(self, engines: Engines) -> AsrBatcher:
+        batcher = AsrBatcher(
+            engines.asr,
+            self.stages.stage("asr"),
+            max_wait_ms=self.cfg.asr_batch_wait_ms,
+            max_batch=self.cfg.asr_max_batch,
+            gather_when_busy=self.cfg.asr_batch_gather_busy,
+        )
+        batcher.on_batch = self.on_batch
+        return batcher
 
 
 class Generation:
     """One set of loaded engines, the batchers built on them, and the sessions using them."""
 
-    def __init__(self, number: int, engines: Engines) -> None:
+    def __init__(self, number: int, engines: Engines, batching: Batching) -> None:
         self.number = number
         self.engines = engines
-        self.vad_batcher: VadBatcher | None = None  # built on first use (needs the loop)
-        self.asr_batcher: AsrBatcher | None = None
+        self._batching: Batching | None = batching
+        self._vad_batcher: VadBatcher | None = None  # built on first use (needs the loop)
+        self._asr_batcher: AsrBatcher | None = None
         self.sessions = 0  # live leases
         self.sessions_total = 0
         self.retired = False
@@ -43,6 +77,24 @@ class Generation:
         self.loaded_at = time.time()
         # Called once the generation is retired and unused (the runtime closes it).
         self.on_unused: Callable[[Generation], None] | None = None
+
+    def vad_batcher(self) -> VadBatcher:
+        """This generation's VAD batcher (all its sessions' VAD work goes through it)."""
+        if self._vad_batcher is None:
+            assert self._batching is not None, "a closed generation makes no batchers"
+            self._vad_batcher = self._batching.vad(self.engines)
+        return self._vad_batcher
+
+    def asr_batcher(self) -> AsrBatcher | None:
+        """This generation's batcher for final transcriptions, or None when
+        `pipeline.asr_batch_enabled` is off (finals then go to the ASR stage one at a time)."""
+        if self._asr_batcher is None:
+            batching = self._batching
+            assert batching is not None, "a closed generation makes no batchers"
+            if not batching.cfg.asr_batch_enabled:
+                return None
+            self._asr_batcher = batching.asr(self.engines)
+        return self._asr_batcher
 
     def lease(self) -> Lease:
         self.sessions += 1
@@ -61,7 +113,7 @@ class Generation:
             self.on_unused(self)
 
     def close_batchers(self) -> None:
-        for batcher in (self.vad_batcher, self.asr_batcher):
+        for batcher in (self._vad_batcher, self._asr_batcher):
             if batcher is not None:
                 batcher.close()
 
@@ -79,7 +131,8 @@ class Generation:
         # generation (the first load is frozen), which the cycle collector never scans,
         # so anything reachable from it would only be freed by reference counting.
         self.engines = _CLOSED
-        self.vad_batcher = self.asr_batcher = None
+        self._vad_batcher = self._asr_batcher = None
+        self._batching = None
         self.on_unused = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""A live session's reply turn: one reply at a time, spoken through its Speaker.
+
+tts mode speaks the client's utterances as they come (`speak`); assistant mode answers
+each final transcript (`start`): the responder's text streams to the client as it comes and
+is spoken sentence by sentence, and speech that starts while a reply runs or is still
+audible cancels it (`barge_in`). The (user, assistant) turns are kept for the responder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import BargeIn, ResponseDelta, ResponseText
+from voxserve.observe.tracing import TurnMarks
+from voxserve.pipeline.context import SessionContext
+from voxserve.pipeline.listener import Listener
+from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.speaker import Speaker
+from voxserve.text import SentenceBuffer
+
+HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
+
+
+class Replies:
+    """A session's replies, one at a time (module docstring)."""
+
+    __slots__ = ("_history", "_task", "ctx", "emit_turn", "group", "listener", "outbox", "speaker")
+
+    def __init__(
+        self,
+        ctx: SessionContext,
+        outbox: Outbox,
+        speaker: Speaker,
+        emit_turn: Callable[[TurnMarks], None] | None = None,
+    ) -> None:
+        """`emit_turn`: where a finished turn's span marks go (tracing on)."""
+        self.ctx = ctx
+        self.outbox = outbox
+        self.speaker = speaker
+        self.emit_turn = emit_turn
+        # Assistant mode: the listener whose finals are answered (its turn marks, vad.end).
+        self.listener: Listener | None = None
+        self.group: asyncio.TaskGroup | None = None  # the session's, while it runs
+        self._task: asyncio.Task[None] | None = None
+        self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_TURNS)
+
+    def cancel(self) -> bool:
+        """Stop the reply in progress (its tts.end says interrupted); True if one ran."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            return True
+        return False
+
+    async def wait(self) -> None:
+        """Until the reply in progress (if any) is over."""
+        if self._task is not None:
+            await asyncio.wait([self._task])
+
+    def release(self) -> None:
+        """The session is over: drop what ties this to its listener and task group."""
+        self.listener = None
+        self.group = None
+        self.emit_turn = None
+
+    # -- tts mode -----------------------------------------------------------------------
+
+    async def speak(self, sentences: AsyncIterator[str], reply: int) -> None:
+        """Speak one utterance as reply `reply`, until it is spoken or cancelled."""
+        assert self.group is not None
+        task = self.group.create_task(self._speak(sentences, reply))
+        self._task = task
+        await asyncio.wait([task])
+
+    async def _speak(self, sentences: AsyncIterator[str], reply: int) -> None:
+        try:
+            stats = await self.speaker.play(sentences, reply)
+        except VoxError as exc:
+            if exc.fatal:  # e.g. client_stalled: the session ends
+                raise
+            await self.outbox.event(exc.to_event(reply=reply))
+            return
+        if not stats.chunks and not stats.fallback:  # "....": no tts.start, say why
+            empty = VoxError(ErrorCode.EMPTY_TEXT, "the text of this reply has nothing to speak")
+            await self.outbox.event(empty.to_event(reply=reply))
+
+    # -- assistant mode -------------------------------------------------------------------
+
+    async def barge_in(self, segment: int) -> None:
+        """The user started speaking (vad.start of `segment`)."""
+        audible = self.speaker.audible()
+        if self.cancel() or audible:
+            self.speaker.playback_until = 0.0
+            await self.outbox.event(BargeIn(segment=segment))
+
+    async def start(self, segment: int, text: str) -> None:
+        """Answer the final transcript of `segment` (the previous reply is cancelled)."""
+        self.cancel()
+        assert self.group is not None
+        self._task = self.group.create_task(self._reply(segment, text), name="voxserve-reply")
+
+    async def _reply(self, segment: int, user_text: str) -> None:
+        responder = self.ctx.engines.responder
+        listener = self.listener
+        since = listener.speech_ended_at(segment) if listener else None
+        turn = listener.take_turn(segment) if listener else None
+        metrics = self.ctx.metrics
+        limit = self.ctx.settings.pipeline.responder.timeout_s
+        sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
+        pieces: list[str] = []
+
+        async def produce() -> None:
+            buffer = SentenceBuffer()
+            asked = time.perf_counter()
+            if turn is not None:
+                turn.mark("responder.start")
+            stream = responder.respond(user_text, list(self._history))
+            try:
+                async with asyncio.timeout(limit):
+                    async for piece in stream:
+                        if not pieces:  # the responder's time to its first text
+                            metrics.observe_stage("responder", time.perf_counter() - asked)
+                        pieces.append(piece)
+                        await self.outbox.event(ResponseDelta(reply=segment, text=piece))
+                        for sentence in buffer.push(piece):
+                            await sentences.put(sentence)
+            except TimeoutError:
+                raise VoxError(
+                    ErrorCode.STAGE_TIMEOUT,
+                    f"responder did not finish within {limit:g} s",
+                    stage="responder",
+                ) from None
+            finally:
+                await _aclose(stream)
+            if turn is not None:
+                turn.mark("responder.end")
+            rest = buffer.flush()
+            if rest:
+                await sentences.put(rest)
+            await sentences.put(None)
+
+        async def spoken() -> AsyncIterator[str]:
+            while (sentence := await sentences.get()) is not None:
+                yield sentence
+
+        failures: list[VoxError] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(produce())
+                await self.speaker.play(spoken(), segment, since=since, turn=turn)
+        except* VoxError as errors:
+            failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
+        finally:
+            if turn is not None and self.emit_turn is not None:
+                self.emit_turn(turn)
+        fatal = next((exc for exc in failures if exc.fatal), None)
+        if fatal is not None:  # e.g. client_stalled: the session ends
+            raise fatal
+        if failures:
+            for exc in failures:
+                await self.outbox.event(exc.to_event(reply=segment))
+            return
+        reply_text = "".join(pieces).strip()
+        await self.outbox.event(ResponseText(reply=segment, text=reply_text))
+        self._history.append((user_text, reply_text))
+
+
+async def _aclose(stream: AsyncIterator[str]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
