@@ -62,7 +62,12 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
     fault_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = JumpingTime()
-    for module in ("server.session_driver", "pipeline.session", "pipeline.stage"):
+    for module in (
+        "server.session_driver",
+        "server.session_attachment",
+        "pipeline.session",
+        "pipeline.stage",
+    ):
         monkeypatch.setattr(f"voxserve.{module}.time", clock)
     baseline = await resources(fault_server)
     messages = [

@@ -8,24 +8,23 @@ transport opens it (`open`), `start`s it, and attaches its connection's way in
 (session_input.ClientInput) with `attached` (a pulled response stream: gRPC) or `serve`
 (a sender task: the WebSocket); it keeps its codec and how it writes and closes.
 
-Wires differ in one thing only (`Wire.in_band_end`): a fatal error is either an event
-followed by `session.ended` on the stream (the WebSocket), or the call's status after
-`session.ended` (gRPC, which reads `fatal` once the outbox is drained).
+What differs between wires is said by a `Wire`: above all how a fatal error shows, as an
+event followed by `session.ended` on the stream (the WebSocket), or as the call's status
+after `session.ended` (gRPC, which reads `fatal` once the outbox is drained).
 
-A session may outlive its connection (`park`, `resume`: session_parking.py).
+A session may outlive its connection: with none attached it runs on, parked
+(session_parking.py), until a client resumes it or its window ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from voxserve.config import LimitsConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.outbox import Event, Outgoing
@@ -33,15 +32,9 @@ from voxserve.pipeline.session import Session
 from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server.quotas import AudioVerdict
-from voxserve.server.session_events import error_event, internal_error, limit_error
-from voxserve.server.session_input import (
-    BadAudio,
-    ClientInput,
-    Frames,
-    InputEnd,
-    apply_control,
-    feed_frames,
-)
+from voxserve.server.session_attachment import Attachment
+from voxserve.server.session_events import error_event, internal_error
+from voxserve.server.session_input import ClientInput, Frames
 from voxserve.server.session_parking import ParkedSessions
 from voxserve.server.session_slot import SessionSlot, new_session
 
@@ -79,17 +72,14 @@ class SessionDriver:
         self.pipeline: asyncio.Task[None] | None = None
         self.closing = False  # a fatal end began: input is ignored from now on
         self.fatal: VoxError | None = None  # a status wire's fatal error (in_band_end False)
-        self.input_open = True  # the idle limit applies while the client may still send
         self.last_message_at = time.monotonic()  # read by the limits watcher
         self.unsent: Outgoing | None = None  # taken from the outbox, not written (resent)
         self.charges_audio = slot.quota.charges_audio  # fixed for the session's life
-        self._input: ClientInput[Any] | None = None  # the attached connection's way in
-        self._sender: asyncio.Task[None] | None = None
+        self.attachment: Attachment[Any] | None = None  # the connection attached now
         self._ran = False  # the pipeline task began (it releases the session then)
         self._forced = False
         self._drain_task: asyncio.Task[None] | None = None
-        self._parked: ParkedSessions | None = None
-        self._expiry: asyncio.TimerHandle | None = None
+        self.parked_in: ParkedSessions | None = None  # waiting there for its client
         self._closed = False
         session.release_input = self.release_input
 
@@ -171,7 +161,7 @@ class SessionDriver:
         if self.pipeline is not None and not self.pipeline.done():
             self._forced = True
             self.pipeline.cancel()
-        elif self._parked is not None:
+        elif self.parked_in is not None:
             self.close()  # parked and over: nobody will come back for the goodbye
 
     def close(self) -> None:
@@ -180,11 +170,8 @@ class SessionDriver:
         if self._closed:
             return
         self._closed = True
-        if self._parked is not None:
-            self._parked.remove(self)
-            self._parked = None
-        if self._expiry is not None:
-            self._expiry.cancel()
+        if self.parked_in is not None:
+            self.parked_in.remove(self)
         if self.pipeline is not None and not self.pipeline.done():
             self.pipeline.cancel()
         if self._drain_task is not None and not self._drain_task.done():
@@ -218,30 +205,11 @@ class SessionDriver:
             and not self.closing
         )
 
-    def park(self, parked: ParkedSessions, window_s: float) -> None:
-        """The client dropped mid-session: keep it `window_s` for a resume. The outbox's
-        stall limit is off meanwhile (nobody is reading, by definition)."""
-        self.session.outbox.stall_s = None
-        parked.put(self)
-        self._parked = parked
-        self._expiry = asyncio.get_running_loop().call_later(window_s, self._expire)
-        log.info("session parked", extra={"resume_window_s": window_s})
-
     def resume(self) -> None:
         """Taken back by a reconnecting client (ParkedSessions.take)."""
-        self._parked = None
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
         self.session.resumed()
         if self.wire.stalls:
             self.session.outbox.stall_s = self.runtime.settings.limits.stalled_client_s
-
-    def _expire(self) -> None:
-        self._expiry = None
-        if self._parked is not None:
-            log.info("parked session expired")
-            self.close()
 
     # -- a connection attached ----------------------------------------------------------
 
@@ -254,110 +222,28 @@ class SessionDriver:
         what = "session resumed" if resumed else "session started"
         log.info(what, extra={"mode": session.config.mode, "transport": self.wire.name})
 
-    @contextlib.asynccontextmanager
-    async def attached(
+    def attached(
         self,
         source: ClientInput[M],
         *,
         since: float,
         sender: Coroutine[Any, Any, None] | None = None,
-    ) -> AsyncIterator[asyncio.Task[None]]:
-        """Run the receiver (reading `source`) and the limits watcher, and `sender` if
-        given, until the block ends (it gets the receiver task); then cancel, await and
-        report them. `since`: when the connection opened (the idle clock starts there)."""
-        self._input = source
-        self.last_message_at = since
-        limits = self.runtime.settings.limits
-        loop, prefix = asyncio.get_running_loop(), self.wire.tasks
-        tasks = []
-        if sender is not None:
-            self._sender = loop.create_task(sender, name=f"{prefix}-sender")
-            tasks.append(self._sender)
-        receiver = loop.create_task(self._receive(source), name=f"{prefix}-receiver")
-        tasks += [receiver, loop.create_task(self._watch(limits), name=f"{prefix}-limits")]
-        try:
-            yield receiver
-        finally:
-            for task in tasks:
-                task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            source.release()  # held audio is counted in the session, either way
-            self._input = self._sender = None
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(
-                    result, asyncio.CancelledError
-                ):
-                    log.error("session task failed", exc_info=result)
-            log.info("session closed", extra={"transport": self.wire.name})
+    ) -> Attachment[M]:
+        """The connection's tasks while it is attached (session_attachment.py): an async
+        context manager. `since`: when the connection opened (the idle clock starts)."""
+        return Attachment(self, source, since=since, sender=sender)
 
     async def serve(
         self, source: ClientInput[M], sender: Coroutine[Any, Any, None], *, since: float
     ) -> None:
-        """`attached` with a sender task: until the sender (the session is over) or the
-        receiver (the client is gone) ends, or the pipeline ends because the client
-        stalled (it reads nothing, so the sender never would). A pipeline that ends
-        otherwise leaves the goodbye to the sender."""
-        async with self.attached(source, since=since, sender=sender) as receiver:
-            assert self._sender is not None
-            ends: set[asyncio.Task[None]] = {self._sender, receiver}
-            pipeline = self.pipeline
-            if pipeline is not None and not pipeline.done():
-                done, _ = await asyncio.wait(ends | {pipeline}, return_when=asyncio.FIRST_COMPLETED)
-                if done & ends or self.session.outbox.stalled:
-                    return
-            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        """`attached` with a sender task, until the session or the connection is over."""
+        async with self.attached(source, since=since, sender=sender) as attachment:
+            await attachment.until_done()
 
     def release_input(self) -> None:
         """Session.release_input: the attached connection hands over what it holds."""
-        source = self._input
-        if source is not None:
-            source.release()
-
-    async def _receive(self, source: ClientInput[M]) -> None:
-        """Read the client's messages until its input ends; an error in one message is
-        reported and the session goes on, a fatal one ends it."""
-        session = self.session
-        while True:
-            message = await source.receive()
-            self.last_message_at = time.monotonic()  # read by the limits watcher
-            if isinstance(message, InputEnd):
-                if message is InputEnd.CLOSED:
-                    self.input_open = False
-                    await session.end_input()
-                return
-            if self.closing:
-                continue  # a fatal error was sent; the session ends after it
-            try:
-                item = source.decode(message)
-                if isinstance(item, list):
-                    if await self._charged(item):
-                        await feed_frames(session, item)
-                else:
-                    await apply_control(session, item)
-            except BadAudio as bad:
-                session.rejected += 1
-                await self.report(bad.error)
-            except VoxError as exc:
-                await self.report(exc)
-
-    async def _watch(self, limits: LimitsConfig) -> None:
-        """End a session whose client went silent (`idle_timeout_s`, while it may still
-        send) or that has lasted `max_session_s`. A task of its own, so the receive path
-        pays one clock read per message, not a timer."""
-        idle = limits.idle_timeout_s
-        expires_at = self.session.started_at + limits.max_session_s
-        while not self.closing:
-            now = time.monotonic()
-            if now >= expires_at:
-                await self.end_fatally(limit_error(limits, expired=True))
-                return
-            wake_at = expires_at
-            if self.input_open:
-                if now - self.last_message_at >= idle:
-                    await self.end_fatally(limit_error(limits, expired=False))
-                    return
-                wake_at = min(wake_at, self.last_message_at + idle)
-            await asyncio.sleep(wake_at - now + 0.001)
+        if self.attachment is not None:
+            self.attachment.source.release()
 
     # -- audio and the key's quota --------------------------------------------------------
 
@@ -373,7 +259,7 @@ class SessionDriver:
                 self.count(verdict.report.code)
         return verdict
 
-    async def _charged(self, frames: Frames) -> bool:
+    async def charged(self, frames: Frames) -> bool:
         """`charge_audio` for one message, its report sent (waiting like any event)."""
         if not self.charges_audio:
             return True
@@ -452,8 +338,8 @@ class SessionDriver:
         """The transport saw the client read nothing for the stall time while output
         waited: the session ends as stalled (the sender, stuck on the socket, stops)."""
         self.session.outbox.stalled = True
-        if self._sender is not None:
-            self._sender.cancel()
+        if self.attachment is not None:
+            self.attachment.stop_sending()
 
     def end_stalled(self) -> None:
         """A client that reads nothing cannot be told in-band: the transport closes the

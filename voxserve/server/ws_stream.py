@@ -99,7 +99,7 @@ class StreamConnection:
         finally:
             window = self.limits.resume_window_s
             if link.client_left and window > 0 and driver.parkable:
-                driver.park(self.parked, window)
+                self.parked.park(driver, window)
             else:
                 driver.close()
                 await driver.wait_closed()
