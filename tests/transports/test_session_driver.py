@@ -19,9 +19,9 @@ from voxserve.pipeline.stream_config import StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import quotas_of
-from voxserve.server.session_driver import SessionDriver, Wire
+from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import limit_error
-from voxserve.server.session_input import BadAudio, Decoded, InputEnd
+from voxserve.server.session_input import BadAudio, Decoded, InputEnd, Wire
 from voxserve.server.session_parking import ParkedSessions
 from voxserve.server.ws_protocol import MarkMessage
 

@@ -34,8 +34,8 @@ from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS
-from voxserve.server.session_driver import SessionDriver, Wire
-from voxserve.server.session_input import BadAudio, ClientInput, Decoded, InputEnd
+from voxserve.server.session_driver import SessionDriver
+from voxserve.server.session_input import BadAudio, ClientInput, Decoded, InputEnd, Wire
 from voxserve.server.session_slot import count_refusal
 from voxserve.server.ws_protocol import ClientMessage
 from voxserve.v1 import voxserve_pb2 as pb
@@ -175,6 +175,7 @@ class SessionCall(Generic[Req, Resp]):
                 response = self._encode(item)
                 if response is not None:
                     yield response
+        await driver.stop()
         if driver.fatal is not None:  # the output ended: session.ended, then the status
             ended = codec.encode_event(session.ended_event(), self.response_type)
             if ended is not None:

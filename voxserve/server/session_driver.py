@@ -22,7 +22,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
@@ -34,23 +33,13 @@ from voxserve.runtime import Runtime
 from voxserve.server.quotas import AudioVerdict
 from voxserve.server.session_attachment import Attachment
 from voxserve.server.session_events import error_event, internal_error
-from voxserve.server.session_input import ClientInput, Frames
+from voxserve.server.session_input import ClientInput, Frames, Wire
 from voxserve.server.session_parking import ParkedSessions
 from voxserve.server.session_slot import SessionSlot, new_session
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M")
-
-
-@dataclass(frozen=True, slots=True)
-class Wire:
-    """What the driver needs to know of a transport."""
-
-    name: str  # the `transport` label of metrics.errors: "ws", "grpc"
-    in_band_end: bool  # a fatal error is an event before session.ended (module docstring)
-    stalls: bool  # output waits at most limits.stalled_client_s for the client to read
-    tasks: str  # the prefix of its tasks' names
 
 
 class SessionDriver:
@@ -78,6 +67,7 @@ class SessionDriver:
         self.attachment: Attachment[Any] | None = None  # the connection attached now
         self._ran = False  # the pipeline task began (it releases the session then)
         self._forced = False
+        self._failure_logged = False
         self._drain_task: asyncio.Task[None] | None = None
         self.parked_in: ParkedSessions | None = None  # waiting there for its client
         self._closed = False
@@ -182,6 +172,13 @@ class SessionDriver:
         self.runtime.metrics.session_counts(self.session.ended_event())
         self.runtime.drain.discard(self)
 
+    async def stop(self) -> None:
+        """Cancel the pipeline if it still runs and wait for it: the output is over (a
+        call's response stream), though the session is not closed yet."""
+        if self.pipeline is not None and not self.pipeline.done():
+            self.pipeline.cancel()
+        await self.wait_closed()
+
     async def wait_closed(self) -> None:
         """Wait for the pipeline task to end after close() cancelled it."""
         pipeline = self.pipeline
@@ -189,27 +186,9 @@ class SessionDriver:
             return
         await asyncio.wait([pipeline])
         if not pipeline.cancelled() and (error := pipeline.exception()) is not None:
-            log.error("session task failed", exc_info=error)
-
-    # -- parking (session_parking.py) ---------------------------------------------------
-
-    @property
-    def parkable(self) -> bool:
-        """Whether the session may wait for its client to come back: asked for, still
-        running, not ending, and not ended for a client that stopped reading."""
-        session = self.session
-        return (
-            session.config.resumable
-            and not session.outbox.stalled
-            and not self.finished
-            and not self.closing
-        )
-
-    def resume(self) -> None:
-        """Taken back by a reconnecting client (ParkedSessions.take)."""
-        self.session.resumed()
-        if self.wire.stalls:
-            self.session.outbox.stall_s = self.runtime.settings.limits.stalled_client_s
+            if not self._failure_logged:
+                self._failure_logged = True
+                log.error("session task failed", exc_info=error)
 
     # -- a connection attached ----------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A connection's way in, as the session driver reads it, and what the driver does with it.
+"""What a transport supplies to the session driver: its way in, and a few facts (`Wire`).
 
 A transport supplies a `ClientInput`: `receive` waits for the client's next message (or
 says the input ended), `decode` turns it into audio frames or a control message (its
@@ -10,6 +10,7 @@ the idle clock, quota, feeding the session, and reporting errors.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
@@ -28,6 +29,16 @@ from voxserve.server.ws_protocol import (
 Frames = list[tuple[int, memoryview]]  # (seq_id, PCM16) per frame of one audio message
 Decoded = Frames | ClientMessage
 M = TypeVar("M")
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """What the session driver needs to know of a transport besides its way in."""
+
+    name: str  # the `transport` label of metrics.errors: "ws", "grpc"
+    in_band_end: bool  # a fatal error is an event before session.ended (session_driver.py)
+    stalls: bool  # output waits at most limits.stalled_client_s for the client to read
+    tasks: str  # the prefix of its tasks' names
 
 
 class InputEnd(enum.Enum):

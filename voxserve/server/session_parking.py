@@ -22,6 +22,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def parkable(driver: SessionDriver) -> bool:
+    """Whether a session may wait for its client to come back: asked for, still running,
+    not ending, and not ended for a client that stopped reading."""
+    session = driver.session
+    return (
+        session.config.resumable
+        and not session.outbox.stalled
+        and not driver.finished
+        and not driver.closing
+    )
+
+
 class ParkedSessions:
     """Parked sessions by session id, each with the timer that ends it."""
 
@@ -59,7 +71,10 @@ class ParkedSessions:
                 fatal=True,
             )
         self.remove(driver)
-        driver.resume()
+        session = driver.session
+        session.resumed()
+        if driver.wire.stalls:  # someone reads again
+            session.outbox.stall_s = driver.runtime.settings.limits.stalled_client_s
         return driver
 
     def _expire(self, driver: SessionDriver) -> None:

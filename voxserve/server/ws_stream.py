@@ -28,9 +28,10 @@ from voxserve.server.auth import (
     check_origin,
     subprotocol_token,
 )
-from voxserve.server.session_driver import SessionDriver, Wire
+from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import refusal_event
-from voxserve.server.session_parking import ParkedSessions
+from voxserve.server.session_input import Wire
+from voxserve.server.session_parking import ParkedSessions, parkable
 from voxserve.server.session_slot import count_refusal
 from voxserve.server.ws_fastpath import FastPath, fast_path_of
 from voxserve.server.ws_link import CLOSE_POLICY, SessionLink
@@ -98,7 +99,7 @@ class StreamConnection:
             await link.run(self.runtime.metrics, resumed=resumed, since=self.opened_at)
         finally:
             window = self.limits.resume_window_s
-            if link.client_left and window > 0 and driver.parkable:
+            if link.client_left and window > 0 and parkable(driver):
                 self.parked.park(driver, window)
             else:
                 driver.close()
