@@ -168,6 +168,7 @@ class SessionDriver:
             self._drain_task.cancel()
         if not self._ran:  # cancelled before it began: nothing else gives the buffers back
             self.session.release()
+        self.session.release_input = None  # no cycle keeps the session past the next GC
         self.slot.release()
         self.runtime.metrics.session_counts(self.session.ended_event())
         self.runtime.drain.discard(self)

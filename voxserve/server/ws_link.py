@@ -1,7 +1,7 @@
 """One WebSocket connection's link to its session: the way in, the way out, the close.
 
 The way in is the driver's `ClientInput`: the ASGI receive, and the fast path
-(server/ws_fastpath.py) bound to this session for this connection (`bind`, `unbind`):
+(server/ws_fastpath.py) bound to this session for this connection (`_bind`, `_unbind`):
 its sink takes whole valid frames inside the socket's `data_received`, its hand-over is
 the session's `release_input` (through the driver, which knows which connection is
 attached), its stall detector ends the session (`SessionDriver.client_stalled`). The way
