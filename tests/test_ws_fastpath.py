@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from tests.fakes import silence, tone
 from tests.helpers import eventually, sessions_ended
 from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
-from voxserve.server.ws_stream import StreamConnection
+from voxserve.server.ws_link import SessionLink
 
 
 def counted(live: LiveServer) -> dict[str, float]:
@@ -77,10 +76,10 @@ async def test_frames_are_handed_over_a_vad_batch_at_a_time(
     (64 ms, ~3 frames) and handed over together; nothing is lost or reordered, and what is
     held when the client stops is handed over before the end."""
     handed: list[int] = []
-    real_sink = StreamConnection._audio_sink
+    real_sink = SessionLink._audio_sink
 
-    def counting_sink(self: StreamConnection, live: Any) -> Callable[[list[bytes]], int]:
-        sink = real_sink(self, live)
+    def counting_sink(self: SessionLink) -> Callable[[list[bytes]], int]:
+        sink = real_sink(self)
 
         def counted_sink(messages: list[bytes]) -> int:
             handed.append(len(messages))
@@ -88,7 +87,7 @@ async def test_frames_are_handed_over_a_vad_batch_at_a_time(
 
         return counted_sink
 
-    monkeypatch.setattr(StreamConnection, "_audio_sink", counting_sink)
+    monkeypatch.setattr(SessionLink, "_audio_sink", counting_sink)
     audio = speech()
     frames_sent = -(-audio.size // 320)
     _, frames, events = await run_asr(fake_server.ws_url, audio)
@@ -185,13 +184,13 @@ async def test_a_failing_sink_costs_the_stream_nothing(
     """A bug in the fast path must not close the connection (an exception in
     data_received would): the stream's audio takes the queue from then on."""
 
-    def broken_sink(self: StreamConnection, live: Any) -> Callable[[list[bytes]], int]:
+    def broken_sink(self: SessionLink) -> Callable[[list[bytes]], int]:
         def sink(messages: list[bytes]) -> int:
             raise RuntimeError("fast path bug")
 
         return sink
 
-    monkeypatch.setattr(StreamConnection, "_audio_sink", broken_sink)
+    monkeypatch.setattr(SessionLink, "_audio_sink", broken_sink)
     before = await counted_when_idle(fake_server)
     _, frames, events = await run_asr(fake_server.ws_url, speech())
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]

@@ -1,5 +1,5 @@
 """Clock jumps. The server reads `time.monotonic()` for the dedup window (session), the
-idle and lifetime watch (ws_stream), stage deadlines (stage) and quotas; a monotonic clock
+idle and lifetime watch (session_driver), stage deadlines (stage) and quotas; a monotonic clock
 only jumps forward in practice (a VM resumed, a suspended host), but a test clock can go
 both ways. A jump shorter than the session limits must change nothing a client can see
 beyond the dedup bookkeeping; quotas are covered on a virtual clock in
@@ -62,7 +62,12 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
     fault_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = JumpingTime()
-    for module in ("server.ws_stream", "pipeline.session", "pipeline.stage"):
+    for module in (
+        "server.session_driver",
+        "server.session_attachment",
+        "pipeline.session",
+        "pipeline.stage",
+    ):
         monkeypatch.setattr(f"voxserve.{module}.time", clock)
     baseline = await resources(fault_server)
     messages = [

@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from voxserve.pipeline.session import Session
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -89,27 +86,3 @@ class Drain:
         except TimeoutError:
             return False
         return True
-
-
-class SessionDrain:
-    """Drainable for a transport whose session lives exactly as long as its call (gRPC):
-    the drain ends its input; the deadline cancels its pipeline and closes its output with
-    `session.ended` reason `server_shutdown`."""
-
-    def __init__(self, session: Session, pipeline: asyncio.Task[None]) -> None:
-        self.session = session
-        self.pipeline = pipeline
-        self._draining: asyncio.Task[None] | None = None
-
-    def begin_drain(self) -> None:
-        if self._draining is None and not self.pipeline.done():
-            self._draining = asyncio.get_running_loop().create_task(self.session.drain())
-
-    def force_end(self) -> None:
-        if self.pipeline.done():
-            return
-        self.pipeline.cancel()
-        session = self.session
-        session.end_reason = "server_shutdown"
-        session.outbox.event_nowait(session.ended_event())
-        session.outbox.close_nowait()

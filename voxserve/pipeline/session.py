@@ -191,6 +191,11 @@ class Session:
         """The highest seq_id accepted (what a resumed client need not resend)."""
         return self.audio.acked_seq if self.audio is not None else None
 
+    @property
+    def input_closed(self) -> bool:
+        """No more input is taken (`audio.end`, the end of the request stream)."""
+        return self._input.closed
+
     # -- input, called by the transport ---------------------------------------------------
 
     async def feed_audio(self, seq: int, pcm: memoryview) -> None:

@@ -1,0 +1,49 @@
+"""Audio of one Wyoming transcription: checked chunk by chunk, kept under a byte cap."""
+
+from __future__ import annotations
+
+import numpy as np
+from wyoming.audio import AudioChunk
+
+from voxserve.errors import ErrorCode, VoxError
+
+PCM_WIDTH = 2  # 16-bit samples in and out
+
+
+class Recording:
+    """Audio of one transcription, as 16-bit mono at the client's rate, under a byte cap."""
+
+    def __init__(self, rate: int, limit: int) -> None:
+        self.rate = rate
+        self.limit = limit
+        self.chunks: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, chunk: AudioChunk) -> None:
+        if chunk.width != PCM_WIDTH:
+            raise VoxError(
+                ErrorCode.UNSUPPORTED_ENCODING,
+                f"audio width {chunk.width} bytes is not supported; send 16-bit PCM (width 2)",
+            )
+        if chunk.rate != self.rate:
+            raise VoxError(
+                ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+                f"audio-chunk rate {chunk.rate} differs from audio-start's {self.rate}",
+            )
+        channels = max(1, chunk.channels)
+        if len(chunk.audio) % (PCM_WIDTH * channels):
+            raise VoxError(ErrorCode.ODD_LENGTH_PCM, "audio chunk ends inside a sample")
+        self.size += len(chunk.audio)
+        if self.size > self.limit:
+            raise VoxError(
+                ErrorCode.MESSAGE_TOO_LARGE, f"audio exceeds {self.limit} bytes for one request"
+            )
+        samples = np.frombuffer(chunk.audio, dtype="<i2")
+        if channels > 1:  # mix down: ASR wants mono
+            samples = samples.reshape(-1, channels).mean(axis=1).astype(np.int16)
+        self.chunks.append(samples.astype(np.int16, copy=False))
+
+    def samples(self) -> np.ndarray:
+        if not self.chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(self.chunks)
