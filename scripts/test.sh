@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv with the engines and test tools, then run every check the project requires:
-# ruff (lint + format), mypy --strict over the package, and the pytest suite.
+# ruff (lint + format), mypy --strict over the package, the import layers (lint-imports,
+# [tool.importlinter] in pyproject.toml), and the pytest suite. The whole suite (no
+# arguments) runs with branch coverage: a floor on the total ([tool.coverage.report]
+# fail_under) and the figures of pipeline/ and the wire parsers (scripts/coverage_areas.py).
+# With arguments, pytest runs just those, without coverage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -10,4 +14,11 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 .venv/bin/ruff check voxserve tests scripts
 .venv/bin/ruff format --check voxserve tests scripts
 .venv/bin/mypy
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/lint-imports --no-logo
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+status=0
+.venv/bin/python -m pytest -q --cov --cov-report= || status=$?
+.venv/bin/python scripts/coverage_areas.py || true
+exit "$status"

@@ -65,7 +65,7 @@ class PipelineConfig(BaseModel):
     asr: StageConfig = StageConfig(concurrency=2, timeout_s=15.0)
     responder: StageConfig = StageConfig(concurrency=16, timeout_s=20.0)
     tts: StageConfig = StageConfig(concurrency=2, timeout_s=15.0)  # per chunk
-    # 256 frames x 20 ms = 5.12 s of audio buffered between receiver and pipeline (seeds).
+    # 256 frames x 20 ms = 5.12 s of audio buffered between receiver and pipeline.
     ring_frames: int = 256
     # "wait": the receiver stops reading (TCP pushes back on the client);
     # "drop_oldest": oldest unprocessed audio is dropped and counted in session.ended.
@@ -100,7 +100,7 @@ class PipelineConfig(BaseModel):
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
     outbox_messages: int = 256
-    # Ring buffers in the process-wide pool (audio/pool.py). None: the seeds' rule,
+    # Ring buffers in the process-wide pool (audio/pool.py). None: the sizing rule,
     # limits.max_sessions x 1.2 (one ring per stream, 20% headroom). Unused buffers cost
     # address space only; an empty pool falls back to plain allocation with a WARNING.
     pool_buffers: int | None = Field(default=None, ge=0)

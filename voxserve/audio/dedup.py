@@ -19,7 +19,7 @@ def seq_delta(a: int, b: int) -> int:
 
 
 class SeqDedup:
-    """Remembers seq_ids for `window_s` seconds (default 500 ms, as in the seeds)."""
+    """Remembers seq_ids for `window_s` seconds (default 500 ms)."""
 
     def __init__(self, window_s: float = 0.5) -> None:
         self.window_s = window_s

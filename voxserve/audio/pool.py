@@ -1,6 +1,6 @@
 """The process-wide pool of per-session sample buffers (what each session's ring lives in).
 
-Sized by the seeds' rule: streams x per-stream maximum x 1.2, i.e. `limits.max_sessions`
+Sized as streams x per-stream maximum x 1.2 (20% headroom), i.e. `limits.max_sessions`
 x 1.2 buffers of `pipeline.ring_frames` 20 ms frames (`pipeline.pool_buffers` overrides the
 count). One block is reserved up front and cut into buffers; the kernel backs a page only
 once it is written, so an unused buffer costs address space, not memory, and a buffer that
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEADROOM = 1.2  # the seeds' sizing rule: streams x per-stream maximum x 1.2
+HEADROOM = 1.2  # buffers per admitted stream: streams x per-stream maximum x 1.2
 
 
 def pool_buffers(settings: Settings) -> int:

@@ -236,8 +236,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--echo-loop",
         choices=("asyncio", "uvloop"),
         default="uvloop",
-        help="the echo server's event loop (default %(default)s: DESIGN.md's reference, a bare "
-        "websockets + uvloop server; figures before 2026-11-29 21:30 used asyncio)",
+        help="the echo server's event loop (default %(default)s: the reference of "
+        "docs/benchmarks.md's targets, a bare websockets + uvloop server; figures before "
+        "2026-11-29 21:30 used asyncio)",
     )
     eng = add(
         "engines",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from voxserve.bench.report import eprint
-from voxserve.server.http_memory import smaps_rollup
+from voxserve.observe.process_memory import smaps_rollup
 
 AddCommand = Callable[..., argparse.ArgumentParser]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from voxserve.cli.errors import PROG, CliError, import_hint
 
 if TYPE_CHECKING:
-    from voxserve.cli.parser import Subparsers
+    from voxserve.cli.argtypes import Subparsers
 
 COMMAND = "bench"
 HELP = "load-test a server: latency, capacity, overhead"

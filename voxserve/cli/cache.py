@@ -21,7 +21,7 @@ from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, CliError
 if TYPE_CHECKING:
     import httpx
 
-    from voxserve.cli.parser import Subparsers
+    from voxserve.cli.argtypes import Subparsers
     from voxserve.config import Settings
 
 PREWARM_BATCH = 500  # sentences per admin request (far under the 4 MB body limit)

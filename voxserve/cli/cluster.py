@@ -9,21 +9,19 @@ deploys onto an existing cluster and returns; the deployments stay until `down`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import time
-from collections.abc import Iterator
-from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.argtypes import Subparsers
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import configure_cli_logging, load_cli_settings
+from voxserve.cli.signals import interrupt, sigterm_interrupts
 
 if TYPE_CHECKING:
     from voxserve.config import ClusterConfig, Settings
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 CLUSTER_HINT = "pip install 'voxserve[cluster]'"
 
 
@@ -113,7 +111,7 @@ def _up(settings: Settings, *, local: bool, num_cpus: int | None, nodes: int = 1
     """Stopping is the normal way to end a local `up`: SIGINT or SIGTERM at any point
     (starting Ray, deploying, serving) shuts Serve and Ray down and exits 0."""
     started: list[Any] = []  # what to stop: the simulated cluster, if any
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         try:
             _deploy(settings, local=local, num_cpus=num_cpus, nodes=nodes, started=started)
         except KeyboardInterrupt:
@@ -147,7 +145,7 @@ def _deploy(
             kwargs["num_cpus"] = num_cpus
         ray.init(namespace=cluster.namespace, **kwargs)
     if local:
-        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own (exit 15)
+        signal.signal(signal.SIGTERM, interrupt)  # ray.init installs its own (exit 15)
         cluster = cluster.model_copy(update={"address": ray.get_runtime_context().gcs_address})
         settings = settings.model_copy(update={"cluster": cluster})
         offered = ray.cluster_resources().get("CPU", 0.0)  # type: ignore[no-untyped-call]
@@ -205,21 +203,6 @@ def _simulated_cluster(nodes: int, num_cpus: int) -> Any:
         cluster.add_node(**node)
     cluster.wait_for_nodes()
     return cluster
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM as Ctrl-C (KeyboardInterrupt), so either one runs the clean-up."""
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _status(settings: Settings, *, as_json: bool) -> int:

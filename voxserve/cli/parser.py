@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TypeAlias
 
 from voxserve import __version__
+from voxserve.cli.argtypes import Subparsers, port_number, positive_int
 from voxserve.cli.cache import add_cache_parser
 from voxserve.cli.cluster import add_cluster_parser
 from voxserve.cli.engines import add_engines_arguments, cmd_engines_action
@@ -15,30 +15,7 @@ from voxserve.cli.serve import cmd_serve
 from voxserve.cli.speech import cmd_say, cmd_transcribe
 from voxserve.cli.stats import add_stats_parser
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
-
-
-def positive_int(text: str) -> int:
-    """A count for argparse: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
-
-
-def port_number(text: str) -> int:
-    """A TCP port for argparse: 0-65535 (0 disables the transports that allow it)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0-65535")
-    return port
 
 
 def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentParser:

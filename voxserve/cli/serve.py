@@ -4,18 +4,15 @@ where to connect, run until SIGINT or SIGTERM, and exit 0 after a graceful shutd
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.cache import with_cache_dir
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import check_engines_import, load_cli_settings
+from voxserve.cli.signals import sigterm_interrupts
 from voxserve.cli.workers import run_workers, workers_transports
 
 if TYPE_CHECKING:
@@ -25,7 +22,7 @@ if TYPE_CHECKING:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Stopping the server is the normal way to end it: SIGINT or SIGTERM, at any point
     (starting, loading, serving), exits 0 after a graceful shutdown."""
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         try:
             return _serve(args)
         except KeyboardInterrupt:  # uvicorn re-raises the signal after shutting down
@@ -270,19 +267,3 @@ def _configure_otel() -> None:
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C. While uvicorn runs it handles both signals (graceful
-    shutdown), then re-raises the signal with the handler it found: this one, so SIGTERM
-    ends as KeyboardInterrupt too, not as death by signal."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from voxserve.cli.errors import EXIT_OK
 
 if TYPE_CHECKING:
-    from voxserve.cli.parser import Subparsers
+    from voxserve.cli.argtypes import Subparsers
 
 
 def add_stats_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -32,11 +32,11 @@ def run_workers(settings: Settings, sockets: list[socket.socket]) -> int:
     from voxserve.server.workers import serve_workers
 
     def worker(worker_settings: Settings, preloaded: dict[str, Any], index: int) -> int:
-        from voxserve.cli.serve import _sigterm_interrupts
+        from voxserve.cli.signals import sigterm_interrupts
         from voxserve.runtime import Runtime
         from voxserve.server.serve import serve
 
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             try:
                 serve(worker_settings, Runtime(worker_settings, preloaded=preloaded), sockets)
             except KeyboardInterrupt:  # uvicorn re-raises the signal after its shutdown

@@ -1,6 +1,7 @@
-"""This process's memory and the ceiling it lives under (Linux; 0 elsewhere): read by the
-metrics at scrape time and by the memory guard (pipeline/memory_guard.py) before new work;
-and its threads and open files, for the debug endpoints' leak checks."""
+"""A process's memory and the ceiling it lives under (Linux; 0 or {} elsewhere): read by the
+metrics at scrape time, by the memory guard (pipeline/memory_guard.py) before new work, by
+GET /debug/memory and by the memory benchmarks (bench/memory.py, of another process); and
+this process's threads and open files, for the debug endpoints' leak checks."""
 
 from __future__ import annotations
 
@@ -53,3 +54,22 @@ def process_stats() -> dict[str, int]:
     except OSError:
         return {"threads": -1, "fds": -1}
     return {"threads": threads, "fds": fds}
+
+
+_ROLLUP = {"Rss": "rss", "Pss": "pss", "Private_Clean": "private", "Private_Dirty": "private"}
+
+
+def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
+    """RSS, PSS and USS (private pages) in bytes from /proc/PID/smaps_rollup: PSS and USS
+    are the honest figures when pages are shared between worker processes. {} elsewhere."""
+    found = {"rss": 0, "pss": 0, "private": 0}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                name, _, rest = line.partition(":")
+                key = _ROLLUP.get(name)
+                if key is not None:
+                    found[key] += int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"rss_bytes": found["rss"], "pss_bytes": found["pss"], "uss_bytes": found["private"]}

@@ -18,28 +18,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.observe.process_memory import process_stats
+from voxserve.observe.process_memory import process_stats, smaps_rollup
 from voxserve.runtime import Runtime
 from voxserve.server.http_admin import check_admin_key
 from voxserve.server.http_requests import guarded
-
-_ROLLUP = {"Rss": "rss", "Pss": "pss", "Private_Clean": "private", "Private_Dirty": "private"}
-
-
-def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
-    """RSS, PSS and USS (private pages) in bytes from /proc/PID/smaps_rollup: PSS and USS
-    are the honest figures when pages are shared between worker processes. {} elsewhere."""
-    found = {"rss": 0, "pss": 0, "private": 0}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
-            for line in rollup:
-                name, _, rest = line.partition(":")
-                key = _ROLLUP.get(name)
-                if key is not None:
-                    found[key] += int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return {}
-    return {"rss_bytes": found["rss"], "pss_bytes": found["pss"], "uss_bytes": found["private"]}
 
 
 def memory_body(runtime: Runtime) -> dict[str, Any]:
