@@ -19,6 +19,7 @@ from voxserve.events import MarkMessage, StreamConfig
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import quotas_of
+from voxserve.server.session_attachment import attach
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import limit_error
 from voxserve.server.session_input import BadAudio, Decoded, InputEnd, Wire
@@ -160,14 +161,14 @@ async def test_the_input_hook_reaches_only_the_connection_attached() -> None:
     session = driver.session
     try:
         first, second = FakeInput(), FakeInput()
-        async with driver.attached(first, since=time.monotonic()):
+        async with attach(driver, first, since=time.monotonic()):
             assert session.release_input == driver.release_input
             session.release_input()
             assert first.released == 1
         assert first.released == 2  # what it held is handed over as it leaves
         session.release_input()
         assert first.released == 2
-        async with driver.attached(second, since=time.monotonic()):
+        async with attach(driver, second, since=time.monotonic()):
             session.release_input()
             assert (first.released, second.released) == (2, 1)
         assert session.release_input == driver.release_input
@@ -180,7 +181,7 @@ async def test_the_receiver_reports_bad_input_and_ignores_it_after_a_fatal_end()
     driver = open_driver(runtime)
     source = FakeInput()
     try:
-        async with driver.attached(source, since=time.monotonic()) as attachment:
+        async with attach(driver, source, since=time.monotonic()) as attachment:
             source.messages.put_nowait(
                 BadAudio(VoxError(ErrorCode.FRAME_TOO_SHORT, "shorter than its header"))
             )
@@ -205,7 +206,7 @@ async def test_a_half_close_ends_the_input_and_the_idle_clock() -> None:
     driver = open_driver(runtime, STATUS)
     source = FakeInput()
     try:
-        async with driver.attached(source, since=time.monotonic()) as attachment:
+        async with attach(driver, source, since=time.monotonic()) as attachment:
             source.messages.put_nowait(InputEnd.CLOSED)
             assert attachment.receiver is not None
             await asyncio.wait_for(attachment.receiver, 1)

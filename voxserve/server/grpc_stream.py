@@ -36,6 +36,7 @@ from voxserve.server import grpc_codec as codec
 from voxserve.server import grpc_events
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS
+from voxserve.server.session_attachment import attach
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_input import BadAudio, ClientInput, Decoded, InputEnd, Wire
 from voxserve.server.session_slot import count_refusal
@@ -171,7 +172,7 @@ class SessionCall(Generic[Req, Resp]):
         source: ClientInput[Req | codec.Undecodable] = GrpcInput(
             requests, self.parse, rate, max_frame_ms
         )
-        async with driver.attached(source, since=self.opened_at):
+        async with attach(driver, source, since=self.opened_at):
             while (item := await session.outbox.next()) is not None:
                 response = self._encode(item)
                 if response is not None:

@@ -14,10 +14,11 @@ import logging
 import time
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from voxserve.config import LimitsConfig
 from voxserve.errors import VoxError
+from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import limit_error
 from voxserve.server.session_input import (
     BadAudio,
@@ -27,16 +28,13 @@ from voxserve.server.session_input import (
     feed_frames,
 )
 
-if TYPE_CHECKING:
-    from voxserve.server.session_driver import SessionDriver
-
 log = logging.getLogger(__name__)
 
 M = TypeVar("M")
 
 
 class Attachment(Generic[M]):
-    """SessionDriver.attached: an async context manager around the connection's tasks."""
+    """`attach`: an async context manager around the connection's tasks."""
 
     def __init__(
         self,
@@ -152,3 +150,27 @@ class Attachment(Generic[M]):
                     return
                 wake_at = min(wake_at, driver.last_message_at + idle)
             await asyncio.sleep(wake_at - now + 0.001)
+
+
+def attach(
+    driver: SessionDriver,
+    source: ClientInput[M],
+    *,
+    since: float,
+    sender: Coroutine[Any, Any, None] | None = None,
+) -> Attachment[M]:
+    """The connection's tasks while it is attached to `driver`: an async context manager.
+    `since`: when the connection opened (the idle clock starts)."""
+    return Attachment(driver, source, since=since, sender=sender)
+
+
+async def serve_attached(
+    driver: SessionDriver,
+    source: ClientInput[M],
+    sender: Coroutine[Any, Any, None],
+    *,
+    since: float,
+) -> None:
+    """`attach` with a sender task, until the session or the connection is over."""
+    async with attach(driver, source, since=since, sender=sender) as attachment:
+        await attachment.until_done()

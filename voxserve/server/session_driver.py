@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ServerEvent, StreamConfig
@@ -31,15 +31,29 @@ from voxserve.pipeline.outbox import Outgoing
 from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
 from voxserve.server.quotas import AudioVerdict
-from voxserve.server.session_attachment import Attachment
 from voxserve.server.session_events import error_event, internal_error
 from voxserve.server.session_input import ClientInput, Frames, Wire
-from voxserve.server.session_parking import ParkedSessions
 from voxserve.server.session_slot import SessionSlot, new_session
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M")
+
+
+class AttachedConnection(Protocol):
+    """The connection attached now, as the driver sees it (session_attachment.Attachment,
+    which drives the driver: it is named here only by what the driver asks of it)."""
+
+    @property
+    def source(self) -> ClientInput[Any]: ...
+
+    def stop_sending(self) -> None: ...
+
+
+class ParkingLot(Protocol):
+    """Where a session waits for its client (session_parking.ParkedSessions)."""
+
+    def remove(self, driver: SessionDriver) -> None: ...
 
 
 class SessionDriver:
@@ -64,12 +78,12 @@ class SessionDriver:
         self.last_message_at = time.monotonic()  # read by the limits watcher
         self.unsent: Outgoing | None = None  # taken from the outbox, not written (resent)
         self.charges_audio = slot.quota.charges_audio  # fixed for the session's life
-        self.attachment: Attachment[Any] | None = None  # the connection attached now
+        self.attachment: AttachedConnection | None = None  # the connection attached now
         self._ran = False  # the pipeline task began (it releases the session then)
         self._forced = False
         self._failure_logged = False
         self._drain_task: asyncio.Task[None] | None = None
-        self.parked_in: ParkedSessions | None = None  # waiting there for its client
+        self.parked_in: ParkingLot | None = None  # waiting there for its client
         self._closed = False
         session.release_input = self.release_input
 
@@ -201,24 +215,6 @@ class SessionDriver:
         bind_session(session.trace_id, session.id)
         what = "session resumed" if resumed else "session started"
         log.info(what, extra={"mode": session.config.mode, "transport": self.wire.name})
-
-    def attached(
-        self,
-        source: ClientInput[M],
-        *,
-        since: float,
-        sender: Coroutine[Any, Any, None] | None = None,
-    ) -> Attachment[M]:
-        """The connection's tasks while it is attached (session_attachment.py): an async
-        context manager. `since`: when the connection opened (the idle clock starts)."""
-        return Attachment(self, source, since=since, sender=sender)
-
-    async def serve(
-        self, source: ClientInput[M], sender: Coroutine[Any, Any, None], *, since: float
-    ) -> None:
-        """`attached` with a sender task, until the session or the connection is over."""
-        async with self.attached(source, since=since, sender=sender) as attachment:
-            await attachment.until_done()
 
     def release_input(self) -> None:
         """Session.release_input: the attached connection hands over what it holds."""

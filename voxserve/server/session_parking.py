@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from voxserve.errors import ErrorCode, VoxError
-
-if TYPE_CHECKING:
-    from voxserve.server.session_driver import SessionDriver
+from voxserve.server.session_driver import SessionDriver
 
 log = logging.getLogger(__name__)
 

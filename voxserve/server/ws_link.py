@@ -23,6 +23,7 @@ from voxserve.config import LimitsConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import event_type
 from voxserve.observe.metrics import Metrics
+from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import internal_error, resumed_event
 from voxserve.server.session_input import BadAudio, Decoded, InputEnd
@@ -67,7 +68,7 @@ class SessionLink:
         await self.ws.send_text(encode_event(started))
         self._bind()
         try:
-            await driver.serve(self, self._send(), since=since)
+            await serve_attached(driver, self, self._send(), since=since)
         finally:
             self._unbind(metrics)
         if session.outbox.stalled:
