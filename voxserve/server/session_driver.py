@@ -5,8 +5,9 @@ the receiver and limits-watcher tasks of the connection attached to it, the key'
 (one charge for audio, however it arrives), the fatal end, the session counts, the log
 context, the drain, and the teardown that cancels, awaits and reports its tasks. A
 transport opens it (`open`), `start`s it, and attaches its connection's way in
-(session_input.ClientInput) with `attached` (a pulled response stream: gRPC) or `serve`
-(a sender task: the WebSocket); it keeps its codec and how it writes and closes.
+(session_input.ClientInput) with session_attachment's `attach` (a pulled response stream:
+gRPC) or `serve_attached` (a sender task: the WebSocket); it keeps its codec and how it
+writes and closes.
 
 What differs between wires is said by a `Wire`: above all how a fatal error shows, as an
 event followed by `session.ended` on the stream (the WebSocket), or as the call's status
