@@ -2,8 +2,10 @@
 
 A window is additive-increase / multiplicative-decrease, like TCP's: under pressure it
 halves (never below 1), when healthy it grows back by one per tick (never above its
-maximum). The default maximum, 8, and the floor, 1, are the seeds' figures. Pure: the
-flow monitor (pipeline/flow.py) decides when there is pressure and calls these.
+maximum). A stream's input window counts VAD batches of audio waiting in its ring: at most
+8 by default (`flow.credit_window`, ~0.5 s at 64 ms a batch), at least 1, so a stream
+under pressure still moves. Pure: the flow monitor (pipeline/flow.py) decides when there
+is pressure and calls these.
 """
 
 from __future__ import annotations

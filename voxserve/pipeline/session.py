@@ -4,9 +4,10 @@ asr:       audio -> AudioInput -> Listener (VAD, partials, finals)
 tts:       text  -> TextInput -> Replies (Speaker)
 assistant: audio -> AudioInput -> Listener -> Replies (responder, Speaker), with barge-in
 
-The transport calls feed_audio (or, on the WebSocket's fast path, can_take_audio_now /
-take_audio_now / audio_wanted_in) / feed_text / end_input / mark / cancel and drains the
-outbox; `run` owns every task of the session and returns after `session.ended` is queued.
+The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
+path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
+cancel, and the transport drains the outbox; `run` owns every task of the session and
+returns after `session.ended` is queued.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _take_none(frames: list[tuple[int, memoryview]], now: float) -> None:
 class Session:
     """What a transport drives: one stream's parts, wired for its mode (module docstring)."""
 
-    # The fast path's calls (server/ws_stream.py), bound in __init__ to the audio input's
+    # The fast path's calls (server/ws_link.py), bound in __init__ to the audio input's
     # methods, so a frame costs no call through the session (tts sessions: none taken).
     can_take_audio_now: _CanTake
     """Whether `take_audio_now` may have a frame of `size` bytes after `ahead` bytes of

@@ -1,1 +1,2 @@
-"""Transports: thin adapters between the wire and sessions. Wire parsing stays free of I/O."""
+"""Transports, and the session driver they share: each wire supplies its way in, its
+send/close and its codec; wire parsing stays free of I/O."""
