@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ServerEvent, StreamConfig
@@ -37,8 +37,6 @@ from voxserve.server.session_input import ClientInput, Frames, Wire
 from voxserve.server.session_slot import SessionSlot, new_session
 
 log = logging.getLogger(__name__)
-
-M = TypeVar("M")
 
 
 class AttachedConnection(Protocol):

@@ -27,7 +27,6 @@ class SessionSlot:
     def __init__(self, runtime: Runtime, principal: str) -> None:
         """Raises `quota_exceeded` (fatal) when the key has no slot left."""
         self.runtime = runtime
-        self.principal = principal
         self.quota: SessionQuota = quotas_of(runtime).open_session(principal)
         self._mode: str | None = None  # counted in as this mode, until released
 
