@@ -222,12 +222,12 @@ class SessionDriver:
 
     # -- audio and the key's quota --------------------------------------------------------
 
-    def charge_audio(self, seconds: float, frames: int = 1) -> AudioVerdict:
-        """The one place audio meets the key's audio minute. Over it the message is
-        refused (its frames counted in `rejected`; one non-fatal `quota_exceeded` per run
-        of refusals, in the verdict, for the caller to send) and the session goes on, so
-        audio already accepted is still finished."""
-        verdict = self.slot.quota.audio(seconds)
+    def charge_audio(self, nbytes: int, frames: int = 1) -> AudioVerdict:
+        """The one place audio meets the key's audio minute: `nbytes` of PCM16 in `frames`
+        frames. Over it the message is refused (its frames counted in `rejected`; one
+        non-fatal `quota_exceeded` per run of refusals, in the verdict, for the caller to
+        send) and the session goes on, so audio already accepted is still finished."""
+        verdict = self.slot.quota.audio(nbytes / (2 * self.session.config.sample_rate))
         if not verdict.accepted:
             self.session.rejected += frames
             if verdict.report is not None:
@@ -238,8 +238,7 @@ class SessionDriver:
         """`charge_audio` for one message, its report sent (waiting like any event)."""
         if not self.charges_audio:
             return True
-        size = sum(len(pcm) for _, pcm in frames)
-        verdict = self.charge_audio(size / (2 * self.session.config.sample_rate), len(frames))
+        verdict = self.charge_audio(sum(len(pcm) for _, pcm in frames), len(frames))
         if verdict.report is not None:
             await self.session.outbox.event(error_event(verdict.report))
         return verdict.accepted
@@ -250,11 +249,10 @@ class SessionDriver:
         client not reading)."""
         self.last_message_at = now = time.monotonic()
         if self.charges_audio:
-            rate = self.session.config.sample_rate
             outbox = self.session.outbox
             kept = []
             for seq, pcm in frames:
-                verdict = self.charge_audio(len(pcm) / (2 * rate))
+                verdict = self.charge_audio(len(pcm))
                 if verdict.report is not None:
                     outbox.event_nowait(error_event(verdict.report))
                 if verdict.accepted:
