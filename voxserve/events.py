@@ -123,7 +123,8 @@ CLIENT_MESSAGE_TYPES: dict[str, type[ClientMessage]] = {
     "mark": MarkMessage,
     "credit": CreditMessage,
 }
-"""Each client `type` and the message it is parsed into (ws_protocol.parse_text_message)."""
+"""Each client `type` and the message ws_protocol.parse_text_message parses it into; the
+parser does not read this table: tests/test_events_docs.py holds it to docs/protocol.md."""
 
 
 # --- server events ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
+from tests.event_samples import SAMPLES
 from voxserve import events as ev
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import CancelMessage, EndMessage, MarkMessage, TextMessage
@@ -131,48 +132,14 @@ def test_split_frames() -> None:
 
 
 def test_every_event_type_maps() -> None:
+    first = {type(e): e for e, _ in reversed(SAMPLES)}  # the first sample of each type
+    kinds = (ev.SessionStarted, ev.VadStart, ev.VadEnd, ev.TranscriptPartial, ev.TranscriptFinal)
+    kinds += (ev.ResponseDelta, ev.ResponseText, ev.TtsStart, ev.TtsEnd, ev.BargeIn, ev.Mark)
     events: list[ev.ServerEvent] = [
-        ev.SessionStarted(
-            session_id="s",
-            trace_id="",
-            mode="tts",
-            sample_rate=16000,
-            encoding="",
-            language="",
-            voice="",
-            output_sample_rate=0,
-            frame_ms=20,
-            credit_window=None,
-            resumable=False,
-        ),
-        ev.VadStart(segment=1, start_ms=300),
-        ev.VadEnd(segment=1, start_ms=300, end_ms=900),
-        ev.TranscriptPartial(segment=1, text="a", start_ms=0, end_ms=5),
-        ev.TranscriptFinal(segment=1, text="ab", start_ms=0, end_ms=0, language="en"),
-        ev.ResponseDelta(reply=1, text="x"),
-        ev.ResponseText(reply=1, text="xy"),
-        ev.TtsStart(reply=1, voice="joe", sample_rate=16000),
-        ev.TtsEnd(reply=1, chunks=2, audio_ms=400, interrupted=True, underruns=0),
-        ev.BargeIn(segment=2),
-        ev.Mark(id=7),
+        *(first[kind] for kind in kinds),
+        # an error about a reply, not a segment (SAMPLES' errors have both or neither)
         ev.ErrorEvent(code="engine_error", message="m", fatal=False, stage="tts", reply=1),
-        ev.SessionEnded(
-            session_id="",
-            trace_id="",
-            reason="",
-            received=5,
-            duplicates=0,
-            accepted=0,
-            processed=0,
-            dropped=0,
-            rejected=0,
-            gaps=0,
-            reordered=0,
-            segments=0,
-            replies=0,
-            interrupted=0,
-            duration_ms=12,
-        ),
+        first[ev.SessionEnded],
     ]
     fields = []
     for event in events:
