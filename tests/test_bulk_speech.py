@@ -16,7 +16,7 @@ from tests.fakes import FakeTts
 async def test_long_http_texts_hold_only_bulks_share_of_tts(fake_server: LiveServer) -> None:
     tts = fake_server.runtime.engines.tts[0]
     assert isinstance(tts, FakeTts)
-    stage = fake_server.runtime.stage("tts")
+    stage = fake_server.runtime.stages.stage("tts")
     assert (stage.concurrency, stage.bulk_slots) == (2, 1)
     seen: list[tuple[int, int]] = []  # (bulk slots held, bulk callers waiting)
 

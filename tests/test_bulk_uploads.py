@@ -166,7 +166,7 @@ def test_an_upload_that_could_not_finish_in_time_is_refused_up_front(
     0.9 s: the 0.4 s timeout plus its length) would be done in ~1 s: 503 `overloaded` with
     Retry-After at once, not a 504 after the wait. Once the long one is done, it is served."""
     live, _ = slow_asr_server
-    stage = live.runtime.stage("asr")
+    stage = live.runtime.stages.stage("asr")
     answers: list[httpx.Response] = []
     long = threading.Thread(target=lambda: answers.append(_post(live.http_url, _tones(*TONES))))
     long.start()

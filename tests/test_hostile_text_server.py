@@ -51,7 +51,7 @@ def test_the_digits_request_is_answered_with_bounded_memory_and_stops_with_its_c
     live_server: LiveServer, http: httpx.Client
 ) -> None:
     runtime = live_server.runtime
-    stage = runtime.stage("tts")
+    stage = runtime.stages.stage("tts")
     body = {"input": DIGITS_REQUEST, "voice": "joe", "response_format": "pcm"}
     started = time.monotonic()
     with RssPeak() as peak:
@@ -81,7 +81,7 @@ async def test_a_websocket_reply_of_digits_is_bounded_and_cancel_stops_it(
 ) -> None:
     """840 characters of numbers once cost a server 2.9 GB over the WebSocket."""
     runtime = live_server.runtime
-    stage = runtime.stage("tts")
+    stage = runtime.stages.stage("tts")
     with RssPeak() as peak:
         async with connect(live_server.ws_url) as ws:
             assert (await start(ws, mode="tts", voice="joe"))["type"] == "session.started"

@@ -148,7 +148,7 @@ def test_speech_first_bytes_arrive_early(live_server: LiveServer) -> None:
 def test_speech_disconnect_stops_synthesis(live_server: LiveServer) -> None:
     """Closing the connection after the first chunk stops the engine between chunks."""
     text = " ".join(f"This is sentence number {n} of a long reply." for n in range(1, 41))
-    stage = live_server.runtime.stage("tts")
+    stage = live_server.runtime.stages.stage("tts")
     before = stage.calls
     with (
         httpx.Client(base_url=live_server.http_url, timeout=60) as http,

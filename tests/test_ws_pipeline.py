@@ -452,6 +452,6 @@ async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> No
             events.append(item)
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]
     assert events[-1]["type"] == "session.ended" and events[-1]["processed"] == len(frames)
-    judged = runtime.vad_batcher().requests
+    judged = runtime.generation.vad_batcher().requests
     assert judged >= len(frames) // 4  # a request per 64 ms batch (or more, when partial)
     assert listener.task_wakeups <= 8 < judged

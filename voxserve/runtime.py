@@ -34,10 +34,8 @@ from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.generations import Batching, Generation, Lease, close_when_idle
 from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
-from voxserve.pipeline.stage import EngineStage
 from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
-from voxserve.pipeline.vad_batch import VadBatcher
 from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, start_prewarm_file
 from voxserve.types import FRAME_SAMPLES
 
@@ -218,14 +216,6 @@ class Runtime:
                 },
             )
             return generation
-
-    def stage(self, name: str) -> EngineStage:
-        """The shared stage for vad/asr/responder/tts, created on the running loop."""
-        return self.stages.stage(name)
-
-    def vad_batcher(self) -> VadBatcher:
-        """The current generation's VAD batcher (all its sessions' VAD work goes through it)."""
-        return self.generation.vad_batcher()
 
     async def load(self) -> None:
         """Load the engines and read the TTS cache from disk, both off the event loop (so

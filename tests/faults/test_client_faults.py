@@ -74,7 +74,7 @@ async def test_disconnect_while_the_final_is_in_a_hung_engine(fault_server: Live
     await alongside(fault_server, leave_during_final())
     await asyncio.sleep(HANG_S)
     await back_to_baseline(fault_server, baseline)
-    assert fault_server.runtime.stage("asr").running == 0
+    assert fault_server.runtime.stages.stage("asr").running == 0
 
 
 async def test_grpc_cancel_mid_utterance(fault_server: LiveServer) -> None:

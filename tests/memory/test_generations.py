@@ -47,7 +47,9 @@ async def test_views_keep_their_generation_and_the_old_one_closes_after_them() -
     unused = runtime.lease()  # a session that never ran: released when collected
     new = await runtime.reload(("asr",))
     assert new.number == 2 and runtime.engines.asr is not old_asr
-    assert view.engines.asr is old_asr and view.vad_batcher() is not runtime.vad_batcher()
+    assert (
+        view.engines.asr is old_asr and view.vad_batcher() is not runtime.generation.vad_batcher()
+    )
     with pytest.raises(AttributeError):  # counters live on the runtime, not a context
         view.active_sessions += 1  # type: ignore[attr-defined]
     assert [g.number for g in runtime.generations] == [1, 2]

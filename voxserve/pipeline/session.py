@@ -180,14 +180,6 @@ class Session:
             self._refused = value
 
     @property
-    def processed(self) -> int:
-        return self.audio.processed if self.audio is not None else 0
-
-    @property
-    def dropped_samples(self) -> int:
-        return self.audio.dropped_samples if self.audio is not None else 0
-
-    @property
     def acked_seq(self) -> int | None:
         """The highest seq_id accepted (what a resumed client need not resend)."""
         return self.audio.acked_seq if self.audio is not None else None
@@ -287,7 +279,9 @@ class Session:
         self.ctx.lease.release()
 
     def ended_event(self) -> SessionEnded:
-        dropped_frames = -(-self.dropped_samples // FRAME_SAMPLES)
+        audio = self.audio
+        processed, dropped = (audio.processed, audio.dropped_samples) if audio else (0, 0)
+        dropped_frames = -(-dropped // FRAME_SAMPLES)
         accepted = self.received - self.dedup.duplicates
         return SessionEnded(
             session_id=self.id,
@@ -296,7 +290,7 @@ class Session:
             received=self.received,
             duplicates=self.dedup.duplicates,
             accepted=accepted,
-            processed=max(0, self.processed - dropped_frames),
+            processed=max(0, processed - dropped_frames),
             dropped=dropped_frames,
             rejected=self.rejected,
             gaps=self.dedup.gaps,
