@@ -50,8 +50,12 @@ async def transcribe(
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
     began = time.monotonic()
     windows = cut_windows(audio, ctx.settings.asr.bulk_window_s)
-    first_due = began + stage.timeout_s + windows[0][1] / SAMPLE_RATE
-    if stage.bulk_done_s(first_due) > budget:
+
+    def due(end: int) -> float:
+        """A window's deadline: the stage's timeout after the audio up to its end."""
+        return began + stage.timeout_s + end / SAMPLE_RATE
+
+    if stage.bulk_done_s(due(windows[0][1])) > budget:
         raise VoxError(
             ErrorCode.OVERLOADED,
             "the asr stage's bulk work would not reach this upload in time; retry later",
@@ -68,7 +72,7 @@ async def transcribe(
         result: AsrResult = await stage.run(
             partial(engines.asr.transcribe, window, language=language),
             timeout_s=left,
-            deadline=began + stage.timeout_s + end / SAMPLE_RATE,
+            deadline=due(end),
             priority=PRIORITY_BULK,
         )
         results.append((start, end, result))

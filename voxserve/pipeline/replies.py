@@ -20,6 +20,7 @@ from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
+from voxserve.pipeline.streams import aclose
 from voxserve.text import SentenceBuffer
 
 HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
@@ -135,7 +136,7 @@ class Replies:
                     stage="responder",
                 ) from None
             finally:
-                await _aclose(stream)
+                await aclose(stream)
             if turn is not None:
                 turn.mark("responder.end")
             rest = buffer.flush()
@@ -167,9 +168,3 @@ class Replies:
         reply_text = "".join(pieces).strip()
         await self.outbox.event(ResponseText(reply=segment, text=reply_text))
         self._history.append((user_text, reply_text))
-
-
-async def _aclose(stream: AsyncIterator[str]) -> None:
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        await close()

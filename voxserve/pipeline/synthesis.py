@@ -44,6 +44,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.chunking import Chunker, chunk_sizes
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
+from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.speakable import clean_text, is_speakable
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
@@ -110,9 +111,7 @@ async def first_audio(chunks: AsyncIterator[Int16Array]) -> Int16Array:
         if first is None:
             raise VoxError(ErrorCode.EMPTY_TEXT, "the voice has nothing to say for this text")
     except BaseException:
-        close = getattr(chunks, "aclose", None)
-        if close is not None:
-            await close()
+        await aclose(chunks)
         raise
     return first
 

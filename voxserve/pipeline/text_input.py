@@ -75,7 +75,7 @@ class TextInput:
         self._texts.clear()
         while not self._queue.empty():
             item = self._queue.get_nowait()
-            if isinstance(item, _Mark):  # marks are answered, never lost
+            if isinstance(item, _Mark):
                 await self.outbox.event(Mark(id=item.id))
             if item is None:  # keep the end-of-input marker
                 await self._queue.put(None)

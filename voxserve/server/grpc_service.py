@@ -24,6 +24,7 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
+from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server import grpc_codec as codec
@@ -127,7 +128,7 @@ class VoxserveServicer:
         except VoxError as exc:
             await self._fail(context, exc, trace_id)
         finally:
-            await _aclose(chunks)
+            await aclose(chunks)
         audio_ms = samples * 1000 // started.sample_rate
         yield pb.SynthesizeResponse(ended=pb.SynthesisEnded(chunks=count, audio_ms=audio_ms))
 
@@ -229,10 +230,3 @@ class VoxserveServicer:
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
         log.info("grpc call failed", extra={"error": error.code.value, "transport": TRANSPORT})
         await abort(context, error, trace_id)
-
-
-async def _aclose(iterator: object) -> None:
-    """Stop a synthesis between chunks (also when the client cancelled the call)."""
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()

@@ -17,6 +17,7 @@ from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS, cache_scope
@@ -155,17 +156,11 @@ async def _audio_bytes(
         code = exc.code.value if isinstance(exc, VoxError) else type(exc).__name__
         log.warning("speech stream ended early", extra={"trace_id": trace_id, "error": code})
     finally:
-        await _aclose(chunks)
+        await aclose(chunks)
 
 
 def _le_bytes(samples: Int16Array) -> bytes:
     return samples.astype("<i2", copy=False).tobytes()
-
-
-async def _aclose(iterator: object) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()
 
 
 class _AudioStream(StreamingResponse):
@@ -183,4 +178,4 @@ class _AudioStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await _aclose(self._source)
+            await aclose(self._source)
