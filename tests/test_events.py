@@ -23,7 +23,7 @@ def legacy_encode(event: dict[str, Any]) -> str:
 
 
 def test_every_event_type_has_samples() -> None:
-    assert {type(event) for event, _ in SAMPLES} == set(get_args(ev.ServerEvent))
+    assert {type(event) for event, _ in SAMPLES} == set(get_args(ev.StreamEvent))
 
 
 @pytest.mark.parametrize(("event", "legacy"), SAMPLES, ids=[d["type"] for _, d in SAMPLES])
@@ -49,7 +49,7 @@ def test_events_are_frozen_and_not_tracked_by_the_collector() -> None:
 
 
 def test_every_client_message_has_its_wire_types() -> None:
-    assert set(ev.CLIENT_MESSAGE_TYPES.values()) == set(get_args(ev.ClientMessage))
+    assert set(ev.CLIENT_MESSAGE_TYPES.values()) == set(get_args(ev.StreamMessage))
 
 
 def test_vox_error_to_event_is_the_old_dict_with_its_merges() -> None:

@@ -37,6 +37,54 @@ MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
 
 
 @dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the responder may call (the Realtime API's `tools` entry)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, object] | None = None  # a JSON schema, passed through as given
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseOptions:
+    """How a conversation session answers: its defaults (`ConversationConfig.response`),
+    or one response's overrides (`ResponseCreate`), where None means "the default"."""
+
+    instructions: str | None = None  # the responder's system prompt; None: its own
+    tools: tuple[ToolSpec, ...] | None = None
+    tool_choice: str | None = None  # auto | none | required | a function's name
+    output_modalities: tuple[Literal["audio", "text"], ...] | None = None  # audio: text + speech
+    voice: str | None = None
+    max_output_tokens: int | None = None
+    # False: an out-of-band response (conversation "none"): answered, not kept in history.
+    in_conversation: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDetection:
+    """Server VAD of a conversation session; None in ConversationConfig is push-to-talk
+    (no VAD: audio between commits is one utterance). None fields: the server's setting."""
+
+    threshold: float | None = None  # speech probability (vad.threshold)
+    prefix_padding_ms: int | None = None  # audio kept before speech start (vad.pad_ms)
+    silence_duration_ms: int | None = None  # silence that ends a turn (vad.hangover_ms)
+    create_response: bool = True  # answer each committed turn
+    interrupt_response: bool = True  # speech cancels the response in progress
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationConfig:
+    """A conversation session (the Realtime API): the conversation's items are kept, turns
+    are committed by VAD or by the client, responses come when a turn ends or on request,
+    and the responder may call tools. /v1/stream sessions have none."""
+
+    responds: bool = True  # Realtime type "realtime"; False: "transcription", no responses
+    turn_detection: TurnDetection | None = TurnDetection()
+    transcribe: bool = True  # input transcription events (item's transcript)
+    response: ResponseOptions = ResponseOptions(output_modalities=("audio",))
+
+
+@dataclass(frozen=True, slots=True)
 class StreamConfig:
     """What `session.start` asked for, validated (voice/language are checked against the
     loaded engines by the session). gRPC's StreamConfig/RecognitionConfig map onto it."""
@@ -54,6 +102,8 @@ class StreamConfig:
     # The client can reconnect with `session.resume` (WebSocket): if it drops, the session
     # is kept limits.resume_window_s instead of ending (its accepted audio still finishes).
     resumable: bool = False
+    # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
+    conversation: ConversationConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +153,71 @@ class ResumeMessage:
     last_seq: int | None
 
 
-ClientMessage: TypeAlias = (
+# Conversation sessions only (the Realtime API's client events; /v1/stream has none of them).
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUpdate:
+    """`session.update`: the whole new config (the codec merges the client's partial update
+    into the one it holds). The session applies what changed, or refuses with a code what
+    cannot change now (server/realtime_codec.py; pipeline/session.py)."""
+
+    config: StreamConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CommitAudio:
+    """`input_audio_buffer.commit`: the audio since the last commit is a user turn now."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAudio:
+    """`input_audio_buffer.clear`: forget the audio not yet committed."""
+
+
+ItemKind = Literal["message", "function_call", "function_call_output"]
+Role = Literal["user", "assistant", "system"]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateItem:
+    """`conversation.item.create`: a message (its text parts joined), a function call, or a
+    function call's output, inserted after `previous_item_id` (None: at the end)."""
+
+    kind: ItemKind
+    item_id: str | None = None  # the client's id, else the session assigns one
+    previous_item_id: str | None = None
+    role: Role | None = None  # messages
+    text: str = ""  # messages
+    call_id: str | None = None  # function_call, function_call_output
+    name: str | None = None  # function_call
+    arguments: str = ""  # function_call: JSON text
+    output: str = ""  # function_call_output
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteItem:
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateItem:
+    """An assistant item's audio was heard only up to `audio_end_ms`: its transcript is cut
+    to what was spoken by then."""
+
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResponse:
+    """`response.create`: answer now, with these overrides of the session's defaults."""
+
+    options: ResponseOptions = ResponseOptions()
+
+
+StreamMessage: TypeAlias = (
     StartMessage
     | TextMessage
     | EndMessage
@@ -112,6 +226,20 @@ ClientMessage: TypeAlias = (
     | CreditMessage
     | ResumeMessage
 )
+"""What a /v1/stream client sends (docs/protocol.md)."""
+
+ConversationMessage: TypeAlias = (
+    SessionUpdate
+    | CommitAudio
+    | ClearAudio
+    | CreateItem
+    | DeleteItem
+    | TruncateItem
+    | CreateResponse
+)
+"""What only a conversation session takes (the Realtime API's codec makes them)."""
+
+ClientMessage: TypeAlias = StreamMessage | ConversationMessage
 
 CLIENT_MESSAGE_TYPES: dict[str, type[ClientMessage]] = {
     "session.start": StartMessage,
@@ -272,7 +400,123 @@ class ErrorEvent(Event, frozen=True, tag="error"):
     trace_id: str | UnsetType = UNSET
 
 
-ServerEvent: TypeAlias = (
+# --- conversation sessions only (the Realtime API); /v1/stream sessions send none -------
+
+
+class Item(msgspec.Struct, frozen=True, gc=False):
+    """One conversation item as the session holds it (ids: `speech_item_id`,
+    `reply_item_id`, or the client's / the responder's)."""
+
+    id: str
+    kind: str  # message | function_call | function_call_output
+    role: str | UnsetType = UNSET  # messages: user | assistant | system
+    status: str = "completed"  # completed | incomplete | in_progress
+    audio: bool = False  # its content is audio (with `text` its transcript)
+    text: str | None = None  # None: an audio item not (yet) transcribed
+    call_id: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+    output: str | UnsetType = UNSET
+
+
+class SessionUpdated(Event, frozen=True, tag="session.updated"):
+    """A `session.update` was applied (the transport describes the whole session)."""
+
+
+class AudioCommitted(Event, frozen=True, tag="audio.committed"):
+    """A user turn's audio ends: VAD's end of speech, or the client's commit."""
+
+    segment: int
+    item_id: str
+    previous_item_id: str | None
+
+
+class AudioCleared(Event, frozen=True, tag="audio.cleared"):
+    """The uncommitted audio was dropped (`ClearAudio`)."""
+
+
+class ItemAdded(Event, frozen=True, tag="item.added"):
+    item: Item
+    previous_item_id: str | None
+
+
+class ItemDone(Event, frozen=True, tag="item.done"):
+    """The item is complete (a transcribed turn, a finished reply or call)."""
+
+    item: Item
+    previous_item_id: str | None
+
+
+class ItemDeleted(Event, frozen=True, tag="item.deleted"):
+    item_id: str
+
+
+class ItemTruncated(Event, frozen=True, tag="item.truncated"):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class TranscriptFailed(Event, frozen=True, tag="transcript.failed"):
+    """A committed turn's transcription failed (`code`, `message` of the VoxError)."""
+
+    segment: int
+    item_id: str
+    code: str
+    message: str
+
+
+class ResponseStarted(Event, frozen=True, tag="response.started"):
+    """Reply `reply` begins: its output is `item_id` (an assistant message) unless the
+    responder calls tools instead."""
+
+    reply: int
+    item_id: str
+    output_modalities: tuple[str, ...]
+    voice: str
+    in_conversation: bool
+
+
+class ResponseDone(Event, frozen=True, tag="response.done"):
+    """Reply `reply` is over: everything it sent is before this. status: completed,
+    cancelled (barge-in or the client's cancel; `reason` says which: turn_detected or
+    client_cancelled), failed (`code`/`message` of the error), incomplete."""
+
+    reply: int
+    status: str
+    reason: str | UnsetType = UNSET
+    code: str | UnsetType = UNSET
+    message: str | UnsetType = UNSET
+    output: tuple[Item, ...] = ()  # the items it produced, as they ended
+
+
+class FunctionCallDelta(Event, frozen=True, tag="function_call.delta"):
+    reply: int
+    item_id: str
+    call_id: str
+    name: str
+    delta: str  # more of the arguments' JSON text
+
+
+class FunctionCallDone(Event, frozen=True, tag="function_call.done"):
+    reply: int
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+def speech_item_id(session_id: str, segment: int) -> str:
+    """The id of the user item of a spoken turn (known from its speech start on)."""
+    return f"item_{session_id}u{segment}"
+
+
+def reply_item_id(session_id: str, reply: int) -> str:
+    """The id of the assistant message a reply speaks or writes."""
+    return f"item_{session_id}r{reply}"
+
+
+StreamEvent: TypeAlias = (
     SessionStarted
     | SessionResumed
     | SessionEnded
@@ -290,6 +534,26 @@ ServerEvent: TypeAlias = (
     | Credit
     | ErrorEvent
 )
+"""What any session may send (docs/protocol.md's /v1/stream section)."""
+
+ConversationEvent: TypeAlias = (
+    SessionUpdated
+    | AudioCommitted
+    | AudioCleared
+    | ItemAdded
+    | ItemDone
+    | ItemDeleted
+    | ItemTruncated
+    | TranscriptFailed
+    | ResponseStarted
+    | ResponseDone
+    | FunctionCallDelta
+    | FunctionCallDone
+)
+"""What only a conversation session sends (docs/realtime.md maps each onto the Realtime
+API's events)."""
+
+ServerEvent: TypeAlias = StreamEvent | ConversationEvent
 
 
 def event_type(event: Event) -> str:

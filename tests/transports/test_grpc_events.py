@@ -30,7 +30,7 @@ CONVERSE_FIELD: dict[type[ev.ServerEvent], str | None] = {
     ev.Mark: "mark",
     ev.Credit: None,  # HTTP/2 flow control paces a gRPC client
     ev.ErrorEvent: "error",
-}
+} | {cls: None for cls in get_args(ev.ConversationEvent)}  # only Realtime sessions have them
 """What each event becomes in a Converse stream (None: the wire cannot carry it)."""
 
 

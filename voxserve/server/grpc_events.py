@@ -11,17 +11,29 @@ from typing import TypeVar, assert_never
 
 from voxserve.events import (
     UNSET,
+    AudioCleared,
+    AudioCommitted,
     BargeIn,
     Credit,
     ErrorEvent,
+    FunctionCallDelta,
+    FunctionCallDone,
+    ItemAdded,
+    ItemDeleted,
+    ItemDone,
+    ItemTruncated,
     Mark,
     Mode,
     ResponseDelta,
+    ResponseDone,
+    ResponseStarted,
     ResponseText,
     ServerEvent,
     SessionEnded,
     SessionResumed,
     SessionStarted,
+    SessionUpdated,
+    TranscriptFailed,
     TranscriptFinal,
     TranscriptPartial,
     TtsEnd,
@@ -115,6 +127,23 @@ def _fill(response: pb.ConverseResponse | pb.RecognizeResponse, event: ServerEve
             _ended(response.ended, event)
         case SessionResumed():
             # Only the WebSocket parks and resumes sessions (a gRPC call is its session).
+            return False
+        case (
+            SessionUpdated()
+            | AudioCommitted()
+            | AudioCleared()
+            | ItemAdded()
+            | ItemDone()
+            | ItemDeleted()
+            | ItemTruncated()
+            | TranscriptFailed()
+            | ResponseStarted()
+            | ResponseDone()
+            | FunctionCallDelta()
+            | FunctionCallDone()
+        ):
+            # Conversation sessions' events: only the Realtime API opens such sessions
+            # (server/realtime_stream.py); voxserve.v1 has no conversation.
             return False
         case _:
             assert_never(event)
