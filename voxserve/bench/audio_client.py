@@ -26,15 +26,14 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from voxserve.bench.program import Script
+from voxserve.bench.program import Script, frame_bytes, pcm_at
 from voxserve.bench.records import Raw
 from voxserve.bench.replies import ReplyAudio
 from voxserve.bench.schedule import FRAME_S, FrameClock, mark_due
 from voxserve.bench.wsbase import WsStream
-from voxserve.types import FRAME_BYTES
+from voxserve.types import SAMPLE_RATE
 
 TAIL_S = 0.3  # silence after the hangover before audio.end
-SILENT_FRAME = bytes(FRAME_BYTES)
 
 
 class AudioStream(WsStream):
@@ -52,9 +51,14 @@ class AudioStream(WsStream):
         hangover_s: float = 0.5,
         lateness: array[float] | None = None,
         deflate: bool = False,
+        rate: int = SAMPLE_RATE,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(url, start, raw, end_at=end_at, drain_s=drain_s, deflate=deflate)
+        super().__init__(
+            url, start, raw, end_at=end_at, drain_s=drain_s, deflate=deflate, headers=headers
+        )
         self.script = script
+        self.rate = rate  # the frames' sample rate (session.start sample_rate)
         self.mark_every = round(mark_every_s / FRAME_S)
         self.mark_phase = mark_phase
         self.hangover_s = hangover_s
@@ -73,6 +77,8 @@ class AudioStream(WsStream):
         clock = FrameClock(time.monotonic())
         frames = clock.frames_before(self.end_at)
         tail = math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
+        size = frame_bytes(self.rate)
+        pcm, silent = pcm_at(self.script.program, self.rate), bytes(size)
         for k in range(frames + tail):
             due = clock.due(k)
             delay = due - time.monotonic()
@@ -82,9 +88,10 @@ class AudioStream(WsStream):
             self.lateness.append(now - due)
             header = (k & 0xFFFFFFFF).to_bytes(4, "big")
             if k >= frames:
-                await ws.send(header + SILENT_FRAME)
+                await ws.send(header + silent)
                 continue
-            await ws.send(header + self.script.frame(k))
+            p = self.script.position(k)
+            await ws.send(header + pcm[p * size : (p + 1) * size])
             if (u := self.script.speech_first(k)) is not None:
                 self.first_sent[u] = now
             if (u := self.script.speech_last(k)) is not None:
@@ -106,6 +113,10 @@ class AudioStream(WsStream):
         elif kind == "vad.start":
             self.segments[int(event["segment"])] = self.script.utterance_at(int(event["start_ms"]))
             self.raw.counts["segments"] += 1
+        elif kind == "vad.end":
+            u = self.segments.get(int(event["segment"]))
+            if u is not None and u in self.last_sent:
+                self.raw.add("vad_end", now - self.last_sent[u])
         elif kind == "transcript.partial":
             self.raw.counts["partials"] += 1
             u = self.segments.get(int(event["segment"]))

@@ -79,6 +79,11 @@ def _common() -> argparse.ArgumentParser:
     )
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--voice", help="TTS voice (default: the server's)")
+    g.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="sent as Authorization: Bearer KEY on every stream (a server with api_keys)",
+    )
     return p
 
 
@@ -94,7 +99,12 @@ def _streams() -> argparse.ArgumentParser:
         default=20.0,
         help="seconds every stream is connected, after the ramp (default %(default)s)",
     )
-    g.add_argument("--mode", choices=["asr", "assistant", "tts"], default="asr")
+    g.add_argument(
+        "--mode",
+        choices=["asr", "assistant", "tts", "realtime"],
+        default="asr",
+        help="realtime: assistant streams through the OpenAI Realtime API (/v1/realtime)",
+    )
     g.add_argument(
         "--ramp",
         type=float,
@@ -140,6 +150,29 @@ def _streams() -> argparse.ArgumentParser:
         help="offer permessage-deflate (off: audio does not compress)",
     )
     g.add_argument("--cooldown", type=float, default=2.0, help="pause between steps, s")
+    g.add_argument(
+        "--sample-rate",
+        type=int,
+        choices=[8000, 16000, 22050, 24000, 48000],
+        help="/v1/stream audio rate, in (session.start sample_rate) and out "
+        "(output_sample_rate); default the server's 16000 (`bench realtime`: 24000, as Realtime)",
+    )
+    r = p.add_argument_group("OpenAI Realtime streams (--mode realtime, bench realtime)")
+    r.add_argument(
+        "--model", default="gpt-realtime", help="?model= of /v1/realtime (default %(default)s)"
+    )
+    r.add_argument(
+        "--piece-ms",
+        type=int,
+        choices=[20, 40],
+        default=20,
+        help="audio per input_audio_buffer.append (default %(default)s, as /v1/stream's frames)",
+    )
+    r.add_argument(
+        "--transcription-model",
+        default="whisper-1",
+        help="session audio.input.transcription.model (default %(default)s)",
+    )
     return p
 
 
@@ -240,6 +273,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "docs/benchmarks.md's targets, a bare websockets + uvloop server; figures before "
         "2026-11-29 21:30 used asyncio)",
     )
+    realtime = add(
+        "realtime",
+        "voxserve.bench.realtime_bench:cmd_realtime",
+        "the OpenAI Realtime doorway against /v1/stream: the same assistant streams through "
+        "each, interleaved in one run; end of speech -> first audio, and streams per core",
+        streams,
+    )
+    _realtime_arguments(realtime)
     eng = add(
         "engines",
         "cmd_engines",
@@ -258,6 +299,49 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     add_soak_arguments(soak)
     add_memory_parsers(add, streams)
+
+
+TRANSPORTS = ("stream", "realtime")
+
+
+def _transports(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or any(n not in TRANSPORTS for n in names) or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(TRANSPORTS)}, got {text!r}")
+    return names
+
+
+def _realtime_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("comparison")
+    g.add_argument(
+        "--transports",
+        type=_transports,
+        default=list(TRANSPORTS),
+        help="comma-separated, run in this order, then reversed every other round (default "
+        "stream,realtime; realtime alone: a Realtime ramp)",
+    )
+    g.add_argument(
+        "--rounds", type=int, default=1, help="rounds per stream count (default %(default)s)"
+    )
+    g.add_argument(
+        "--steps",
+        type=_ints,
+        help="stream counts, comma-separated: a ramp until the budget breaks (default --streams)",
+    )
+    g.add_argument(
+        "--budget-metric",
+        default="turn",
+        help="latency the budget applies to (default %(default)s: end of speech -> first audio)",
+    )
+    g.add_argument(
+        "--budget-ms",
+        type=float,
+        default=1000.0,
+        help="P99 budget (default %(default)s: the load engines' 500 ms hangover + 500 ms; "
+        "for real engines, their turn at low load plus a margin)",
+    )
+    g.add_argument("--all-steps", action="store_true", help="run every step past the budget")
+    parser.set_defaults(mode="realtime")  # the audio program's gap: 3 s, as assistant mode
 
 
 def run_bench(args: argparse.Namespace) -> int:

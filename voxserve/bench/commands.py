@@ -17,7 +17,7 @@ from voxserve.bench import charts, engine_batches, http_tts, loadgen
 from voxserve.bench.program import Program
 from voxserve.bench.report import Report, eprint
 from voxserve.bench.schedule import split_evenly
-from voxserve.bench.servers import spawn_echo
+from voxserve.bench.servers import realtime_url, spawn_echo
 from voxserve.bench.step import Plan, Step, run_step
 from voxserve.bench.target import SENTENCES, Target, audio_program, target
 from voxserve.bench.verdict import budget_problems, knee
@@ -43,6 +43,8 @@ def session_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["chunk_ms"] = args.chunk_ms
     if args.partials is not None:
         fields["partials"] = args.partials
+    if getattr(args, "sample_rate", None):
+        fields["sample_rate"] = fields["output_sample_rate"] = args.sample_rate
     return fields
 
 
@@ -72,12 +74,19 @@ def stream_step(
         drain_s=args.drain,
         deflate=args.deflate,
         session_s=getattr(args, "session_s", 0.0),
+        api_key=args.api_key,
+        model=args.model,
+        piece_ms=args.piece_ms,
+        transcription_model=args.transcription_model,
     )
     parts = split_evenly(streams, max(1, min(args.procs, streams)))
     specs = [dataclasses.replace(spec, first=first, count=count) for first, count in parts]
     params = {"mode": mode, "procs": len(specs), **spec.session}
+    if mode == "realtime":  # session.start fields mean nothing there; what it sends does
+        params = {"mode": mode, "procs": len(specs), "model": spec.model, "piece_ms": spec.piece_ms}
     plan = Plan(label, streams, args.duration, spec.ramp_s, args.drain, params)
-    eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {tgt.url}")
+    where = realtime_url(tgt.url, spec.model) if mode == "realtime" else tgt.url
+    eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {where}")
     batches_before = engine_batches.read(tgt.http)
     step = run_step(
         plan,

@@ -16,11 +16,14 @@ from typing import Any
 
 from voxserve.bench.audio_client import AudioStream
 from voxserve.bench.program import Program, scripts
+from voxserve.bench.realtime_client import RealtimeStream
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import start_offsets
+from voxserve.bench.servers import realtime_url
 from voxserve.bench.stats import percentile
 from voxserve.bench.text_client import TextStream
 from voxserve.bench.wsbase import WsStream
+from voxserve.types import SAMPLE_RATE
 
 TICK_S = 0.010
 
@@ -29,8 +32,8 @@ TICK_S = 0.010
 class StepSpec:
     """Everything a load process needs to run its share of a step (pickled to workers)."""
 
-    url: str
-    mode: str  # asr | assistant | tts
+    url: str  # ws://HOST:PORT/v1/stream (realtime: its /v1/realtime is derived)
+    mode: str  # asr | assistant | tts | realtime (an OpenAI Realtime client, assistant)
     streams: int
     duration_s: float
     ramp_s: float
@@ -44,6 +47,10 @@ class StepSpec:
     # > 0: each stream is a run of sessions of this many seconds (session churn, as in a
     # call centre), each opened as the last one ends; 0: one session for the whole step.
     session_s: float = 0.0
+    api_key: str | None = None  # sent as Authorization: Bearer
+    model: str = "gpt-realtime"  # realtime: the ?model= of the URL
+    piece_ms: int = 20  # realtime: audio per input_audio_buffer.append
+    transcription_model: str = "whisper-1"  # realtime: session audio.input.transcription
     first: int = 0  # this process drives streams first .. first + count - 1
     count: int = -1  # -1: all
 
@@ -53,7 +60,10 @@ class StepSpec:
         return range(self.first, self.first + count)
 
 
-def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream:
+def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream | RealtimeStream:
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
+    if spec.mode == "realtime":
+        return _realtime_stream(spec, index, raw, end_at)
     start = {"mode": spec.mode, "trace_id": f"bench-{index}", **spec.session}
     if spec.mode == "tts":
         return TextStream(
@@ -65,6 +75,7 @@ def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream
             end_at=end_at,
             drain_s=spec.drain_s,
             deflate=spec.deflate,
+            headers=headers,
         )
     if spec.program is None:
         raise ValueError(f"mode {spec.mode} needs an audio program")
@@ -81,6 +92,27 @@ def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream
         hangover_s=spec.hangover_s,
         lateness=raw.lateness,
         deflate=spec.deflate,
+        rate=int(spec.session.get("sample_rate", SAMPLE_RATE)),  # session.start's
+        headers=headers,
+    )
+
+
+def _realtime_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> RealtimeStream:
+    if spec.program is None:
+        raise ValueError("mode realtime needs an audio program")
+    (script,) = scripts(spec.program, [index])
+    return RealtimeStream(
+        realtime_url(spec.url, spec.model),
+        raw,
+        script=script,
+        end_at=end_at,
+        drain_s=spec.drain_s,
+        hangover_s=spec.hangover_s,
+        lateness=raw.lateness,
+        api_key=spec.api_key,
+        piece_ms=spec.piece_ms,
+        transcription_model=spec.transcription_model,
+        voice=spec.session.get("voice"),
     )
 
 

@@ -67,6 +67,10 @@ class Script:
         p = (k + self.shift) % self.program.frames
         return self.program.pcm[p * FRAME_BYTES : (p + 1) * FRAME_BYTES]
 
+    def position(self, k: int) -> int:
+        """The program frame that stream frame k plays."""
+        return (k + self.shift) % self.program.frames
+
     def _number(self, k: int, index: int) -> int:
         return (k + self.shift) // self.program.frames * len(self.program.utterances) + index
 
@@ -180,6 +184,31 @@ def noise_clip(seconds: float, dbfs: float = -60.0, seed: int = 0) -> Pcm:
     rng = np.random.default_rng(seed)
     scale = 10 ** (dbfs / 20) * 32768
     return np.clip(rng.normal(0, scale, int(seconds * SAMPLE_RATE)), -32768, 32767).astype(np.int16)
+
+
+_AT_RATE: dict[tuple[int, int], tuple[Program, bytes]] = {}
+
+
+def pcm_at(program: Program, rate: int) -> bytes:
+    """The program's PCM at another sample rate, exactly `program.frames` 20 ms frames long
+    (frame p of it is frame p of the program), resampled once per process and kept."""
+    if rate == SAMPLE_RATE:
+        return program.pcm
+    key = (id(program), rate)
+    if key not in _AT_RATE:  # the program is kept in the value, so its id stays its own
+        from voxserve.audio.resample import resample
+
+        samples = resample(np.frombuffer(program.pcm, dtype="<i2"), SAMPLE_RATE, rate)
+        size = program.frames * frame_bytes(rate) // 2
+        exact = np.zeros(size, dtype="<i2")
+        exact[: min(size, samples.size)] = samples[:size]
+        _AT_RATE[key] = (program, exact.tobytes())
+    return _AT_RATE[key][1]
+
+
+def frame_bytes(rate: int) -> int:
+    """Bytes of a 20 ms PCM16 frame at `rate`."""
+    return rate * FRAME_MS // 1000 * 2
 
 
 def scripts(program: Program, streams: Sequence[int]) -> list[Script]:

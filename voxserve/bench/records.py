@@ -14,10 +14,12 @@ from typing import Any
 # Latency metrics, in the order reports list them, with what each one measures.
 METRICS: dict[str, str] = {
     "mark_lag": "mark sent -> its echo (frame-handling lag)",
-    "ttfp": "first speech frame sent -> first transcript.partial",
-    "final": "last speech frame sent -> transcript.final (includes the VAD hangover)",
+    "ttfp": "first speech frame sent -> first transcript.partial (Realtime: transcription delta)",
+    "final": "last speech frame sent -> transcript.final (Realtime: transcription completed)",
     "final_minus_hangover": "final latency minus vad.hangover_ms",
-    "turn": "last speech frame sent -> first reply audio byte (assistant)",
+    "vad_end": "last speech frame sent -> vad.end / speech_stopped (includes the hangover)",
+    "turn": "last speech frame sent -> first reply audio (assistant; Realtime: first "
+    "response.output_audio.delta)",
     "first_audio": "text sent -> first audio byte (tts)",
     "first_audio_hot": "first audio of the repeated (hot) sentences (HTTP)",
     "first_audio_cold": "first audio of sentences asked once (HTTP)",

@@ -93,6 +93,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("mark lag p50/p99", "mark_lag", ""),
     ("ttfp p50/p99", "ttfp", ""),
     ("final p50/p99", "final", ""),
+    ("speech stopped p50/p99", "vad_end", ""),
     ("turn p50/p99", "turn", ""),
     ("first audio p50/p99", "first_audio", ""),
     ("underrun p99", "underrun", "p99"),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 
@@ -35,6 +35,12 @@ def ws_url(url: str) -> str:
         raise ValueError(f"--url must look like ws://HOST:PORT, not {url!r}")
     path = parts.path if parts.path not in ("", "/") else "/v1/stream"
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def realtime_url(url: str, model: str) -> str:
+    """ws://HOST:PORT[/any path] -> the OpenAI Realtime endpoint with its model query."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/v1/realtime?{urlencode({'model': model})}"
 
 
 def http_base(url: str) -> str:

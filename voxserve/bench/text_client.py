@@ -31,8 +31,11 @@ class TextStream(WsStream):
         pause_s: float = 0.3,
         reply_timeout_s: float = 30.0,
         deflate: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(url, start, raw, end_at=end_at, drain_s=drain_s, deflate=deflate)
+        super().__init__(
+            url, start, raw, end_at=end_at, drain_s=drain_s, deflate=deflate, headers=headers
+        )
         self.texts = texts
         self.next_text = first_text
         self.pause_s = pause_s

@@ -30,8 +30,10 @@ class WsStream:
         end_at: float,
         drain_s: float,
         deflate: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url
+        self.headers = headers
         self.start = {"type": "session.start", **start}
         self.raw = raw
         self.end_at = end_at
@@ -61,7 +63,12 @@ class WsStream:
         began = time.monotonic()
         compression = "deflate" if self.deflate else None
         async with connect(
-            self.url, compression=compression, open_timeout=10, ping_interval=None, max_size=None
+            self.url,
+            additional_headers=self.headers,
+            compression=compression,
+            open_timeout=10,
+            ping_interval=None,
+            max_size=None,
         ) as ws:
             # A server at capacity refuses before reading anything: its error is then
             # already on the way and the start may find the socket closing.
