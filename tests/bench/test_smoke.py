@@ -76,3 +76,39 @@ def test_http_speech_smoke(load_server: LiveServer, tmp_path: Path) -> None:
     (step,) = summary["steps"]
     assert step["counts"]["requests_ok"] == step["counts"]["requests"] > 5
     assert summary["p99"]["first_audio_ms"] > 0 and step["error_rate"] == 0
+
+
+def test_realtime_vs_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:
+    """`bench realtime`: 2 assistant streams through /v1/stream, then 2 through the OpenAI
+    Realtime doorway, for 4 s each; both have turns, no errors, and the comparison."""
+    out = tmp_path / "realtime"
+    argv = ["realtime", "--url", f"ws://127.0.0.1:{load_server.settings.port}"]
+    argv += ["--streams", "2", "--duration", "4", "--cooldown", "0.5", "--out", str(out)]
+    assert main([*argv, "--audio-dir", str(ROOT / "tests" / "fixtures"), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    stream, realtime = summary["steps"]
+    assert (stream["transport"], stream["mode"]) == ("stream", "assistant")
+    assert stream["sample_rate"] == stream["output_sample_rate"] == 24000
+    assert (realtime["transport"], realtime["mode"]) == ("realtime", "realtime")
+    for step in (stream, realtime):
+        assert step["valid"] and step["errors"] == {} and step["error_rate"] == 0, step
+        assert step["counts"]["sessions"] == 2 and step["counts"]["replies"] >= 2
+        assert step["counts"]["utterances"] >= 2 and step["counts"]["finals"] >= 2
+        assert step["counts"]["audio_ms"] > 0 and step["within_budget"]
+        # the load engines: the turn is the 500 ms hangover and a little
+        assert 400 < step["latency_ms"]["turn"]["p50"] < 1000
+        assert 400 < step["latency_ms"]["vad_end"]["p50"] < 1000
+    # the same audio at the same pace (a frame or two less after Realtime's longer handshake)
+    assert abs(realtime["counts"]["frames_sent"] - stream["counts"]["frames_sent"]) <= 10
+    assert realtime["counts"]["committed"] == realtime["counts"]["segments"] >= 2
+    (row,) = summary["comparison"]
+    assert row["streams"] == 2 and row["realtime"]["turn_count"] >= 2
+    assert row["realtime_minus_stream_ms"]["turn_p50_ms"] == pytest.approx(
+        row["realtime"]["turn_p50_ms"] - row["stream"]["turn_p50_ms"], abs=0.1
+    )
+    for transport in ("stream", "realtime"):
+        assert summary["knee"][transport]["streams"] == 2
+        assert summary["knee"][transport]["streams_per_core"] > 0
+    assert summary["p50"]["turn_ms"] == realtime["latency_ms"]["turn"]["p50"]
+    text = (out / "summary.md").read_text()
+    assert "## Realtime vs /v1/stream" in text and "| 2 | realtime - stream |" in text
