@@ -250,3 +250,8 @@ def test_the_command_refuses_unknown_transports(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         main(["realtime", "--transports", "stream,grpc"])
     assert "expected some of stream,realtime" in capsys.readouterr().err
+
+
+def test_a_realtime_ramp_needs_a_budget_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["ramp", "--mode", "realtime", "--url", "ws://127.0.0.1:9", "--quiet"])
+    assert code == 2 and "use --budget-metric turn" in capsys.readouterr().err

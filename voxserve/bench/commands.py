@@ -148,6 +148,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_ramp(args: argparse.Namespace) -> int:
+    if args.mode == "realtime" and args.budget_metric == "mark_lag":
+        raise ValueError("Realtime streams send no marks: use --budget-metric turn (or vad_end)")
     with _report(args, "ramp") as report, target(args, report.out) as tgt:
         program = audio_program(args, tgt) if args.mode != "tts" else None
         extra: dict[str, Any] = {"budget": {"metric": args.budget_metric, "p99_ms": args.budget_ms}}

@@ -26,7 +26,7 @@ METRICS: dict[str, str] = {
     "chunk_gap": "time between consecutive audio chunks of one reply",
     "underrun": "playback starvation per reply (real-time player from the first chunk)",
     "request": "HTTP speech request sent -> last audio byte",
-    "connect": "connect -> session.started",
+    "connect": "connect -> session.started (Realtime: session.updated)",
     "refusal": "connect -> refusal (error event of a session the server did not admit)",
 }
 
