@@ -193,7 +193,8 @@ class RealtimeStream:
     async def produce(self, ws: ClientConnection) -> None:
         """The script until end_at, then the tail of silence, in pieces of piece_frames
         frames, each sent when its last frame is complete (frame k is due at base + 20k)."""
-        b64, silent = frames_b64(self.script.program), base64.b64encode(bytes(960)).decode()
+        b64 = frames_b64(self.script.program)
+        silent = base64.b64encode(bytes(frame_bytes(RATE))).decode()
         clock = FrameClock(time.monotonic())
         frames = clock.frames_before(self.end_at)
         tail = math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
