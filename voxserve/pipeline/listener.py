@@ -119,6 +119,12 @@ class Listener:
         self.tracing = ctx.tracer is not None
         self._turn_marks: dict[int, TurnMarks] = {}
         self.turn_done: Callable[[TurnMarks], None] | None = None  # asr mode: emit at final
+        # Conversation sessions (pipeline/responses.py): a turn committed (its user item),
+        # a turn whose transcription failed, and the id of the newest item (what an
+        # AudioCommitted follows).
+        self.on_commit: Callable[[int], Awaitable[None]] | None = None
+        self.on_failed: Callable[[int, VoxError], Awaitable[None]] | None = None
+        self.last_item_id: Callable[[], str | None] | None = None
 
     def release(self) -> None:
         """Drop the stream's audio now that its pipeline is over. A finished session can sit

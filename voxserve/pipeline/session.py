@@ -3,6 +3,9 @@
 asr:       audio -> AudioInput -> Listener (VAD, partials, finals)
 tts:       text  -> TextInput -> Replies (Speaker)
 assistant: audio -> AudioInput -> Listener -> Replies (responder, Speaker), with barge-in
+conversation (assistant with StreamConfig.conversation, the Realtime API):
+           audio -> AudioInput -> Listener -> Responses (items, responses on request,
+           tools; responder, Speaker)
 
 The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
@@ -22,16 +25,24 @@ from typing import Protocol
 
 from voxserve.audio.dedup import SeqDedup
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
-from voxserve.events import SessionEnded, SessionStarted, StreamConfig
+from voxserve.events import (
+    CreateItem,
+    ResponseOptions,
+    SessionEnded,
+    SessionStarted,
+    SessionUpdated,
+    StreamConfig,
+)
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.replies import Replies
+from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.text_input import TextInput
-from voxserve.types import FRAME_MS, FRAME_SAMPLES
+from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +116,20 @@ class Session:
             else None
         )
         self.replies: Replies | None = None
-        if config.mode != "asr":
+        self.responses: Responses | None = None
+        conversation = config.conversation if config.mode == "assistant" else None
+        if conversation is not None:
+            self.responses = Responses(
+                ctx,
+                outbox,
+                self.speaker,
+                self.id,
+                conversation,
+                voice=self.voice,
+                sample_rate=self.output_sample_rate,
+                emit_turn=emit_turn,
+            )
+        elif config.mode != "asr":
             self.replies = Replies(ctx, outbox, self.speaker, emit_turn)
         self.listener: Listener | None = None
         self.audio: AudioInput | None = None
@@ -122,7 +146,7 @@ class Session:
             self.audio_wanted_in = _none_wanted
         else:
             buffer, ring = pooled_ring(ctx, self.trace_id)
-            replies = self.replies
+            replies, responses = self.replies, self.responses
             self.listener = Listener(
                 ctx,
                 ring,
@@ -130,11 +154,28 @@ class Session:
                 language=self.language,
                 partials=settings.asr.partials if config.partials is None else config.partials,
                 partial_interval_ms=config.chunk_ms or settings.asr.partial_interval_ms,
-                on_speech_start=replies.barge_in if replies is not None else None,
-                on_final=replies.start if replies is not None else None,
+                on_speech_start=(
+                    responses.speech_started
+                    if responses is not None
+                    else replies.barge_in
+                    if replies is not None
+                    else None
+                ),
+                on_final=(
+                    responses.user_final
+                    if responses is not None
+                    else replies.start
+                    if replies is not None
+                    else None
+                ),
             )
             if replies is not None:
                 replies.listener = self.listener
+            if responses is not None:
+                responses.listener = self.listener
+                self.listener.on_commit = responses.user_committed
+                self.listener.on_failed = responses.user_failed
+                self.listener.last_item_id = responses.conversation.last_id
             self.listener.turn_done = emit_turn
             self._input = self.audio = AudioInput(
                 ctx, config.sample_rate, buffer, ring, self.listener, outbox
@@ -241,11 +282,67 @@ class Session:
         await self._input.mark(mark_id)
 
     async def cancel(self) -> None:
-        """Client barge-in: stop the current reply and forget text not yet spoken."""
+        """Client barge-in: stop the current reply and forget text not yet spoken. In a
+        conversation session: cancel the response in progress (`client_cancelled`), or
+        refuse (RESPONSE_NOT_ACTIVE) when there is none, as the Realtime API does."""
         if self.text is not None:
             await self.text.clear()
         if self.replies is not None:
             self.replies.cancel()
+        if self.responses is not None and not self.responses.cancel("client_cancelled"):
+            raise VoxError(ErrorCode.RESPONSE_NOT_ACTIVE, "no response is in progress to cancel")
+
+    # -- conversation sessions only (the Realtime API) ------------------------------------
+
+    def _conversation(self, what: str) -> Responses:
+        if self.responses is None:
+            raise VoxError(ErrorCode.WRONG_MODE, f"{what} is for conversation sessions only")
+        return self.responses
+
+    async def create_item(self, message: CreateItem) -> None:
+        await self._conversation("conversation.item.create").create_item(message)
+
+    async def delete_item(self, item_id: str) -> None:
+        await self._conversation("conversation.item.delete").delete_item(item_id)
+
+    async def truncate_item(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        responses = self._conversation("conversation.item.truncate")
+        await responses.truncate_item(item_id, content_index, audio_end_ms)
+
+    def create_response(self, options: ResponseOptions) -> None:
+        self._conversation("response.create").create(options)
+
+    async def update(self, config: StreamConfig) -> None:
+        """`session.update`: the new config applied, then SessionUpdated; or a VoxError
+        (not fatal) and nothing changed. Output side here: the voice (checked as at
+        session.start), the output rate (from the next response on), the response
+        defaults, whether the session responds, turn detection's create_response and
+        interrupt_response; the input side is `apply_input_update`'s."""
+        responses = self._conversation("session.update")
+        conversation = config.conversation
+        if config.mode != self.config.mode or conversation is None:
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER, "session.update cannot change the session's kind"
+            )
+        voice = self.ctx.engines.voice(config.voice)[0].id  # UNKNOWN_VOICE, not fatal
+        defaults = conversation.response
+        if defaults.voice is not None:
+            self.ctx.engines.voice(defaults.voice)
+        rate = config.output_sample_rate or self.ctx.settings.tts.output_sample_rate
+        if rate not in SUPPORTED_OUTPUT_RATES:
+            raise VoxError(
+                ErrorCode.UNSUPPORTED_SAMPLE_RATE, f"output sample rate {rate} is not supported"
+            )
+        self.apply_input_update(config)  # refuses (raises) before it changes anything
+        self.config = config
+        self.voice = responses.voice = voice
+        self.output_sample_rate = responses.sample_rate = rate
+        responses.config = conversation
+        await self.outbox.event(SessionUpdated())
+
+    def apply_input_update(self, config: StreamConfig) -> None:
+        """The input side of `session.update` (rate, language, VAD, transcription): the
+        listen helper's branch replaces this stub, which changes nothing."""
 
     # -- running ------------------------------------------------------------------------
 
@@ -257,9 +354,13 @@ class Session:
             async with asyncio.TaskGroup() as group:
                 if replies is not None:
                     replies.group = group
+                if self.responses is not None:
+                    self.responses.group = group
                 await self._input.run()
                 if replies is not None:
                     await replies.wait()
+                if self.responses is not None:
+                    await self.responses.wait()
         except BaseExceptionGroup as errors:
             raise first_vox_error(errors) or errors from None
         finally:
@@ -276,6 +377,8 @@ class Session:
             self.audio.release()
         if self.replies is not None:
             self.replies.release()
+        if self.responses is not None:
+            self.responses.release()
         self.ctx.lease.release()
 
     def ended_event(self) -> SessionEnded:
