@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 REALTIME = Wire("realtime", in_band_end=True, stalls=True, tasks="voxserve-realtime")
 SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
 # Text messages up to this many times limits.max_message_bytes are read and refused with
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
@@ -77,13 +78,15 @@ class RealtimeConnection:
         self.opened_at = time.monotonic()
         self.fast: FastPath | None = fast_path_of(websocket.scope)
         query = websocket.query_params
+        self.offered = list(websocket.scope.get("subprotocols") or [])
         beta = "realtime=v1" in (websocket.headers.get("openai-beta") or "").replace(" ", "")
+        beta = beta or BETA_SUBPROTOCOL in self.offered
         self.model = query.get("model") or ""
         self.intent = query.get("intent")
         self.encoder = RealtimeEncoder(model=self.model, beta=beta)
 
     async def serve(self) -> None:
-        offered = list(self.ws.scope.get("subprotocols") or [])
+        offered = self.offered
         if self.fast is not None and self.fast.set_max_size is not None:
             # Oversized events are refused in-band, not by a close (module constants).
             self.fast.set_max_size(self.limits.max_message_bytes * OVERSIZE_READ)
