@@ -7,7 +7,9 @@ assistant: audio -> AudioInput -> Listener -> Replies (responder, Speaker), with
 The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
 cancel, and the transport drains the outbox; `run` owns every task of the session and
-returns after `session.ended` is queued.
+returns after `session.ended` is queued. A conversation session (config.conversation; the
+Realtime API) also takes commit_audio / clear_audio and, for `session.update`, the input
+side of a new config (check_input_update / apply_input_update).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import SessionEnded, SessionStarted, StreamConfig
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
+from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
@@ -132,6 +135,8 @@ class Session:
                 partial_interval_ms=config.chunk_ms or settings.asr.partial_interval_ms,
                 on_speech_start=replies.barge_in if replies is not None else None,
                 on_final=replies.start if replies is not None else None,
+                conversation=config.conversation,
+                session_id=self.id,
             )
             if replies is not None:
                 replies.listener = self.listener
@@ -239,6 +244,44 @@ class Session:
         """Audio modes: echoed once prior audio went through VAD. tts mode: once prior text
         has been spoken (synthesised and queued for sending)."""
         await self._input.mark(mark_id)
+
+    # -- conversation sessions (the Realtime API): the input side ------------------------
+
+    def commit_audio(self) -> None:
+        """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
+        an empty commit is told (empty_audio) by the listener, in its place in the events."""
+        self._conversation_listener().commit()
+
+    def clear_audio(self) -> None:
+        """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""
+        self._conversation_listener().clear()
+
+    def check_input_update(self, new: StreamConfig) -> None:
+        """Raise the VoxError `apply_input_update(new)` would, changing nothing: so that a
+        `session.update` is applied whole or not at all."""
+        check_input_update(self.ctx, self.config, new)
+
+    def apply_input_update(self, new: StreamConfig) -> None:
+        """The input side of `session.update` (`new`: the whole new config): sample rate,
+        language, partials, turn detection (pipeline/conversation_input.py). Raises a
+        VoxError, changing nothing, for what cannot change; then `config` is `new`."""
+        if self.audio is None:
+            raise VoxError(ErrorCode.WRONG_MODE, "only a conversation session takes session.update")
+        self.language = apply_input_update(self.ctx, self.config, new, self.audio)
+        self.config = new
+
+    def _conversation_listener(self) -> Listener:
+        listener = self.listener
+        if self.config.conversation is None or listener is None:
+            raise VoxError(
+                ErrorCode.WRONG_MODE, "only a conversation session commits or clears audio"
+            )
+        if self._input.closed:
+            raise VoxError(ErrorCode.INVALID_MESSAGE, "the audio input has ended")
+        release = self.release_input  # audio held back by the transport came before this
+        if release is not None:
+            release()
+        return listener
 
     async def cancel(self) -> None:
         """Client barge-in: stop the current reply and forget text not yet spoken."""

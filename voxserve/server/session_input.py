@@ -16,7 +16,9 @@ from typing import Protocol, TypeVar
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     CancelMessage,
+    ClearAudio,
     ClientMessage,
+    CommitAudio,
     CreditMessage,
     EndMessage,
     MarkMessage,
@@ -87,6 +89,10 @@ async def apply_control(session: Session, message: ClientMessage) -> None:
         session.speaker.grant(message.audio_ms)
     elif isinstance(message, StartMessage | ResumeMessage):
         raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+    elif isinstance(message, CommitAudio):  # conversation sessions; else wrong_mode
+        session.commit_audio()
+    elif isinstance(message, ClearAudio):
+        session.clear_audio()
 
 
 async def feed_frames(session: Session, frames: Frames) -> None:
