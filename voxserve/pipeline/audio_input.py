@@ -242,6 +242,21 @@ class AudioInput:
         if self.outbox.event_nowait(Credit(window=window, acked_seq=self.acked_seq)):
             self._credit_told, self._credit_told_at = window, now
 
+    def set_sample_rate(self, rate: int) -> None:
+        """The client's audio comes at `rate` from the next frame (a conversation session's
+        `session.update`, e.g. G.711 8 kHz after 24 kHz PCM). The old resampler's tail goes
+        into the ring first, after the audio already there (all of it kept); a tail that
+        finds the ring full ("wait") is counted in `dropped_samples`, never lost unsaid."""
+        tail = self.resampler.flush()
+        self.resampler = StreamResampler(rate, SAMPLE_RATE)
+        if not tail.size:
+            return
+        if self.drop_oldest or self.ring.free >= tail.size:
+            self._write_now(tail)
+            self.listener.poke()
+        else:
+            self.dropped_samples += int(tail.size)
+
     async def run(self) -> None:
         """The listener's work on this input, until it has finished what the input took."""
         await self.listener.run()

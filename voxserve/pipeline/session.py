@@ -10,7 +10,9 @@ conversation (assistant with StreamConfig.conversation, the Realtime API):
 The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
 cancel, and the transport drains the outbox; `run` owns every task of the session and
-returns after `session.ended` is queued.
+returns after `session.ended` is queued. A conversation session (config.conversation; the
+Realtime API) also takes commit_audio / clear_audio and, for `session.update`, the input
+side of a new config (check_input_update / apply_input_update).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from voxserve.events import (
 )
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
+from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
@@ -168,6 +171,8 @@ class Session:
                     if replies is not None
                     else None
                 ),
+                conversation=config.conversation,
+                session_id=self.id,
             )
             if replies is not None:
                 replies.listener = self.listener
@@ -281,6 +286,44 @@ class Session:
         has been spoken (synthesised and queued for sending)."""
         await self._input.mark(mark_id)
 
+    # -- conversation sessions (the Realtime API): the input side ------------------------
+
+    def commit_audio(self) -> None:
+        """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
+        an empty commit is told (empty_audio) by the listener, in its place in the events."""
+        self._conversation_listener().commit()
+
+    def clear_audio(self) -> None:
+        """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""
+        self._conversation_listener().clear()
+
+    def check_input_update(self, new: StreamConfig) -> None:
+        """Raise the VoxError `apply_input_update(new)` would, changing nothing: so that a
+        `session.update` is applied whole or not at all."""
+        check_input_update(self.ctx, self.config, new)
+
+    def apply_input_update(self, new: StreamConfig) -> None:
+        """The input side of `session.update` (`new`: the whole new config): sample rate,
+        language, partials, turn detection (pipeline/conversation_input.py). Raises a
+        VoxError, changing nothing, for what cannot change; then `config` is `new`."""
+        if self.audio is None:
+            raise VoxError(ErrorCode.WRONG_MODE, "only a conversation session takes session.update")
+        self.language = apply_input_update(self.ctx, self.config, new, self.audio)
+        self.config = new
+
+    def _conversation_listener(self) -> Listener:
+        listener = self.listener
+        if self.config.conversation is None or listener is None:
+            raise VoxError(
+                ErrorCode.WRONG_MODE, "only a conversation session commits or clears audio"
+            )
+        if self._input.closed:
+            raise VoxError(ErrorCode.INVALID_MESSAGE, "the audio input has ended")
+        release = self.release_input  # audio held back by the transport came before this
+        if release is not None:
+            release()
+        return listener
+
     async def cancel(self) -> None:
         """Client barge-in: stop the current reply and forget text not yet spoken. In a
         conversation session: cancel the response in progress (`client_cancelled`), or
@@ -339,10 +382,6 @@ class Session:
         self.output_sample_rate = responses.sample_rate = rate
         responses.config = conversation
         await self.outbox.event(SessionUpdated())
-
-    def apply_input_update(self, config: StreamConfig) -> None:
-        """The input side of `session.update` (rate, language, VAD, transcription): the
-        listen helper's branch replaces this stub, which changes nothing."""
 
     # -- running ------------------------------------------------------------------------
 

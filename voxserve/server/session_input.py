@@ -16,7 +16,9 @@ from typing import Protocol, TypeVar
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     CancelMessage,
+    ClearAudio,
     ClientMessage,
+    CommitAudio,
     CreateItem,
     CreateResponse,
     CreditMessage,
@@ -102,6 +104,10 @@ async def apply_control(session: Session, message: ClientMessage) -> None:
         session.create_response(message.options)
     elif isinstance(message, SessionUpdate):
         await session.update(message.config)
+    elif isinstance(message, CommitAudio):  # conversation sessions; else wrong_mode
+        session.commit_audio()
+    elif isinstance(message, ClearAudio):
+        session.clear_audio()
 
 
 async def feed_frames(session: Session, frames: Frames) -> None:
