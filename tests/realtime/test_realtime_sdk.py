@@ -445,7 +445,9 @@ async def test_g711_mu_law_in_and_out(rt_server: LiveServer, fixed_clock: None) 
             timeout=30,
         )
     said = of(seen, "response.output_audio_transcript.done")[0]["transcript"]
-    assert wer(said, heard.json()["text"]) <= 0.3, (said, heard.json())
+    assert "forty-seven in the afternoon" in said, said
+    text = heard.json()["text"].lower()  # whisper writes the time in digits
+    assert "afternoon" in text and ("47" in text or "forty" in text), (said, text)
 
 
 # --- (g) bad events -----------------------------------------------------------------------
@@ -470,12 +472,15 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         await send_audio(conn, speech("command.wav", pad_s=0.3), speed=8.0)
         await conn.input_audio_buffer.commit(event_id="evt_commit")
         committed = await until(conn, seen, "input_audio_buffer.committed")
-    codes = {e["error"].get("event_id"): e["error"]["code"] for e in errors}
-    assert codes["evt_unknown"] == "invalid_message", errors
-    assert codes["evt_b64"] == "invalid_audio", errors
-    assert codes["evt_odd"] == "odd_length_pcm", errors
-    assert "message_too_large" in codes.values(), errors
-    assert list(codes.values()).count("invalid_message") == 2, errors  # and the binary one
+    # In order; the oversized one was not parsed, so its event_id is not known.
+    assert [(e["error"]["event_id"], e["error"]["code"]) for e in errors] == [
+        ("evt_unknown", "invalid_message"),
+        ("evt_b64", "invalid_audio"),
+        ("evt_odd", "odd_length_pcm"),
+        (None, "message_too_large"),
+        (None, "invalid_message"),  # the binary message
+    ], errors
+    assert not [e for e in errors if e["error"]["type"] != "invalid_request_error"], errors
     assert committed["item_id"]
 
 

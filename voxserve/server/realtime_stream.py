@@ -24,14 +24,15 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import Message  # an ASGI websocket.receive message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ErrorEvent
 from voxserve.pipeline.outbox import Outbox, Outgoing
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
-from voxserve.server.realtime_codec import RealtimeDecoder, initial_config
+from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder
+from voxserve.server.realtime_session import Installed, Kind, RealtimeWire, initial_wire
 from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import internal_error, refusal_event
@@ -61,6 +62,19 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     return [WebSocketRoute("/v1/realtime", endpoint)]
 
 
+def installed(runtime: Runtime) -> Installed:
+    """What the session object reports of the loaded engines, and the voices OpenAI's
+    voice names map onto."""
+    engines, vad = runtime.engines, runtime.settings.vad
+    return Installed(
+        voices=tuple(voice.id for voice in engines.voices()),
+        default_voice=engines.default_voice,
+        vad_threshold=vad.threshold,
+        vad_prefix_padding_ms=vad.pad_ms,
+        vad_silence_duration_ms=vad.hangover_ms,
+    )
+
+
 def key_subprotocol(offered: list[str]) -> str | None:
     """The key of an ``openai-insecure-api-key.<key>`` subprotocol, if one is offered."""
     for protocol in offered:
@@ -80,10 +94,11 @@ class RealtimeConnection:
         query = websocket.query_params
         self.offered = list(websocket.scope.get("subprotocols") or [])
         beta = "realtime=v1" in (websocket.headers.get("openai-beta") or "").replace(" ", "")
-        beta = beta or BETA_SUBPROTOCOL in self.offered
+        self.beta = beta or BETA_SUBPROTOCOL in self.offered
         self.model = query.get("model") or ""
         self.intent = query.get("intent")
-        self.encoder = RealtimeEncoder(model=self.model, beta=beta)
+        # The codec's shared state: a bare one (no engines known yet) until the session opens.
+        self.wire: RealtimeWire = initial_wire(Installed((), ""), model=self.model, beta=self.beta)
 
     async def serve(self) -> None:
         offered = self.offered
@@ -112,8 +127,17 @@ class RealtimeConnection:
         check_origin(headers.get("origin"), headers.get("host", ""), allowed, fatal=True)
         token = bearer_token(headers.get("authorization")) or key_subprotocol(offered)
         key_id = self.keys.authenticate(token)
+        if self.intent not in (None, "", "transcription"):
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER,
+                f"intent {quoted(self.intent)} is not known: transcription, or none",
+                fatal=True,
+            )
         admit(self.runtime)
-        config = initial_config(self.model, self.intent)
+        kind: Kind = "transcription" if self.intent == "transcription" else "realtime"
+        wire = initial_wire(installed(self.runtime), model=self.model, kind=kind, beta=self.beta)
+        self.wire = wire
+        config = wire.config()
         return SessionDriver.open(
             self.runtime,
             lambda: config,
@@ -125,8 +149,9 @@ class RealtimeConnection:
     async def _refuse(self, error: VoxError) -> None:
         try_again = error.code in TRY_AGAIN
         code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        encoder = RealtimeEncoder(self.wire)
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            for text in self.encoder.encode(refusal_event(error, try_again=try_again)):
+            for text in encoder.encode(refusal_event(error, try_again=try_again)):
                 await self.ws.send_text(text)
             await self.ws.close(code, reason=error.code.value)
 
@@ -180,10 +205,11 @@ class RealtimeLink:
         self.fast = connection.fast
         self.limits = connection.limits
         self.opened_at = connection.opened_at
-        self.encoder = connection.encoder
         self.driver = driver
         self.session = driver.session
-        self.decoder = RealtimeDecoder(self.session.config, self.limits)
+        wire, limits = connection.wire, connection.limits
+        self.encoder = RealtimeEncoder(wire)
+        self.decoder = RealtimeDecoder(wire, limits.max_message_bytes, limits.max_json_depth)
         self.origins = ErrorOrigins(self.session.outbox)
 
     async def run(self) -> None:
@@ -206,7 +232,7 @@ class RealtimeLink:
     # -- the way in ------------------------------------------------------------------------
 
     async def receive(self) -> Message | InputEnd:
-        self.origins.end(self.decoder.event_id)  # the last message's reports are queued
+        self.origins.end(self.decoder.last_event_id)  # the last message's reports are queued
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
             return InputEnd.GONE
@@ -217,7 +243,7 @@ class RealtimeLink:
         self.origins.begin()
         text = message.get("text")
         if text is None:
-            self.decoder.event_id = None
+            self.decoder.last_event_id = None
             raise VoxError(
                 ErrorCode.INVALID_MESSAGE,
                 "binary messages are not part of the Realtime API: send audio as "
