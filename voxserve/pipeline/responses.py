@@ -471,6 +471,8 @@ class Responses:
             await sentences.put(None)
 
     async def _text_piece(self, response: _Response, piece: str) -> None:
+        if response.cancel_reason is not None:
+            return  # cancelled, the cancellation not yet delivered: nothing more goes out
         if response.item is None:  # its first text: the assistant message begins
             item = message_item(
                 response.item_id, "assistant", "", audio=response.audio, status="in_progress"
@@ -481,6 +483,8 @@ class Responses:
         await self.outbox.event(ResponseDelta(reply=response.reply, text=piece))
 
     async def _call_piece(self, response: _Response, piece: ToolCallDelta) -> None:
+        if response.cancel_reason is not None:
+            return
         call = response.calls.get(piece.index)
         if call is None:
             item_id = self._new_id("f")
