@@ -8,9 +8,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
-from tests.fakes import FakeTts, SlowResponder, fake_runtime
+from tests.fakes import FakeTts, SlowResponder, fake_runtime, silence, tone
 from tests.helpers import eventually
 from tests.test_openai_responder import FakeLlm, stream, tool_call_stream
 from voxserve.config import load_settings
@@ -38,10 +39,12 @@ from voxserve.events import (
     ResponseOptions,
     ResponseStarted,
     ResponseText,
+    SessionEnded,
     SessionUpdate,
     SessionUpdated,
     StreamConfig,
     ToolSpec,
+    TranscriptFinal,
     TruncateItem,
     TtsEnd,
     TtsStart,
@@ -239,6 +242,25 @@ def msgspec_unset() -> object:
     from voxserve.events import UNSET
 
     return UNSET
+
+
+async def test_speech_through_the_listener_is_answered_before_the_session_ends() -> None:
+    """Real turn detection on fake engines: the listener's hooks are the session's."""
+    run = await started()
+    session = run.session
+    audio = np.concatenate([silence(0.3), tone(440, 1.0), silence(0.8)])
+    for seq, at in enumerate(range(0, audio.size, 320)):
+        await session.feed_audio(seq, memoryview(audio[at : at + 320].tobytes()))
+    await run.stop()  # end of input: the turn is finished and answered first
+    events = run.events
+    final = next(e for e in events if isinstance(e, TranscriptFinal))
+    added, done = run.of(ItemAdded)[0], run.of(ItemDone)[0]
+    assert added.item.id == done.item.id == speech_item_id(session.id, 0)
+    assert (final.text, done.item.text) == ("tone440", "tone440")
+    assert events.index(final) < events.index(done) < events.index(run.of(ResponseStarted)[0])
+    assert run.of(ResponseText)[0].text == "tone440"
+    assert isinstance(events[-1], SessionEnded) and isinstance(events[-2], ResponseDone)
+    assert events[-1].replies == 1
 
 
 async def test_push_to_talk_answers_only_on_request() -> None:

@@ -152,11 +152,8 @@ class Responses:
 
     async def wait(self) -> None:
         """Until every response is over."""
-        while self._running:
-            tasks = [r.task for r in self._running if r.task is not None]
-            if not tasks:
-                return
-            await asyncio.wait(tasks)
+        while tasks := [r.task for r in self._running if r.task and not r.task.done()]:
+            await asyncio.wait(tasks)  # one may start another meanwhile (a queued turn)
 
     def release(self) -> None:
         """The session is over: drop what ties this to its listener and task group."""
