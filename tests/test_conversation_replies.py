@@ -248,6 +248,10 @@ async def test_speech_through_the_listener_is_answered_before_the_session_ends()
     """Real turn detection on fake engines: the listener's hooks are the session's."""
     run = await started()
     session = run.session
+    listener, responses = session.listener, run.responses
+    assert listener is not None and listener.last_item_id is not None
+    assert listener.on_commit == responses.user_committed
+    assert listener.on_failed == responses.user_failed
     audio = np.concatenate([silence(0.3), tone(440, 1.0), silence(0.8)])
     for seq, at in enumerate(range(0, audio.size, 320)):
         await session.feed_audio(seq, memoryview(audio[at : at + 320].tobytes()))
@@ -261,6 +265,7 @@ async def test_speech_through_the_listener_is_answered_before_the_session_ends()
     assert run.of(ResponseText)[0].text == "tone440"
     assert isinstance(events[-1], SessionEnded) and isinstance(events[-2], ResponseDone)
     assert events[-1].replies == 1
+    assert listener.last_item_id() == reply_item_id(session.id, 1)  # what a commit follows
 
 
 async def test_push_to_talk_answers_only_on_request() -> None:
@@ -478,6 +483,26 @@ async def test_barge_in_keeps_the_item_cut_to_what_its_audio_said() -> None:
         kept = run.responses.conversation.get(item_done.item.id)
         assert kept is not None and kept.text == said  # the history keeps the cut text
         assert bot.closed == 1
+    finally:
+        await run.stop()
+
+
+async def test_speech_while_a_finished_reply_is_audible_is_a_barge_in_only() -> None:
+    """Its ResponseDone is out: the reply is not changed again (the client truncates what
+    it did not play, as with OpenAI), but the client is told to stop playing."""
+    run = await started()
+    try:
+        await spoken_turn(run, 0, "one two three four five six seven eight")
+        await run.done()
+        assert run.session.speaker.audible()  # sent ahead of playback by the pacing lead
+        await run.responses.speech_started(1)
+        await run.flush()
+        assert run.types()[-2:] == ["response.done", "barge_in"]
+        assert run.of(ResponseDone)[0].status == "completed"
+        await spoken_turn(run, 1, "next")
+        await run.done(2)
+        user = run.of(ItemAdded)[2]  # the second turn follows the first reply
+        assert user.previous_item_id == reply_item_id(run.session.id, 1)
     finally:
         await run.stop()
 
