@@ -1,5 +1,5 @@
-"""The output side of a conversation session (the Realtime API): its responses, and the
-events that keep the client's copy of the conversation in step with the session's.
+"""The output side of a conversation session (the Realtime API): its responses, and its
+user turns and the client's items as they reach the conversation (pipeline/items.py).
 
 A response is numbered by a per-session counter (1, 2, ...). It starts when a spoken turn's
 final transcript comes (`turn_detection.create_response`) or on the client's request
@@ -16,14 +16,14 @@ its audio had said when it stopped (speaker.spoken_text: the sentences sent whol
 words of the one cut in proportion to its audio sent; text-only replies keep what was
 written). The responder's stream is closed and the synthesis withdrawn, as on barge-in in
 /v1/stream. A reply that already sent its ResponseDone is not changed by a later barge-in:
-as with OpenAI, the client truncates what it did not play (`truncate_item`).
+as with OpenAI, the client truncates what it did not play (`truncate_item`). A cancelled or
+failed reply sends no ResponseText; its ItemDone carries the text kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -31,7 +31,7 @@ from typing import TypeVar
 import msgspec
 
 from voxserve.engines.base import Conversant, ReplyRequest, ToolCallDelta
-from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     UNSET,
     BargeIn,
@@ -40,9 +40,6 @@ from voxserve.events import (
     FunctionCallDelta,
     FunctionCallDone,
     Item,
-    ItemAdded,
-    ItemDeleted,
-    ItemDone,
     ItemTruncated,
     ResponseDelta,
     ResponseDone,
@@ -55,7 +52,8 @@ from voxserve.events import (
 )
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
-from voxserve.pipeline.conversation import VIEW_CHARS, Conversation, message_item, simple_turns
+from voxserve.pipeline.conversation import message_item, simple_turns
+from voxserve.pipeline.items import ConversationItems
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import ReplyStats, Speaker, spoken_text
@@ -63,8 +61,6 @@ from voxserve.pipeline.streams import aclose
 from voxserve.text import SentenceBuffer
 
 T = TypeVar("T")
-KEPT_AUDIO = 16  # assistant items whose audio timing is kept for truncation (the newest)
-ROLES = ("user", "assistant", "system")
 
 
 @dataclass
@@ -87,6 +83,7 @@ class _Response:
     options: ResponseOptions
     segment: int | None  # the spoken turn it answers, if any (latency, tracing)
     stats: ReplyStats
+    sample_rate: int  # of its audio (a session.update meanwhile changes the next one's)
     task: asyncio.Task[None] | None = None
     started: bool = False  # its coroutine runs: a cancel interrupts it
     announced: bool = False  # ResponseStarted is out
@@ -122,14 +119,15 @@ class Responses:
         self.voice = voice
         self.sample_rate = sample_rate
         self.emit_turn = emit_turn
-        self.conversation = Conversation()
+        self.items = ConversationItems(
+            outbox, session_id, max_text_chars=ctx.settings.limits.max_text_chars
+        )
+        self.conversation = self.items.conversation
         self.listener: Listener | None = None  # its turns' marks and vad.end times
         self.group: asyncio.TaskGroup | None = None  # the session's, while it runs
         self._running: list[_Response] = []  # started, ResponseDone not yet sent; oldest first
         self._replies = 0
-        self._ids = 0  # items the session names (function calls, the client's unnamed items)
         self._committed = -1  # the last spoken turn whose item was added
-        self._audio: OrderedDict[str, tuple[ReplyStats, int]] = OrderedDict()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -152,11 +150,8 @@ class Responses:
 
     async def wait(self) -> None:
         """Until every response is over."""
-        while self._running:
-            tasks = [r.task for r in self._running if r.task is not None]
-            if not tasks:
-                return
-            await asyncio.wait(tasks)
+        while tasks := [r.task for r in self._running if r.task and not r.task.done()]:
+            await asyncio.wait(tasks)  # one may start another meanwhile (a queued turn)
 
     def release(self) -> None:
         """The session is over: drop what ties this to its listener and task group."""
@@ -181,7 +176,7 @@ class Responses:
         """A spoken turn ends (AudioCommitted is out): its user item, not yet transcribed."""
         self._committed = max(self._committed, segment)
         item_id = speech_item_id(self.session_id, segment)
-        await self._add(message_item(item_id, "user", None, audio=True))
+        await self.items.add(message_item(item_id, "user", None, audio=True))
 
     async def user_final(self, segment: int, text: str) -> None:
         """The turn's transcript (TranscriptFinal is out): the item is done; answer it when
@@ -189,7 +184,7 @@ class Responses:
         item = await self._user_item(segment)
         if item is None:
             return  # the client deleted it: nothing to complete or answer
-        await self._done(msgspec.structs.replace(item, text=text))
+        await self.items.done(msgspec.structs.replace(item, text=text))
         detection = self.config.turn_detection
         if not (self.config.responds and detection and detection.create_response and text):
             return
@@ -202,7 +197,7 @@ class Responses:
         no text, and nothing answers it."""
         item = await self._user_item(segment)
         if item is not None:
-            await self._done(item)
+            await self.items.done(item)
 
     async def _user_item(self, segment: int) -> Item | None:
         item_id = speech_item_id(self.session_id, segment)
@@ -212,84 +207,21 @@ class Responses:
             item = self.conversation.get(item_id)
         return item
 
-    # -- the client's items -----------------------------------------------------------------
+    # -- the client's items -------------------------------------------------------------
 
     async def create_item(self, message: CreateItem) -> None:
-        """ItemAdded + ItemDone, or a VoxError (INVALID_PARAMETER, TEXT_TOO_LONG) with no
-        change. A function_call_output need not match a call in the conversation (as with
-        OpenAI); one that does not is shown to the responder as a system note."""
-        item = self._client_item(message)
-        previous = await self._add(item, message.previous_item_id)
-        await self.outbox.event(ItemDone(item=item, previous_item_id=previous))
-
-    def _client_item(self, message: CreateItem) -> Item:
-        limit = self.ctx.settings.limits.max_text_chars
-        if message.kind == "message":
-            if message.role not in ROLES:
-                raise VoxError(ErrorCode.INVALID_PARAMETER, "a message item needs a role")
-            _check_length("text", message.text, limit)
-        elif message.kind == "function_call":
-            if not message.name:
-                raise VoxError(ErrorCode.INVALID_PARAMETER, "a function_call item needs a name")
-            _check_length("arguments", message.arguments, VIEW_CHARS)
-        else:
-            if not message.call_id:
-                raise VoxError(
-                    ErrorCode.INVALID_PARAMETER, "a function_call_output item needs a call_id"
-                )
-            _check_length("output", message.output, VIEW_CHARS)
-        item_id = message.item_id or self._new_id("c")
-        if message.kind == "message":
-            assert message.role is not None
-            return message_item(item_id, message.role, message.text)
-        call_id = message.call_id or f"call_{item_id}"
-        if message.kind == "function_call":
-            return Item(
-                id=item_id,
-                kind="function_call",
-                call_id=call_id,
-                name=message.name or "",
-                arguments=message.arguments,
-            )
-        return Item(id=item_id, kind="function_call_output", call_id=call_id, output=message.output)
+        await self.items.create(message)
 
     async def delete_item(self, item_id: str) -> None:
-        self.conversation.delete(item_id)
-        self._audio.pop(item_id, None)
-        await self.outbox.event(ItemDeleted(item_id=item_id))
+        await self.items.delete(item_id)
 
     async def truncate_item(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
-        """The client played an assistant item's audio only up to `audio_end_ms`: its text
-        is cut to what that audio said (speaker.spoken_text). Refused: not an assistant
-        audio item the session spoke, a content index other than 0, a time past its audio."""
-        item = self.conversation.get(item_id)
-        if item is None:
-            raise VoxError(
-                ErrorCode.INVALID_PARAMETER, f"no item {quoted(item_id)} in the conversation"
-            )
+        """ConversationItems.truncate; an item still being spoken is cut as it ends."""
         running = next((r for r in self._running if r.item_id == item_id and r.audio), None)
-        spoken = (running.stats, self.sample_rate) if running else self._audio.get(item_id)
-        if spoken is None or item.role != "assistant" or not item.audio:
-            raise VoxError(
-                ErrorCode.INVALID_PARAMETER,
-                f"item {quoted(item_id)} is not an assistant audio item spoken in this session",
-            )
-        if content_index != 0:
-            raise VoxError(ErrorCode.INVALID_PARAMETER, "an audio item has one content part: 0")
-        stats, rate = spoken
-        samples = audio_end_ms * rate // 1000
-        if audio_end_ms < 0 or samples > stats.samples:
-            sent_ms = stats.samples * 1000 // rate
-            raise VoxError(
-                ErrorCode.INVALID_PARAMETER,
-                f"audio_end_ms {audio_end_ms} is past the item's audio ({sent_ms} ms)",
-            )
+        playing = (running.stats, running.sample_rate) if running else None
+        samples = self.items.truncate(item_id, content_index, audio_end_ms, playing)
         if running is not None:
-            running.heard_samples = samples  # applied as it ends
-        else:
-            self.conversation.replace(
-                msgspec.structs.replace(item, text=spoken_text(stats.sentences, samples))
-            )
+            running.heard_samples = samples
         await self.outbox.event(
             ItemTruncated(item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms)
         )
@@ -326,6 +258,7 @@ class Responses:
             options=options,
             segment=segment,
             stats=ReplyStats(reply),
+            sample_rate=self.sample_rate,
         )
         previous = [r.task for r in self._running if r.task is not None]
         self._running.append(response)
@@ -404,7 +337,7 @@ class Responses:
                 since = (
                     listener.speech_ended_at(segment) if listener and segment is not None else None
                 )
-                self.speaker.configure(voice=response.voice, sample_rate=self.sample_rate)
+                self.speaker.configure(voice=response.voice, sample_rate=response.sample_rate)
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._produce(response, sentences, turn))
                     await self.speaker.play(
@@ -471,19 +404,23 @@ class Responses:
             await sentences.put(None)
 
     async def _text_piece(self, response: _Response, piece: str) -> None:
+        if response.cancel_reason is not None:
+            return  # cancelled, the cancellation not yet delivered: nothing more goes out
         if response.item is None:  # its first text: the assistant message begins
             item = message_item(
                 response.item_id, "assistant", "", audio=response.audio, status="in_progress"
             )
             response.item = item
-            await self._add(item, in_conversation=response.in_conversation)
+            await self.items.add(item, in_conversation=response.in_conversation)
         response.pieces.append(piece)
         await self.outbox.event(ResponseDelta(reply=response.reply, text=piece))
 
     async def _call_piece(self, response: _Response, piece: ToolCallDelta) -> None:
+        if response.cancel_reason is not None:
+            return
         call = response.calls.get(piece.index)
         if call is None:
-            item_id = self._new_id("f")
+            item_id = self.items.new_id("f")
             item = Item(
                 id=item_id,
                 kind="function_call",
@@ -493,7 +430,7 @@ class Responses:
                 arguments="",
             )
             call = response.calls[piece.index] = _Call(item)
-            await self._add(item, in_conversation=response.in_conversation)
+            await self.items.add(item, in_conversation=response.in_conversation)
         elif piece.name and not call.item.name:
             call.item = msgspec.structs.replace(call.item, name=piece.name)
         if piece.arguments:
@@ -526,11 +463,11 @@ class Responses:
             if response.audio and response.heard_samples is not None:
                 text = spoken_text(stats.sentences, min(stats.samples, response.heard_samples))
             done = "completed" if status == "completed" else "incomplete"
-            output.append(await self._done(msgspec.structs.replace(item, status=done, text=text)))
+            output.append(
+                await self.items.done(msgspec.structs.replace(item, status=done, text=text))
+            )
             if response.audio and response.in_conversation:
-                self._audio[item.id] = (stats, self.sample_rate)
-                while len(self._audio) > KEPT_AUDIO:
-                    self._audio.popitem(last=False)
+                self.items.spoke(item.id, (stats, response.sample_rate))
         for call in response.calls.values():
             arguments = "".join(call.arguments)
             if status == "completed":
@@ -545,7 +482,7 @@ class Responses:
                 )
             done = "completed" if status == "completed" else "incomplete"
             finished = msgspec.structs.replace(call.item, status=done, arguments=arguments)
-            output.append(await self._done(finished))
+            output.append(await self.items.done(finished))
         self._running.remove(response)
         reason = response.cancel_reason if status == "cancelled" else None
         await self.outbox.event(
@@ -559,40 +496,6 @@ class Responses:
             )
         )
 
-    # -- items ----------------------------------------------------------------------------
-
-    def _new_id(self, kind: str) -> str:
-        self._ids += 1
-        return f"item_{self.session_id}{kind}{self._ids}"
-
-    async def _add(
-        self, item: Item, previous_item_id: str | None = None, *, in_conversation: bool = True
-    ) -> str | None:
-        """ItemAdded (and ItemDeleted for the oldest items it pushed out); out of the
-        conversation (an out-of-band response's items): announced, not kept."""
-        if not in_conversation:
-            await self.outbox.event(ItemAdded(item=item, previous_item_id=None))
-            return None
-        previous, removed = self.conversation.add(item, previous_item_id)
-        await self.outbox.event(ItemAdded(item=item, previous_item_id=previous))
-        for item_id in removed:
-            self._audio.pop(item_id, None)
-            await self.outbox.event(ItemDeleted(item_id=item_id))
-        return previous
-
-    async def _done(self, item: Item) -> Item:
-        """ItemDone for `item` as it ends (kept in the conversation if it is still there)."""
-        previous = None
-        if self.conversation.replace(item):
-            previous = self.conversation.previous_id(item.id)
-        await self.outbox.event(ItemDone(item=item, previous_item_id=previous))
-        return item
-
 
 def _first(value: T | None, default: T | None) -> T | None:
     return value if value is not None else default
-
-
-def _check_length(what: str, text: str, limit: int) -> None:
-    if len(text) > limit:
-        raise VoxError(ErrorCode.TEXT_TOO_LONG, f"the item's {what} is over {limit} characters")
