@@ -254,6 +254,8 @@ async def test_spoken_question_answered_with_audio(
     transcript = of(seen, "conversation.item.input_audio_transcription.completed")[0]
     assert started["item_id"] == committed["item_id"] == transcript["item_id"]
     assert wer(texts["command.wav"], transcript["transcript"]) <= 0.2, transcript
+    limits = of(seen, "rate_limits.updated")[0]["rate_limits"]  # the key's audio minute
+    assert [x["name"] for x in limits] == ["audio_seconds"] and limits[0]["limit"] == 3600
     response = of(seen, "response.created")[0]["response"]
     assert done["response"]["id"] == response["id"]
     assert done["response"]["status"] == "completed", done
@@ -335,6 +337,27 @@ async def test_push_to_talk_commit_then_response_create(
     assert rms(np.frombuffer(audio_of(seen), dtype=np.int16)) > 300
 
 
+# --- beta names -----------------------------------------------------------------------------
+
+
+async def test_the_beta_header_selects_beta_names(rt_server: LiveServer, fixed_clock: None) -> None:
+    beta = {"OpenAI-Beta": "realtime=v1"}
+    async with sdk(rt_server).realtime.connect(model=MODEL, extra_headers=beta) as conn:
+        created = await opened(conn)
+        assert created["session"]["input_audio_format"] == "pcm16", created  # beta's shape
+        seen: list[Event] = []
+        user_text = {"type": "input_text", "text": "What time is it?"}
+        item = {"type": "message", "role": "user", "content": [user_text]}
+        await conn.send_raw(json.dumps({"type": "conversation.item.create", "item": item}))
+        await conn.send_raw(json.dumps({"type": "response.create"}))
+        done = await until(conn, seen, "response.done", limit_s=60)
+    assert done["response"]["status"] == "completed", done
+    kinds = set(types(seen))
+    assert {"conversation.item.created", "response.audio.delta"} <= kinds, kinds
+    assert "forty-seven" in of(seen, "response.audio_transcript.done")[0]["transcript"]
+    assert not kinds & {"conversation.item.added", "response.output_audio.delta"}, kinds
+
+
 # --- (e) a tool call round trip -----------------------------------------------------------
 
 
@@ -383,7 +406,7 @@ async def test_tool_call_round_trip(tool_server: LiveServer, llm: StubLlm) -> No
     said = of(seen, "response.output_audio_transcript.done") or of(
         seen, "response.output_text.done"
     )
-    assert said and StubLlm.ANSWER in (said[-1].get("transcript") or said[-1].get("text")), said
+    assert said and StubLlm.ANSWER in str(said[-1].get("transcript") or said[-1]["text"]), said
     assert len(llm.requests) == 2
     tools = llm.requests[0]["tools"]
     assert tools[0]["function"]["name"] == "get_weather", tools
@@ -405,7 +428,8 @@ def ulaw_encode(pcm: np.ndarray) -> bytes:
     x = np.minimum(np.abs(x), 32635) + 0x84
     exponent = np.floor(np.log2(x)).astype(np.int32) - 7
     mantissa = (x >> (exponent + 3)) & 0x0F
-    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
+    coded: bytes = (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
+    return coded
 
 
 def ulaw_decode(data: bytes) -> np.ndarray:
@@ -508,6 +532,10 @@ async def test_auth_accepted_with_the_browser_subprotocol(rt_server: LiveServer)
         created = json.loads(await ws.recv())
     assert created["type"] == "session.created", created
     assert created["session"]["model"] == MODEL
+    assert "input_audio_format" not in created["session"]  # GA names
+    async with connect(url, subprotocols=[*offered, "openai-beta.realtime-v1"]) as ws:  # type: ignore[list-item]
+        created = json.loads(await ws.recv())
+    assert created["session"]["input_audio_format"] == "pcm16", created  # beta's, as asked
 
 
 # --- (i) overload at connect --------------------------------------------------------------

@@ -32,6 +32,7 @@ from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder
+from voxserve.server.realtime_responses import RateLimit
 from voxserve.server.realtime_session import Installed, Kind, RealtimeWire, initial_wire
 from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
@@ -208,7 +209,7 @@ class RealtimeLink:
         self.driver = driver
         self.session = driver.session
         wire, limits = connection.wire, connection.limits
-        self.encoder = RealtimeEncoder(wire)
+        self.encoder = RealtimeEncoder(wire, self._rate_limits)
         self.decoder = RealtimeDecoder(wire, limits.max_message_bytes, limits.max_json_depth)
         self.origins = ErrorOrigins(self.session.outbox)
 
@@ -228,6 +229,14 @@ class RealtimeLink:
                 fast.on_stall = fast.stall_s = None
         if self.session.outbox.stalled:
             await self._close_stalled()
+
+    def _rate_limits(self) -> list[RateLimit]:
+        """rate_limits.updated: the key's audio minute (quotas), where one applies."""
+        budget = self.driver.slot.quota.audio_budget()
+        if budget is None:
+            return []
+        limit, remaining, reset_s = budget
+        return [RateLimit("audio_seconds", int(limit), int(remaining), round(reset_s, 3))]
 
     # -- the way in ------------------------------------------------------------------------
 
