@@ -81,7 +81,7 @@ def speaks_beta(session: Obj) -> bool:
 def _check_keys(data: Obj, known: set[str], path: str) -> None:
     for key in data:
         if key not in known and key not in IGNORED:
-            raise f.bad_value(f"{path}.{key}", "is not a parameter voxserve knows")
+            raise f.bad_value(f"{path}: {quoted(key)}", "is not a parameter voxserve knows")
 
 
 def update_ga(s: RealtimeSettings, session: Obj) -> RealtimeSettings:
