@@ -116,35 +116,64 @@ item = st.fixed_dictionaries(
     },
 )
 TYPES = [
-    "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
-    "session.update", "transcription_session.update", "conversation.item.create",
-    "conversation.item.delete", "conversation.item.truncate", "conversation.item.retrieve",
-    "response.create", "response.cancel", "output_audio_buffer.clear", "bogus",
-]  # fmt: skip
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "session.update",
+    "transcription_session.update",
+    "conversation.item.create",
+    "conversation.item.delete",
+    "conversation.item.truncate",
+    "conversation.item.retrieve",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+    "bogus",
+]
 events = st.one_of(
-    st.fixed_dictionaries({"type": st.just("input_audio_buffer.append"), "audio": field(audio_b64)}),
+    st.fixed_dictionaries(
+        {"type": st.just("input_audio_buffer.append"), "audio": field(audio_b64)}
+    ),
     st.fixed_dictionaries({"type": st.just("session.update"), "session": field(ga_session)}),
     st.fixed_dictionaries({"type": st.just("session.update"), "session": field(beta_session)}),
-    st.fixed_dictionaries({"type": st.just("conversation.item.create"), "item": field(item)},
-                          optional={"previous_item_id": field(st.text(max_size=10))}),
+    st.fixed_dictionaries(
+        {"type": st.just("conversation.item.create"), "item": field(item)},
+        optional={"previous_item_id": field(st.text(max_size=10))},
+    ),
     st.fixed_dictionaries(
         {"type": st.just("conversation.item.truncate")},
-        optional={"item_id": field(st.text(max_size=8)), "content_index": field(st.integers()),
-                  "audio_end_ms": field(st.integers())},
+        optional={
+            "item_id": field(st.text(max_size=8)),
+            "content_index": field(st.integers()),
+            "audio_end_ms": field(st.integers()),
+        },
     ),
     st.fixed_dictionaries(
         {"type": st.just("response.create")},
-        optional={"response": field(st.fixed_dictionaries({}, optional={
-            "output_modalities": field(st.just(["text"])), "conversation": field(st.just("none")),
-            "voice": field(st.just("nova")), "instructions": field(st.text(max_size=20))}))},
+        optional={
+            "response": field(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "output_modalities": field(st.just(["text"])),
+                        "conversation": field(st.just("none")),
+                        "voice": field(st.just("nova")),
+                        "instructions": field(st.text(max_size=20)),
+                    },
+                )
+            )
+        },
     ),
     st.fixed_dictionaries(
         {"type": field(st.sampled_from(TYPES))},
-        optional={"event_id": field(st.text(max_size=70)), "item_id": field(st.text(max_size=8)),
-                  "response_id": field(st.text(max_size=8))},
+        optional={
+            "event_id": field(st.text(max_size=70)),
+            "item_id": field(st.text(max_size=8)),
+            "response_id": field(st.text(max_size=8)),
+        },
     ),
     st.dictionaries(st.text(max_size=10), json_values | hostile_values, max_size=4),
-)  # fmt: skip
+)
 
 
 def _decode(decoder: RealtimeDecoder, raw: str | bytes) -> object:
@@ -174,6 +203,16 @@ def fresh() -> RealtimeDecoder:
 @given(st.lists(events, max_size=12))
 @example([{"type": "input_audio_buffer.append", "audio": "AAAA"}] * 3)
 @example([{"type": "session.update", "session": {"audio": {"input": {"format": None}}}}])
+@example([{"type": "session.update", "session": {"output_modalities": [[]]}}])  # found: TypeError
+@example([{"type": "session.update", "session": {"audio": {"input": {"format": {"type": []}}}}}])
+@example(
+    [
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": {}}]},
+        }
+    ]
+)
 @example([{"type": "session.update", "session": {"max_output_tokens": 10**400}}])
 @example([{"type": "response.create", "response": {"audio": {"output": {"voice": {"id": 5}}}}}])
 def test_a_sequence_of_client_events(sequence: list[dict[str, Any]]) -> None:

@@ -90,7 +90,7 @@ def test_clear_drops_the_held_tail_commit_keeps_it() -> None:
 
 @pytest.mark.parametrize(("name", "law"), [("audio/pcmu", "ulaw"), ("audio/pcma", "alaw")])
 def test_g711_is_decoded_to_pcm16_at_8khz(name: str, law: str) -> None:
-    decoder, encoder = codec()
+    decoder, _ = codec()
     update = decoder.decode(
         event(
             "session.update",
@@ -424,7 +424,10 @@ BAD: list[tuple[str | bytes, ErrorCode]] = [
         ErrorCode.UNSUPPORTED_ENCODING,
     ),
     (
-        event("session.update", session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}),
+        event(
+            "session.update",
+            session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+        ),
         ErrorCode.UNSUPPORTED_SAMPLE_RATE,
     ),
     (event("session.update", session={"input_audio_format": "opus"}), ErrorCode.INVALID_PARAMETER),
@@ -433,42 +436,79 @@ BAD: list[tuple[str | bytes, ErrorCode]] = [
         ErrorCode.INVALID_PARAMETER,
     ),
     (
-        event("session.update", session={"audio": {"input": {"turn_detection": {"threshold": "hi"}}}}),
+        event(
+            "session.update", session={"audio": {"input": {"turn_detection": {"threshold": "hi"}}}}
+        ),
         ErrorCode.INVALID_MESSAGE,
     ),
     (
-        event("session.update", session={"audio": {"input": {"turn_detection": {"idle_timeout_ms": 5000}}}}),
+        event(
+            "session.update",
+            session={"audio": {"input": {"turn_detection": {"idle_timeout_ms": 5000}}}},
+        ),
         ErrorCode.INVALID_PARAMETER,
     ),
-    (event("session.update", session={"audio": {"output": {"speed": 3}}}), ErrorCode.INVALID_PARAMETER),
-    (event("session.update", session={"output_modalities": ["audio", "text"]}), ErrorCode.INVALID_PARAMETER),
+    (
+        event("session.update", session={"audio": {"output": {"speed": 3}}}),
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (
+        event("session.update", session={"output_modalities": ["audio", "text"]}),
+        ErrorCode.INVALID_PARAMETER,
+    ),
     (event("session.update", session={"max_output_tokens": 0}), ErrorCode.INVALID_PARAMETER),
-    (event("session.update", session={"tools": [{"type": "mcp", "server_label": "x"}]}), ErrorCode.INVALID_PARAMETER),
+    (
+        event("session.update", session={"tools": [{"type": "mcp", "server_label": "x"}]}),
+        ErrorCode.INVALID_PARAMETER,
+    ),
     (event("session.update", session={"tools": [{"type": "function"}]}), ErrorCode.INVALID_MESSAGE),
     (event("session.update", session={"tool_choice": "always"}), ErrorCode.INVALID_PARAMETER),
     (event("transcription_session.update", session={}), ErrorCode.INVALID_PARAMETER),
     (event("conversation.item.create"), ErrorCode.INVALID_MESSAGE),
     (event("conversation.item.create", item={"type": "message"}), ErrorCode.INVALID_MESSAGE),
     (
-        event("conversation.item.create", item={"type": "message", "role": "user",
-                                               "content": [{"type": "input_audio", "audio": "AAAA"}]}),
+        event(
+            "conversation.item.create",
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": "AAAA"}],
+            },
+        ),
         ErrorCode.INVALID_PARAMETER,
     ),
     (
-        event("conversation.item.create", item={"type": "message", "role": "user",
-                                               "content": [{"type": "input_image"}]}),
+        event(
+            "conversation.item.create",
+            item={"type": "message", "role": "user", "content": [{"type": "input_image"}]},
+        ),
         ErrorCode.INVALID_PARAMETER,
     ),
-    (event("conversation.item.create", item={"type": "function_call_output", "output": "x"}), ErrorCode.INVALID_MESSAGE),
+    (
+        event("conversation.item.create", item={"type": "function_call_output", "output": "x"}),
+        ErrorCode.INVALID_MESSAGE,
+    ),
     (event("conversation.item.delete"), ErrorCode.INVALID_MESSAGE),
-    (event("conversation.item.truncate", item_id="i", content_index=1, audio_end_ms=0), ErrorCode.INVALID_PARAMETER),
-    (event("conversation.item.truncate", item_id="i", content_index=0, audio_end_ms=-1), ErrorCode.INVALID_PARAMETER),
+    (
+        event("conversation.item.truncate", item_id="i", content_index=1, audio_end_ms=0),
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (
+        event("conversation.item.truncate", item_id="i", content_index=0, audio_end_ms=-1),
+        ErrorCode.INVALID_PARAMETER,
+    ),
     (event("response.create", response={"conversation": "conv_9"}), ErrorCode.INVALID_PARAMETER),
-    (event("response.create", response={"input": [{"type": "item_reference", "id": "i"}]}), ErrorCode.INVALID_PARAMETER),
-    (event("response.create", response={"output_audio_format": "g711_ulaw"}), ErrorCode.INVALID_PARAMETER),
+    (
+        event("response.create", response={"input": [{"type": "item_reference", "id": "i"}]}),
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (
+        event("response.create", response={"output_audio_format": "g711_ulaw"}),
+        ErrorCode.INVALID_PARAMETER,
+    ),
     (event("response.cancel", response_id=7), ErrorCode.INVALID_MESSAGE),
     ('{"type": "response.cancel", "event_id": 5}', ErrorCode.INVALID_MESSAGE),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("raw", "code"), BAD)

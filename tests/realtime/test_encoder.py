@@ -198,25 +198,32 @@ def test_a_text_response() -> None:
 
 def test_a_tool_call_round() -> None:
     _, encoder = codec()
-    call = ev.Item("item_f1", "function_call", status="in_progress", call_id="call_1",
-                   name="get_time", arguments="")  # fmt: skip
-    done = ev.Item("item_f1", "function_call", call_id="call_1", name="get_time",
-                   arguments='{"tz": "UTC"}')  # fmt: skip
+    call = ev.Item(
+        "item_f1",
+        "function_call",
+        status="in_progress",
+        call_id="call_1",
+        name="get_time",
+        arguments="",
+    )
+    done = ev.Item(
+        "item_f1", "function_call", call_id="call_1", name="get_time", arguments='{"tz": "UTC"}'
+    )
     script: list[ev.ServerEvent | bytes] = [
         STARTED,
         ev.ResponseStarted(
             reply=1, item_id=REPLY, output_modalities=("audio",), voice="joe", in_conversation=True
-        ),  # fmt: skip
+        ),
         ev.ItemAdded(item=call, previous_item_id=USER),
         ev.FunctionCallDelta(
             reply=1, item_id="item_f1", call_id="call_1", name="get_time", delta='{"tz": '
-        ),  # fmt: skip
+        ),
         ev.FunctionCallDelta(
             reply=1, item_id="item_f1", call_id="call_1", name="get_time", delta='"UTC"}'
-        ),  # fmt: skip
+        ),
         ev.FunctionCallDone(
             reply=1, item_id="item_f1", call_id="call_1", name="get_time", arguments='{"tz": "UTC"}'
-        ),  # fmt: skip
+        ),
         ev.ItemDone(item=done, previous_item_id=USER),
         ev.ResponseDone(reply=1, status="completed", output=(done,)),
     ]
@@ -240,10 +247,16 @@ def test_a_tool_call_round() -> None:
     assert args[-1]["arguments"] == '{"tz": "UTC"}' and args[-1]["name"] == "get_time"
     output = events[-1]["response"]["output"]
     assert output == [
-        {"id": "item_f1", "object": "realtime.item", "type": "function_call",
-         "status": "completed", "call_id": "call_1", "name": "get_time",
-         "arguments": '{"tz": "UTC"}'}
-    ]  # fmt: skip
+        {
+            "id": "item_f1",
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_1",
+            "name": "get_time",
+            "arguments": '{"tz": "UTC"}',
+        }
+    ]
 
 
 def test_barge_in_cuts_the_item_and_cancels_the_response() -> None:
@@ -282,11 +295,11 @@ def test_a_failed_response_carries_the_error() -> None:
         STARTED,
         ev.ResponseStarted(
             reply=1, item_id=REPLY, output_modalities=("audio",), voice="joe", in_conversation=True
-        ),  # fmt: skip
+        ),
         ev.ErrorEvent(code="engine_error", message="the responder failed", fatal=False, reply=1),
         ev.ResponseDone(
             reply=1, status="failed", code="engine_error", message="the responder failed"
-        ),  # fmt: skip
+        ),
     ]
     events = run(encoder, script)
     assert events[3]["error"] == {
@@ -331,8 +344,11 @@ def test_input_transcript_deltas_are_append_only_stable_words() -> None:
     partials = ["I", "I scream", "ice cream for", "ice cream for every", "ice cream for everyone"]
     script: list[ev.ServerEvent | bytes] = [STARTED]
     script += [ev.TranscriptPartial(segment=1, text=t, start_ms=0, end_ms=500) for t in partials]
-    script.append(ev.TranscriptFinal(segment=1, text="ice cream for everyone today", start_ms=0,
-                                     end_ms=900, language="en"))  # fmt: skip
+    script.append(
+        ev.TranscriptFinal(
+            segment=1, text="ice cream for everyone today", start_ms=0, end_ms=900, language="en"
+        )
+    )
     events = run(encoder, script)
     deltas = [
         e["delta"]
@@ -383,8 +399,9 @@ def test_an_error_carries_the_client_event_id_of_a_decoder_refusal() -> None:
             decoder.decode(raw)
         except Exception as exc:  # VoxError: the driver reports it as an ErrorEvent
             errors = [exc.to_event()]  # type: ignore[attr-defined]
-    first = ev.ErrorEvent(code="invalid_message", message="unknown client event type 'bogus'",
-                          fatal=False)  # fmt: skip
+    first = ev.ErrorEvent(
+        code="invalid_message", message="unknown client event type 'bogus'", fatal=False
+    )
     events = run(encoder, [first, *errors])
     assert [e["error"]["event_id"] for e in events] == ["evt_a", "evt_b"]
     assert events[0]["error"]["type"] == "invalid_request_error"
@@ -397,8 +414,9 @@ def test_a_refused_update_is_dropped_and_the_next_one_applies() -> None:
     voice = {"audio": {"output": {"voice": "zed"}}}
     decoder.decode(event("session.update", event_id="evt_1", session=voice))
     decoder.decode(event("session.update", event_id="evt_2", session={"instructions": "Hi"}))
-    refusal = ev.ErrorEvent(code=ErrorCode.UNKNOWN_VOICE.value, message="no voice 'zed'",
-                            fatal=False)  # fmt: skip
+    refusal = ev.ErrorEvent(
+        code=ErrorCode.UNKNOWN_VOICE.value, message="no voice 'zed'", fatal=False
+    )
     events = run(encoder, [refusal, ev.SessionUpdated()])
     assert events[0]["error"]["event_id"] == "evt_1"
     session = events[1]["session"]
