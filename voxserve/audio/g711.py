@@ -6,7 +6,7 @@ Each law is two tables built once at import with numpy: 256 PCM16 values to deco
 65,536 bytes to encode any PCM16 sample (64 KiB a law). Converting is then one fancy-index
 per buffer, no Python loop per sample. The tables give the values of the classic
 reference code (mu-law over 14 bits, A-law over 13, as the stdlib's old `audioop` did):
-tests/test_g711.py holds them to audioop where it still exists.
+tests/realtime/test_g711.py holds them to audioop where it still exists.
 """
 
 from __future__ import annotations

@@ -70,6 +70,51 @@ BETA: dict[str, str] = {
     "response.output_text.done": "response.text.done",
 }
 """GA names whose beta name differs (conversation.item.done has none in beta: not sent)."""
+SERVER_EVENTS = (
+    "session.created",
+    "session.updated",
+    "input_audio_buffer.speech_started",
+    "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed",
+    "input_audio_buffer.cleared",
+    "conversation.item.added",
+    "conversation.item.done",
+    "conversation.item.deleted",
+    "conversation.item.truncated",
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.failed",
+    "response.created",
+    "rate_limits.updated",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_audio_transcript.delta",
+    "response.output_text.delta",
+    "response.output_audio.delta",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.done",
+    "error",
+    "voxserve.session.ended",
+    "voxserve.tts.fallback",
+)
+"""Every server event type the encoder sends, by GA name (docs/realtime.md's table)."""
+
+
+def server_event_names(*, beta: bool) -> set[str]:
+    """The types a GA or a beta client may receive (beta: transcription_session.updated
+    for a transcription session's session.updated; no conversation.item.done)."""
+    if not beta:
+        return set(SERVER_EVENTS)
+    names = {BETA.get(name, name) for name in SERVER_EVENTS} - {"conversation.item.done"}
+    return names | {"transcription_session.updated"}
+
+
 MAX_TURNS = 64  # turns whose transcript deltas are tracked (a final forgets its turn)
 _encode_json = msgspec.json.Encoder().encode
 

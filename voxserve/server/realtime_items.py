@@ -72,7 +72,8 @@ def create_item(data: Obj) -> CreateItem:
         p = f"item.content[{i}]"
         if not isinstance(part, dict):
             raise f.invalid(f"{p} must be an object")
-        key = PARTS[role].get(part.get("type"))  # type: ignore[arg-type]
+        part_type = part.get("type")
+        key = PARTS[role].get(part_type) if isinstance(part_type, str) else None
         if key is None:
             allowed = ", ".join(PARTS[role])
             raise f.bad_value(f"{p}.type", f"must be one of {allowed} for a {role} message")

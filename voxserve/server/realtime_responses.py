@@ -22,6 +22,7 @@ from voxserve.events import (
     ResponseDone,
     ResponseStarted,
 )
+from voxserve.server.quotas import Quotas
 from voxserve.server.realtime_items import item_dict
 from voxserve.server.realtime_session import BETA_NAMES, RealtimeWire, audio_format
 
@@ -61,6 +62,17 @@ class RateLimit:
     limit: int
     remaining: int
     reset_seconds: float
+
+
+def request_limits(quotas: Quotas, principal: str) -> tuple[RateLimit, ...]:
+    """rate_limits.updated's figures for a connection of `principal`: its key's request
+    rate (quotas.requests_per_s, a bucket of `burst`); none when no rate applies. The
+    audio-seconds quota has no entry: the API names only requests and tokens."""
+    left = quotas.requests_left(principal)
+    if left is None:
+        return ()
+    size, tokens, reset_s = left
+    return (RateLimit("requests", int(size), int(tokens), round(reset_s, 3)),)
 
 
 @dataclass(slots=True)

@@ -81,7 +81,7 @@ def speaks_beta(session: Obj) -> bool:
 def _check_keys(data: Obj, known: set[str], path: str) -> None:
     for key in data:
         if key not in known and key not in IGNORED:
-            raise f.bad_value(f"{path}.{key}", "is not a parameter voxserve knows")
+            raise f.bad_value(f"{path}: {quoted(key)}", "is not a parameter voxserve knows")
 
 
 def update_ga(s: RealtimeSettings, session: Obj) -> RealtimeSettings:
@@ -200,7 +200,7 @@ def ga_format(value: object, path: str) -> Format:
     if not isinstance(value, dict):
         raise f.invalid(f"{path} must be an object")
     kind = value.get("type", "audio/pcm")
-    if kind not in FORMAT_RATES:
+    if not isinstance(kind, str) or kind not in FORMAT_RATES:
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
             f"{path}.type {quoted(kind)} is not supported; use audio/pcm, audio/pcmu or audio/pcma",
@@ -273,8 +273,10 @@ def _transcription(s: RealtimeSettings, value: object, path: str) -> RealtimeSet
 
 def modalities_of(values: list[Any], path: str, *, beta: bool) -> tuple[Modality, ...]:
     """["audio"] (speech and its transcript) or ["text"]; beta's ["text", "audio"] is audio."""
+    if not values or not all(v in ("audio", "text") for v in values):
+        raise f.bad_value(path, 'must be ["audio"] or ["text"]')
     kinds = set(values)
-    if not values or not kinds <= {"audio", "text"}:
+    if not kinds <= {"audio", "text"}:
         raise f.bad_value(path, 'must be ["audio"] or ["text"]')
     if "audio" in kinds and "text" in kinds and not beta:
         raise f.bad_value(path, 'cannot be both: ["audio"] includes its transcript')
