@@ -250,7 +250,10 @@ class Session:
     def commit_audio(self) -> None:
         """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
         an empty commit is told (empty_audio) by the listener, in its place in the events."""
-        self._conversation_listener().commit()
+        listener = self._conversation_listener()
+        assert self.audio is not None  # a listener's session has audio input
+        self.audio.restart_resampler()  # the last ms it holds back are the turn's too
+        listener.commit()
 
     def clear_audio(self) -> None:
         """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""
