@@ -351,7 +351,7 @@ async def test_a_settings_change_applies_from_the_next_decision_and_loses_nothin
     end = next(e for e in events if isinstance(e, VadEnd))
     assert abs(end.end_ms - 1300) <= 40
     assert [e.text for e in finals(events)] == ["tone440", "tone880"]
-    assert session.config is new
+    assert session.input_config is new
 
 
 async def test_commit_with_server_vad_ends_the_turn_in_progress_or_is_refused() -> None:
@@ -548,7 +548,7 @@ async def test_a_silent_commit_still_calls_on_final_with_no_text() -> None:
 def with_detection(
     session: Session, detection: TurnDetection | None, **changes: Any
 ) -> StreamConfig:
-    old = session.config
+    old = session.input_config
     assert old.conversation is not None
     conv = ConversationConfig(
         responds=old.conversation.responds,
@@ -611,7 +611,7 @@ async def test_a_sample_rate_change_restarts_the_resampler_and_keeps_the_audio()
     spoken = [(e.text, e.end_ms - e.start_ms) for e in finals(events)]
     assert [text for text, _ in spoken] == ["tone440", "tone880"]
     assert all(abs(duration - 1000) <= 15 for _, duration in spoken), spoken
-    assert session.config.sample_rate == 8_000
+    assert session.input_config.sample_rate == 8_000
 
 
 async def test_what_cannot_change_is_refused_and_nothing_changes() -> None:
@@ -635,7 +635,7 @@ async def test_what_cannot_change_is_refused_and_nothing_changes() -> None:
         with pytest.raises(VoxError) as refused:
             session.apply_input_update(config)
         assert refused.value.code is code and not refused.value.fatal
-    assert session.config is before and listener.detecting and not listener._controls
+    assert session.input_config is before and listener.detecting and not listener._controls
     session.apply_input_update(with_detection(session, SERVER_VAD, language="en"))
     assert session.language == listener.language == "en"
     session.release()

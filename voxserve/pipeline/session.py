@@ -87,6 +87,7 @@ class Session:
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
+        self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
         self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
         # Set by a transport that holds received audio back to hand it over in batches (the
@@ -262,16 +263,17 @@ class Session:
     def check_input_update(self, new: StreamConfig) -> None:
         """Raise the VoxError `apply_input_update(new)` would, changing nothing: so that a
         `session.update` is applied whole or not at all."""
-        check_input_update(self.ctx, self.config, new)
+        check_input_update(self.ctx, self.input_config, new)
 
     def apply_input_update(self, new: StreamConfig) -> None:
         """The input side of `session.update` (`new`: the whole new config): sample rate,
-        language, partials, turn detection (pipeline/conversation_input.py). Raises a
-        VoxError, changing nothing, for what cannot change; then `config` is `new`."""
+        language, partials, turn detection (pipeline/conversation_input.py), compared with
+        the config the input last applied (`input_config`). Raises a VoxError, changing
+        nothing, for what cannot change. `config` is the caller's to replace."""
         if self.audio is None:
             raise VoxError(ErrorCode.WRONG_MODE, "only a conversation session takes session.update")
-        self.language = apply_input_update(self.ctx, self.config, new, self.audio)
-        self.config = new
+        self.language = apply_input_update(self.ctx, self.input_config, new, self.audio)
+        self.input_config = new
 
     def _conversation_listener(self) -> Listener:
         listener = self.listener
