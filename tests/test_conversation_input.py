@@ -17,7 +17,7 @@ import pytest
 from tests.fakes import SR, FakeAsr, FakeTts, FakeVad, fake_runtime, silence, tone
 from tests.helpers import fixture_audio, fixture_texts, wer
 from tests.transports.test_session_driver import FakeInput
-from voxserve.config import Settings, load_settings
+from voxserve.config import Settings, VadConfig, load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.engines.silero_vad import SileroVad
@@ -44,6 +44,7 @@ from voxserve.events import (
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
+from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, session_vad
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.session_attachment import attach
@@ -203,6 +204,38 @@ def index_of(events: list[Event], kind: type[Event], segment: int) -> int:
 
 def finals(events: Iterable[Event]) -> list[TranscriptFinal]:
     return [e for e in events if isinstance(e, TranscriptFinal)]
+
+
+# -- the turn detector's session settings (pure) ---------------------------------------------
+
+
+def test_session_vad_takes_the_sessions_settings_and_the_server_s_for_none() -> None:
+    server = VadConfig()
+    assert session_vad(server, None) is server and session_vad(server, TurnDetection()) is server
+    own = session_vad(server, TurnDetection(0.8, 50, 900))
+    assert (own.threshold, own.pad_ms, own.hangover_ms) == (0.8, 50, 900)
+    assert own.neg_threshold == pytest.approx(0.8 - (server.threshold - server.neg_threshold))
+    assert own.min_speech_ms == server.min_speech_ms
+    assert own.max_utterance_s == server.max_utterance_s
+    low = session_vad(server, TurnDetection(threshold=0.1))
+    assert low.neg_threshold == pytest.approx(0.05)  # half of it, not below zero
+
+
+def test_a_detector_can_be_tuned_cut_and_dropped_mid_turn() -> None:
+    w = 512
+    turns = TurnDetector(VadConfig(min_speech_ms=64, hangover_ms=1000), w)
+    assert turns.feed([0.9] * 4) == [SpeechStart(0)]
+    assert turns.feed([0.0] * 10) == []  # 320 ms: under the 1 s hangover
+    turns.tune(VadConfig(min_speech_ms=64, hangover_ms=200))
+    assert turns.feed([0.0]) == [SpeechEnd(0, 4 * w)]  # the next window decides
+    assert turns.cut() is None  # nothing in progress
+    turns.feed([0.9] * 4)
+    assert turns.cut() == SpeechEnd(15 * w, 19 * w, forced=True) and not turns.speaking
+    turns.feed([0.9] * 4)
+    turns.drop()
+    assert not turns.speaking and turns.feed([0.0] * 20) == []  # dropped: no end
+    turns.restart_at(100 * w)
+    assert turns.feed([0.9] * 4) == [SpeechStart(100 * w)]
 
 
 # -- server VAD ---------------------------------------------------------------------------
@@ -726,17 +759,22 @@ def test_listener_hooks_default_to_none() -> None:
 # -- the real engines ------------------------------------------------------------------------
 
 
-async def test_real_push_to_talk_commit_is_transcribed() -> None:
-    """silero + whisper (the embedded defaults): a spoken fixture, committed by the client
-    with turn detection off, gets its final transcript (and no VAD events)."""
-    engines = Engines(
+@pytest.fixture(scope="module")
+def real_engines() -> Engines:
+    """silero + whisper (the embedded defaults); a fake TTS: these tests are about input."""
+    return Engines(
         vad=SileroVad(),
         asr=WhisperAsr(),
         tts=[FakeTts()],
         responder=EchoResponder(),
         default_voice="fake",
     )
-    runtime = Runtime.from_engines(settings(), engines)
+
+
+async def test_real_push_to_talk_commit_is_transcribed(real_engines: Engines) -> None:
+    """A spoken fixture, committed by the client with turn detection off, gets its final
+    transcript (and no VAD events)."""
+    runtime = Runtime.from_engines(settings(), real_engines)
     session, hooks = conversation(PUSH_TO_TALK, runtime=runtime)
 
     async def script(f: Feeder) -> None:
@@ -749,3 +787,21 @@ async def test_real_push_to_talk_commit_is_transcribed() -> None:
     assert wer(fixture_texts()["weather.wav"], final.text) <= 0.25, final.text
     assert [c[:2] for c in hooks.calls] == [("commit", 0), ("final", 0)]
     assert hooks.calls[-1][2] == final.text
+
+
+async def test_real_vad_turn_is_committed_with_the_sessions_settings(
+    real_engines: Engines,
+) -> None:
+    """silero with the session's own threshold and silence duration: the spoken fixture
+    is one turn, committed after its end, transcribed."""
+    runtime = Runtime.from_engines(settings(), real_engines)
+    detection = TurnDetection(threshold=0.6, prefix_padding_ms=300, silence_duration_ms=700)
+    session, _ = conversation(detection, runtime=runtime)
+
+    async def script(f: Feeder) -> None:
+        await f.feed(silence(0.5), fixture_audio("lights.wav"), silence(1.5), pace=True)
+
+    events = await run_session(session, script)
+    assert by_turn(events) == {0: VAD_TURN}
+    final = finals(events)[0]
+    assert wer(fixture_texts()["lights.wav"], final.text) <= 0.25, final.text
