@@ -43,7 +43,7 @@ def apply_input_update(
     assert old.conversation is not None and new.conversation is not None  # checked
     listener = audio.listener
     if new.sample_rate != old.sample_rate:
-        audio.set_sample_rate(new.sample_rate)
+        audio.restart_resampler(new.sample_rate)
     listener.language = language
     asr = ctx.settings.asr
     listener.partials = asr.partials if new.partials is None else new.partials

@@ -193,6 +193,7 @@ class Listener:
         # reference cycle, freed only by a full GC pass (soaks with session churn grew RSS).
         self.on_speech_start = self.on_final = self.turn_done = None
         self.on_commit = self.on_failed = self.last_item_id = None
+        self._controls.clear()  # what they would run is bound to this listener
         self._group = None
 
     def close_input(self) -> None:

@@ -98,6 +98,7 @@ class Session:
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
+        self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
         self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
         # Set by a transport that holds received audio back to hand it over in batches (the
@@ -291,27 +292,31 @@ class Session:
     def commit_audio(self) -> None:
         """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
         an empty commit is told (empty_audio) by the listener, in its place in the events."""
-        self._conversation_listener().commit()
+        self._with_all_audio().commit()
 
     def clear_audio(self) -> None:
         """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""
-        self._conversation_listener().clear()
+        self._with_all_audio().clear()
 
     def check_input_update(self, new: StreamConfig) -> None:
         """Raise the VoxError `apply_input_update(new)` would, changing nothing: so that a
         `session.update` is applied whole or not at all."""
-        check_input_update(self.ctx, self.config, new)
+        check_input_update(self.ctx, self.input_config, new)
 
     def apply_input_update(self, new: StreamConfig) -> None:
         """The input side of `session.update` (`new`: the whole new config): sample rate,
-        language, partials, turn detection (pipeline/conversation_input.py). Raises a
-        VoxError, changing nothing, for what cannot change; then `config` is `new`."""
-        if self.audio is None:
-            raise VoxError(ErrorCode.WRONG_MODE, "only a conversation session takes session.update")
-        self.language = apply_input_update(self.ctx, self.config, new, self.audio)
-        self.config = new
+        language, partials, turn detection (pipeline/conversation_input.py), compared with
+        the config the input last applied (`input_config`), from this point of the audio
+        on. Raises a VoxError, changing nothing, for what cannot change. `config` is the
+        caller's to replace."""
+        check_input_update(self.ctx, self.input_config, new)
+        assert self.audio is not None  # a conversation session takes audio
+        self._take_held_audio()
+        self.language = apply_input_update(self.ctx, self.input_config, new, self.audio)
+        self.input_config = new
 
-    def _conversation_listener(self) -> Listener:
+    def _with_all_audio(self) -> Listener:
+        """The listener of a conversation session, given all the audio received so far."""
         listener = self.listener
         if self.config.conversation is None or listener is None:
             raise VoxError(
@@ -319,10 +324,16 @@ class Session:
             )
         if self._input.closed:
             raise VoxError(ErrorCode.INVALID_MESSAGE, "the audio input has ended")
-        release = self.release_input  # audio held back by the transport came before this
+        self._take_held_audio()
+        assert self.audio is not None  # a listener's session has audio input
+        self.audio.restart_resampler()  # the last ms the resampler holds back came before
+        return listener
+
+    def _take_held_audio(self) -> None:
+        """Audio the transport holds back came before the message now applied."""
+        release = self.release_input
         if release is not None:
             release()
-        return listener
 
     async def cancel(self) -> None:
         """Client barge-in: stop the current reply and forget text not yet spoken. In a
