@@ -682,6 +682,8 @@ async def test_items_are_created_deleted_and_truncated_or_refused_with_a_code() 
         assert await refused(CreateItem("message", item_id="a", role="user")) is invalid
         assert await refused(CreateItem("message", previous_item_id="zz", role="user")) is invalid
         assert await refused(CreateItem("message", text="no role")) is invalid
+        ours = reply_item_id(session.id, 9)  # a reply's id to come
+        assert await refused(CreateItem("message", item_id=ours, role="user")) is invalid
         assert await refused(CreateItem("function_call_output", output="x")) is invalid
         assert await refused(CreateItem("function_call", call_id="c1")) is invalid
         too_long = CreateItem("message", role="user", text="x" * 5000)

@@ -95,6 +95,11 @@ class ConversationItems:
                     ErrorCode.INVALID_PARAMETER, "a function_call_output item needs a call_id"
                 )
             _check_length("output", message.output, VIEW_CHARS)
+        if message.item_id and message.item_id.startswith(f"item_{self.session_id}"):
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER,
+                f"item ids beginning item_{self.session_id} are the session's own",
+            )
         item_id = message.item_id or self.new_id("c")
         if message.kind == "message":
             assert message.role is not None

@@ -88,6 +88,7 @@ class _Response:
     started: bool = False  # its coroutine runs: a cancel interrupts it
     announced: bool = False  # ResponseStarted is out
     cancel_reason: str | None = None
+    finishing: bool = False  # its last events are going out: too late to cancel
     item: Item | None = None  # the assistant message, once it has text
     pieces: list[str] = field(default_factory=list)
     calls: dict[int, _Call] = field(default_factory=dict)
@@ -133,14 +134,14 @@ class Responses:
 
     def active(self) -> bool:
         """A response runs that no cancel has reached (a new one would be refused)."""
-        return any(r.cancel_reason is None for r in self._running)
+        return any(r.cancel_reason is None and not r.finishing for r in self._running)
 
     def cancel(self, reason: str) -> bool:
         """Cancel every response running (ResponseDone `cancelled`, with `reason`); True if
         one was. Its model work stops: the responder's stream is closed, TTS withdrawn."""
         cancelled = False
         for response in self._running:
-            if response.cancel_reason is not None:
+            if response.cancel_reason is not None or response.finishing:
                 continue
             response.cancel_reason = reason
             cancelled = True
@@ -447,6 +448,7 @@ class Responses:
 
     async def _finish(self, response: _Response, error: VoxError | None) -> None:
         """The response's last events: its items done, then ResponseDone."""
+        response.finishing = True
         await self._announce(response)  # cancelled before it began: still framed
         status = "failed" if error else "cancelled" if response.cancel_reason else "completed"
         if error is not None:
