@@ -14,9 +14,17 @@ from typing import Any
 import pytest
 
 import voxserve
-from voxserve.engines.base import Responder
+from voxserve.engines.base import (
+    ChatMessage,
+    Conversant,
+    ReplyRequest,
+    Responder,
+    ToolCall,
+    ToolCallDelta,
+)
 from voxserve.engines.openai_responder import ClauseBuffer, OpenAIResponder
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import ToolSpec
 
 USER_TEXT = "my secret user text"
 
@@ -466,3 +474,178 @@ def test_clause_buffer() -> None:
     assert all(c.endswith(" ") for c in chunks[:-1])
     # leading whitespace is not a chunk of its own; trailing whitespace is dropped
     assert regroup(["\n\n", "Hi there. ", "  "]) == ["\n\nHi there. "]
+
+
+# --- conversation sessions: the whole conversation, tools and streamed tool calls --------
+
+
+def tool_call_stream(*, text: str | None = None, delay: float = 0.0) -> Handler:
+    """A tool-calling stream as OpenAI and vLLM send it: a role chunk (content null), maybe
+    some text, then per call a first delta with `id`, `type` and `function.name` (arguments
+    ""), then argument pieces with only `index` and `function.arguments`; the finish chunk
+    says `tool_calls`."""
+
+    def call(index: int, **function: str) -> dict[str, Any]:
+        return {"index": index, "function": function}
+
+    events = [chunk(role="assistant", content=None)]
+    if text is not None:
+        events.append(chunk(text))
+    events += [
+        chunk(
+            tool_calls=[
+                {"id": "call_abc", "type": "function", **call(0, name="weather", arguments="")}
+            ]
+        ),
+        chunk(tool_calls=[call(0, arguments='{"ci')]),
+        chunk(tool_calls=[call(0, arguments='ty": "Oslo"}')]),
+        chunk(tool_calls=[{"id": "call_def", "type": "function", **call(1, name="time")}]),
+        chunk(tool_calls=[call(1, arguments="{}")]),
+        json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        "[DONE]",
+    ]
+    return raw_sse("".join(f"data: {event}\n\n" for event in events), delay=delay)
+
+
+WEATHER = ToolSpec("weather", "The weather in a city.", {"type": "object", "properties": {}})
+
+
+async def test_converse_sends_the_conversation_and_tools_and_streams_the_calls(
+    llm: FakeLlm,
+) -> None:
+    llm.handler = tool_call_stream(delay=0.002)
+    bot = responder(llm, model="m", system_prompt="Default.", max_tokens=64)
+    history = (
+        ChatMessage("user", "weather?"),
+        ChatMessage("assistant", tool_calls=(ToolCall("call_0", "weather", '{"city": "Rome"}'),)),
+        ChatMessage("tool", '{"sky": "rain"}', call_id="call_0"),
+        ChatMessage("assistant", "It rains in Rome."),
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "and in Oslo?"),
+    )
+    request = ReplyRequest(
+        messages=history,
+        instructions="You call tools.",
+        tools=(WEATHER, ToolSpec("time")),
+        tool_choice="weather",
+        max_output_tokens=32,
+    )
+    try:
+        pieces = await collect_any(bot.converse(request))
+    finally:
+        await bot.aclose()
+    assert pieces == [
+        ToolCallDelta(0, "call_abc", "weather", ""),
+        ToolCallDelta(0, None, None, '{"ci'),
+        ToolCallDelta(0, None, None, 'ty": "Oslo"}'),
+        ToolCallDelta(1, "call_def", "time", ""),
+        ToolCallDelta(1, None, None, "{}"),
+    ]
+    (sent,) = llm.requests
+    assert sent.body == {
+        "model": "m",
+        "stream": True,
+        "temperature": 0.7,
+        "max_tokens": 32,
+        "messages": [
+            {"role": "system", "content": "You call tools."},
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Rome"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "content": '{"sky": "rain"}', "tool_call_id": "call_0"},
+            {"role": "assistant", "content": "It rains in Rome."},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "and in Oslo?"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "weather",
+                    "description": "The weather in a city.",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            },
+            {"type": "function", "function": {"name": "time"}},
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "weather"}},
+    }
+
+
+async def test_converse_keeps_text_before_a_call_in_order_and_maps_the_choice(
+    llm: FakeLlm,
+) -> None:
+    llm.handler = tool_call_stream(text="Sure, one moment")  # no clause end: flushed first
+    bot = responder(llm, system_prompt="Default.")
+    plain_request = ReplyRequest(messages=(ChatMessage("user", "hi"),), tool_choice="required")
+    try:
+        pieces = await collect_any(
+            bot.converse(ReplyRequest((ChatMessage("user", "x"),), tools=(WEATHER,)))
+        )
+        llm.handler = stream(["Hi."])
+        assert await collect_any(bot.converse(plain_request)) == ["Hi."]
+    finally:
+        await bot.aclose()
+    assert pieces[:2] == ["Sure, one moment", ToolCallDelta(0, "call_abc", "weather", "")]
+    assert len(pieces) == 6
+    with_tools, without = llm.requests
+    assert "tool_choice" not in with_tools.body and with_tools.body["tools"]
+    assert with_tools.body["messages"][0] == {"role": "system", "content": "Default."}
+    assert "tools" not in without.body and "tool_choice" not in without.body  # no tools
+    for choice in ("auto", "none", "required"):
+        body = bot.converse_body(ReplyRequest((), tools=(WEATHER,), tool_choice=choice))
+        assert body["tool_choice"] == choice
+    assert "messages" in body and body["messages"] == [{"role": "system", "content": "Default."}]
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        '{"index": 0}',  # not a list
+        '["a string"]',
+        '[{"index": "0", "function": {"arguments": "{}"}}]',
+        '[{"index": 0, "function": {"arguments": 5}}]',
+        '[{"index": 0, "function": "weather"}]',
+    ],
+)
+async def test_malformed_tool_calls_are_engine_errors(llm: FakeLlm, tool_calls: str) -> None:
+    payload = '{"choices": [{"index": 0, "delta": {"tool_calls": ' + tool_calls + "}}]}"
+    llm.handler = raw_sse(f"data: {payload}\n\n")
+    bot = responder(llm)
+    try:
+        with pytest.raises(VoxError, match="malformed 'tool_calls'") as caught:
+            await collect_any(bot.converse(ReplyRequest((ChatMessage("user", USER_TEXT),))))
+    finally:
+        await bot.aclose()
+    assert_engine_error(caught.value)
+
+
+async def test_respond_ignores_calls_and_closing_converse_closes_the_stream(
+    llm: FakeLlm,
+) -> None:
+    llm.handler = tool_call_stream(text="Text only. ")
+    bot = responder(llm)
+    try:
+        assert await collect(bot.respond("x", [])) == ["Text only. "]
+        llm.handler = stream(SLOW, delay=0.02)
+        pieces = bot.converse(ReplyRequest((ChatMessage("user", "x"),)))
+        assert await anext(pieces) == "Sentence number 0. "
+        await pieces.aclose()  # a cancelled response
+        await asyncio.wait_for(llm.disconnected.wait(), 2)
+    finally:
+        await bot.aclose()
+    assert llm.events_sent < len(SLOW)
+    assert isinstance(bot, Conversant)
+
+
+async def collect_any(pieces: AsyncIterator[str | ToolCallDelta]) -> list[str | ToolCallDelta]:
+    return [piece async for piece in pieces]

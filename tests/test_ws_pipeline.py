@@ -303,7 +303,7 @@ async def test_metrics_show_sessions_frames_and_stage_latency(fake_server: LiveS
     await run_asr(fake_server.ws_url, two_utterances(440, 550), speedup=8.0)
     async with httpx.AsyncClient() as client:
         body = (await client.get(f"{fake_server.http_url}/metrics")).text
-    assert 'voxserve_sessions_total{mode="asr"}' in body
+    assert 'voxserve_sessions_total{mode="asr",transport="ws"}' in body
     assert 'voxserve_stage_latency_seconds_count{stage="vad"}' in body
     assert 'voxserve_stage_latency_seconds_count{stage="asr"}' in body
     processed = [

@@ -31,6 +31,9 @@ class ErrorCode(StrEnum):
     INVALID_PARAMETER = "invalid_parameter"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a JSON route's body not application/json
     WRONG_MODE = "wrong_mode"  # e.g. text in an asr session
+    # conversation sessions (the Realtime API's own codes, so its clients recognise them)
+    RESPONSE_ACTIVE = "conversation_already_has_active_response"  # response.create meanwhile
+    RESPONSE_NOT_ACTIVE = "response_cancel_not_active"  # response.cancel with none running
     # server side
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"

@@ -223,12 +223,12 @@ async def test_counts_and_the_slot_follow_the_session() -> None:
     assert quotas.sessions(ANONYMOUS) == 1  # taken at open
     driver.start()
     assert runtime.active_sessions == 1 and runtime.drain.live == 1
-    assert gauge("voxserve_sessions_active", {"mode": "asr"}) == 1
+    assert gauge("voxserve_sessions_active", {"mode": "asr", "transport": "ws"}) == 1
     driver.close()
     driver.close()  # once
     await driver.wait_closed()
     assert runtime.active_sessions == 0 and runtime.drain.live == 0
-    assert gauge("voxserve_sessions_active", {"mode": "asr"}) == 0
+    assert gauge("voxserve_sessions_active", {"mode": "asr", "transport": "ws"}) == 0
     assert quotas.sessions(ANONYMOUS) == 0
     assert driver.pipeline is not None and driver.pipeline.cancelled()
 

@@ -11,11 +11,13 @@ threads at once.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from voxserve.events import ToolSpec
 from voxserve.types import AsrResult, EngineInfo, Voice
 
 Float32Array = npt.NDArray[np.float32]
@@ -90,6 +92,62 @@ class Responder(Protocol):
 
     def respond(self, text: str, history: Sequence[tuple[str, str]]) -> AsyncIterator[str]:
         """Stream the reply as text pieces. `history` holds (user, assistant) turns."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the assistant made earlier in the conversation (chat history)."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of the conversation as a chat model reads it: `tool_calls` only on
+    assistant messages, `call_id` only on tool messages (the output of that call)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyRequest:
+    """Everything a conversation session asks of a responder for one reply. None fields:
+    the responder's own setting (its system prompt, its token limit)."""
+
+    messages: tuple[ChatMessage, ...]  # oldest first; the newest turn last
+    instructions: str | None = None  # replaces the responder's system prompt
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None  # auto | none | required | a tool's name
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call as the model streams it: calls are told apart by `index`;
+    `call_id` and `name` come with a call's first piece (None after), `arguments` is the
+    next piece of its JSON text."""
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@runtime_checkable
+class Conversant(Protocol):
+    """A responder that reads the whole conversation and may call tools (an LLM). Others
+    (rules, echo) only `respond`: conversation sessions then pass the last user text and
+    the (user, assistant) turns, and offer them no tools."""
+
+    def converse(self, request: ReplyRequest) -> AsyncIterator[str | ToolCallDelta]:
+        """Stream the reply: text pieces (regrouped for speech, as `respond` does) and the
+        tool calls' pieces as they come. Closing the stream early stops the model's work."""
         ...
 
 

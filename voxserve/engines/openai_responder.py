@@ -3,6 +3,9 @@
 
 Tokens are regrouped into clauses before they are yielded: TTS voices whole clauses far
 better than single tokens, and the first clause still arrives well before the full reply.
+Conversation sessions call `converse` instead of `respond`: the whole conversation, tools
+offered as chat-completions `function` tools, and the model's tool calls streamed back as
+`ToolCallDelta` pieces between the text.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 import httpx
 
 from voxserve import __version__
+from voxserve.engines.base import ChatMessage, ReplyRequest, ToolCallDelta
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import ToolSpec
 from voxserve.text import ClauseBuffer
 from voxserve.types import EngineInfo
 
@@ -114,6 +119,30 @@ class OpenAIResponder:
             body["max_tokens"] = self.max_tokens
         return body
 
+    def converse_body(self, request: ReplyRequest) -> dict[str, Any]:
+        """The chat-completions body of a conversation session's reply: its instructions
+        (else the system prompt), its messages as given (the session bounds them), its
+        tools as `function` tools with the tool choice mapped, its token limit."""
+        messages: list[dict[str, Any]] = []
+        system = self.system_prompt if request.instructions is None else request.instructions
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.extend(_chat_message(message) for message in request.messages)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "temperature": self.temperature,
+        }
+        max_tokens = request.max_output_tokens or self.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if request.tools:
+            body["tools"] = [_tool(spec) for spec in request.tools]
+            if request.tool_choice is not None:
+                body["tool_choice"] = _tool_choice(request.tool_choice)
+        return body
+
     async def respond(
         self, text: str, history: Sequence[tuple[str, str]]
     ) -> AsyncGenerator[str, None]:
@@ -122,14 +151,27 @@ class OpenAIResponder:
         Raises VoxError(ENGINE_ERROR) on any transport, HTTP or protocol failure. Closing
         this generator early (barge-in) closes the HTTP stream with it.
         """
+        stream = self._stream(self.request_body(text, history))
+        try:
+            async for piece in stream:
+                if isinstance(piece, str):  # no tools were offered: calls are not expected
+                    yield piece
+        finally:
+            await stream.aclose()
+
+    def converse(self, request: ReplyRequest) -> AsyncGenerator[str | ToolCallDelta, None]:
+        """Stream the reply of a conversation session: clause-sized text pieces and the
+        tool calls' pieces (`delta.tool_calls`) as they come. Errors and closing as for
+        `respond`."""
+        return self._stream(self.converse_body(request))
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncGenerator[str | ToolCallDelta, None]:
         client = self._get_client()
         chunker = ClauseBuffer(
             min_clause_chars=self.min_clause_chars, max_chunk_chars=self.max_chunk_chars
         )
         try:
-            async with client.stream(
-                "POST", self.url, json=self.request_body(text, history)
-            ) as response:
+            async with client.stream("POST", self.url, json=body) as response:
                 if not 200 <= response.status_code < 300:
                     raise _engine_error(
                         f"responder server answered HTTP {response.status_code} for POST {self.url}"
@@ -141,18 +183,13 @@ class OpenAIResponder:
                             break
                         continue  # drain the tail so the connection can be reused
                     payload = parser.feed(line)
-                    if payload is None:
-                        continue
-                    content = _delta_content(payload)
-                    if content:
-                        for chunk in chunker.feed(content):
-                            yield chunk
+                    if payload is not None:
+                        for piece in _pieces(payload, chunker):
+                            yield piece
                 payload = parser.end()
                 if payload is not None:
-                    content = _delta_content(payload)
-                    if content:
-                        for chunk in chunker.feed(content):
-                            yield chunk
+                    for piece in _pieces(payload, chunker):
+                        yield piece
                 if not parser.done and not parser.events:
                     raise _engine_error("responder server sent no server-sent events")
         except httpx.TimeoutException as exc:
@@ -240,8 +277,86 @@ class _SseParser:
         return data
 
 
-def _delta_content(payload: str) -> str:
-    """The text of one chat-completion chunk ("" for role-only, usage or final chunks)."""
+def _chat_message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["content"] = message.content or None  # a call with no text: content null
+        out["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.call_id is not None:
+        out["tool_call_id"] = message.call_id
+    return out
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        function["description"] = spec.description
+    if spec.parameters is not None:
+        function["parameters"] = spec.parameters
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str) -> str | dict[str, Any]:
+    """auto, none and required as they are; any other value names the function to call."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _pieces(payload: str, chunker: ClauseBuffer) -> list[str | ToolCallDelta]:
+    """What one chunk adds: clauses its text completed, then its tool calls' pieces (the
+    text before a call is flushed first, so the order of the stream is kept)."""
+    delta = _delta(payload)
+    if delta is None:
+        return []
+    pieces: list[str | ToolCallDelta] = []
+    content = delta.get("content")
+    if isinstance(content, str) and content:
+        pieces.extend(chunker.feed(content))
+    calls = _tool_call_deltas(delta.get("tool_calls"))
+    if calls:
+        rest = chunker.flush()
+        if rest:
+            pieces.append(rest)
+        pieces.extend(calls)
+    return pieces
+
+
+def _tool_call_deltas(raw: object) -> list[ToolCallDelta]:
+    """`delta.tool_calls` as OpenAI and vLLM stream them: per call an `index`; its first
+    piece has `id` and `function.name`, every piece some of `function.arguments`."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _engine_error("responder server sent malformed 'tool_calls'")
+    deltas: list[ToolCallDelta] = []
+    for entry in raw:
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(function, dict | None):
+            raise _engine_error("responder server sent malformed 'tool_calls'")
+        index, call_id = entry.get("index", 0), entry.get("id")
+        function = function or {}
+        name, arguments = function.get("name"), function.get("arguments")
+        if (
+            not isinstance(index, int)
+            or not isinstance(call_id, str | None)
+            or not isinstance(name, str | None)
+            or not isinstance(arguments, str | None)
+        ):
+            raise _engine_error("responder server sent malformed 'tool_calls'")
+        deltas.append(ToolCallDelta(index, call_id or None, name or None, arguments or ""))
+    return deltas
+
+
+def _delta(payload: str) -> dict[str, Any] | None:
+    """The `delta` of one chat-completion chunk (None for usage or final chunks)."""
     try:
         chunk = json.loads(payload)
     except ValueError:
@@ -255,16 +370,15 @@ def _delta_content(payload: str) -> str:
         raise _engine_error(f"responder server reported an error in the stream{detail}")
     choices = chunk.get("choices")
     if choices is None:
-        return ""
+        return None
     if not isinstance(choices, list):
         raise _engine_error("responder server sent a chunk with malformed 'choices'")
     if not choices:
-        return ""
+        return None
     first = choices[0]
     delta = first.get("delta") if isinstance(first, dict) else None
     if delta is None:
-        return ""
+        return None
     if not isinstance(delta, dict):
         raise _engine_error("responder server sent a chunk with a malformed 'delta'")
-    content = delta.get("content")
-    return content if isinstance(content, str) else ""
+    return delta

@@ -50,10 +50,10 @@ class Metrics:
         self.rings: weakref.WeakSet[SampleRing] = weakref.WeakSet()
         r = self.registry
         self.sessions_active = Gauge(
-            "voxserve_sessions_active", "Open sessions", ["mode"], registry=r
+            "voxserve_sessions_active", "Open sessions", ["mode", "transport"], registry=r
         )
         self.sessions_total = Counter(
-            "voxserve_sessions_total", "Sessions started", ["mode"], registry=r
+            "voxserve_sessions_total", "Sessions started", ["mode", "transport"], registry=r
         )
         self.frames = Counter(
             "voxserve_frames_total", "Audio frames by outcome", ["outcome"], registry=r

@@ -242,6 +242,25 @@ class AudioInput:
         if self.outbox.event_nowait(Credit(window=window, acked_seq=self.acked_seq)):
             self._credit_told, self._credit_told_at = window, now
 
+    def restart_resampler(self, rate: int | None = None) -> None:
+        """A new resampler, from the client's next frame at `rate` (None: the same rate):
+        a conversation session's `session.update` (e.g. G.711 8 kHz after 24 kHz PCM), or
+        its commit, which takes all the audio sent before it (a resampler holds back the
+        last few ms it was given). The old resampler's tail goes into the ring first,
+        after the audio already there; a tail that finds the ring full ("wait") is counted
+        in `dropped_samples`, never lost unsaid."""
+        if rate is None and self.resampler.passthrough:
+            return
+        tail = self.resampler.flush()
+        self.resampler = StreamResampler(rate or self.resampler.from_rate, SAMPLE_RATE)
+        if not tail.size:
+            return
+        if self.drop_oldest or self.ring.free >= tail.size:
+            self._write_now(tail)
+            self.listener.poke()
+        else:
+            self.dropped_samples += int(tail.size)
+
     async def run(self) -> None:
         """The listener's work on this input, until it has finished what the input took."""
         await self.listener.run()

@@ -8,6 +8,16 @@ to send, a mark to echo, the end of input. Partials re-decode the growing uttera
 effort: skipped when the ASR stage is busy); finals are decoded in order by one worker per
 session, so the recognizer state of one utterance (its audio) never mixes with the next or
 with another stream's.
+
+A conversation session (the Realtime API; `conversation` set) adds to that:
+- each turn's audio is committed: `AudioCommitted` after its `VadEnd` (or, push-to-talk, at
+  the client's commit), then `on_commit`, then its final (`TranscriptFinal`, or
+  `TranscriptFailed` and `on_failed` when ASR fails), then `on_final`, even with no text;
+- its VAD settings are its own (`TurnDetection`), and may change while it runs;
+- with `turn_detection` None (push-to-talk) there is no VAD: the audio since the last
+  commit accumulates until the client commits or clears it (`commit`, `clear`);
+- the client's commit, clear and settings changes apply where they came in the audio: VAD
+  judges no audio received after one before it has run (`_Control.exact`).
 """
 
 from __future__ import annotations
@@ -26,13 +36,25 @@ from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
 from voxserve.engines.base import inline_safe
-from voxserve.errors import VoxError
-from voxserve.events import Mark, TranscriptFinal, TranscriptPartial, VadEnd, VadStart
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import (
+    AudioCleared,
+    AudioCommitted,
+    ConversationConfig,
+    Mark,
+    TranscriptFailed,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnDetection,
+    VadEnd,
+    VadStart,
+    speech_item_id,
+)
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.stage import deadline_in
-from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent
+from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent, session_vad
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
@@ -46,6 +68,9 @@ KEPT_TURNS = 8  # segments whose vad.end time is kept for the final and turn lat
 FINAL_DUE_S = 0.5
 PARTIAL_DUE_S = 1.5
 _VAD, _TASK = "vad", "task"  # who holds a listener's stream state (Listener._holder)
+# Push-to-talk: the least audio a commit takes (the Realtime API's own minimum); less is
+# refused as empty_audio, and left in the buffer.
+MIN_COMMIT_MS = 100
 
 
 def ms(samples: int) -> int:
@@ -60,6 +85,18 @@ class Utterance:
     audio: Int16Array
 
 
+@dataclass(frozen=True, slots=True)
+class _Control:
+    """Something the client asked at a point in its audio (a mark, a commit, ...): run by
+    the task once the audio written before it has been read from the ring."""
+
+    at: int  # ring.write_total when it came
+    run: Callable[[], Awaitable[None]]
+    # VAD reads no audio past `at` until it has run (a mark does not need to hold VAD back:
+    # it only reports how far VAD got).
+    exact: bool
+
+
 class Listener:
     def __init__(
         self,
@@ -72,7 +109,11 @@ class Listener:
         partial_interval_ms: int,
         on_speech_start: Callable[[int], Awaitable[None]] | None = None,
         on_final: Callable[[int, str], Awaitable[None]] | None = None,
+        conversation: ConversationConfig | None = None,
+        session_id: str = "",
     ) -> None:
+        """`conversation`: a conversation session's (module docstring); `session_id` names
+        its turns' items (speech_item_id)."""
         self.ctx = ctx
         self.ring = ring
         self.outbox = outbox
@@ -82,14 +123,35 @@ class Listener:
         self.vad = ctx.engines.vad
         self.vad_state = self.vad.new_state()
         self.window = self.vad.window_samples
-        self.turns = TurnDetector(settings.vad, self.window)
-        self.pad = settings.vad.pad_ms * SAMPLE_RATE // 1000
+        detection = conversation.turn_detection if conversation is not None else None
+        vad = session_vad(settings.vad, detection)
+        self.turns = TurnDetector(vad, self.window)
+        self.pad = vad.pad_ms * SAMPLE_RATE // 1000  # kept before speech start
+        self.tail_pad = settings.vad.pad_ms * SAMPLE_RATE // 1000  # and after its end
+        self.in_conversation = conversation is not None
+        self.session_id = session_id
+        # False: push-to-talk (a conversation without turn detection): no VAD at all.
+        self.detecting = conversation is None or detection is not None
+        self.min_commit = MIN_COMMIT_MS * SAMPLE_RATE // 1000
+        # Audio before this is in no future turn: committed (push-to-talk) or cleared.
+        self._kept_from = 0
         self.partial_every = partial_interval_ms * SAMPLE_RATE // 1000
         self.min_partial = settings.asr.min_partial_ms * SAMPLE_RATE // 1000
         self.audio = StreamAudio()
         self._leftover = np.zeros(0, dtype=np.float32)
-        self._on_speech_start = on_speech_start
-        self._on_final = on_final
+        # The hooks of what follows the listener (Replies): awaited in the listener's task,
+        # so a hook that waits holds up the turns after it.
+        self.on_speech_start = on_speech_start  # (segment): vad.start (barge-in)
+        # (segment, text) after the segment's transcript.final; /v1/stream: only when the
+        # text is not empty; conversation sessions: every committed turn (its item is done).
+        self.on_final = on_final
+        # Conversation sessions only:
+        # (segment) after its AudioCommitted is queued, before its final is decoded.
+        self.on_commit: Callable[[int], Awaitable[None]] | None = None
+        # (segment, error) after its TranscriptFailed is queued; on_final is not called.
+        self.on_failed: Callable[[int, VoxError], Awaitable[None]] | None = None
+        # The id of the conversation's last item: AudioCommitted's previous_item_id.
+        self.last_item_id: Callable[[], str | None] | None = None
         self.wake = asyncio.Event()  # the task has work: `_inbox`, marks, end of input
         self.space = asyncio.Event()  # set whenever the listener frees ring space
         # Who may touch the ring, VAD and turn state now: the VAD batcher's round, this
@@ -107,8 +169,7 @@ class Listener:
         self._finals: asyncio.Queue[Utterance | None] = asyncio.Queue(FINAL_QUEUE)
         # pipeline.vad_batch_windows x 32 ms judged per wake-up: one VAD request per batch
         self.batch_samples = settings.pipeline.vad_batch_windows * self.window
-        # (ring position, client's mark id, highest seq_id accepted before the mark)
-        self._marks: deque[tuple[int, str | int, int | None]] = deque()
+        self._controls: deque[_Control] = deque()  # marks, commits, ...: in the client's order
         # Latency observations (voxserve.observe.metrics): perf_counter times of vad.start
         # (until the segment's first partial) and of vad.end per recent segment.
         self.metrics = ctx.metrics
@@ -130,7 +191,9 @@ class Listener:
         self._turn_marks.clear()
         # The session's callbacks are its bound methods: without dropping them the pair is a
         # reference cycle, freed only by a full GC pass (soaks with session churn grew RSS).
-        self._on_speech_start = self._on_final = self.turn_done = None
+        self.on_speech_start = self.on_final = self.turn_done = None
+        self.on_commit = self.on_failed = self.last_item_id = None
+        self._controls.clear()  # what they would run is bound to this listener
         self._group = None
 
     def close_input(self) -> None:
@@ -153,7 +216,31 @@ class Listener:
         """Echo `mark_id` once every sample received before it has been through VAD: the
         client's measure of frame-handling lag, and its acknowledgement that audio up to
         `acked_seq` is processed (what a client keeps for resume can be trimmed)."""
-        self._marks.append((self.ring.write_total, mark_id, acked_seq))
+        echo = partial(self.outbox.event, Mark(id=mark_id, acked_seq=acked_seq))
+        self._controls.append(_Control(self.ring.write_total, echo, exact=False))
+        self._kick()
+
+    # -- conversation sessions: the client's turn controls -------------------------------
+
+    def commit(self) -> None:
+        """The audio received until now is a turn: push-to-talk, the audio since the last
+        commit (refused with empty_audio under MIN_COMMIT_MS); server VAD, the turn in
+        progress ends now (refused when no speech is in progress)."""
+        self._control(self._commit)
+
+    def clear(self) -> None:
+        """Drop the audio received until now that no turn has taken (AudioCleared): with
+        server VAD, the turn in progress too (it gets no vad.end, no final)."""
+        self._control(self._clear)
+
+    def set_turn_detection(self, detection: TurnDetection | None) -> None:
+        """New turn detection from this point of the audio on. Switching VAD off ends the
+        turn in progress as its silence would (vad.end, committed, final); switching it on
+        judges the audio not yet committed, as if VAD had been on."""
+        self._control(partial(self._detect, detection))
+
+    def _control(self, run: Callable[[], Awaitable[None]]) -> None:
+        self._controls.append(_Control(self.ring.write_total, run, exact=True))
         self._kick()
 
     def _kick(self) -> None:
@@ -163,14 +250,21 @@ class Listener:
         if self._holder is not None:
             return
         queued = len(self.ring)
-        if queued >= self.batch_samples or (queued and (self.closed or self._marks)):
+        if queued >= self.batch_samples or (queued and (self.closed or self._controls)):
             self._holder = _VAD
             self.ctx.vad_batcher().enqueue(self)
-        elif self.closed or self._mark_due():
+        elif self.closed or self._control_due():
             self._give_task(None)
 
-    def _mark_due(self) -> bool:
-        return bool(self._marks) and self._marks[0][0] <= self.ring.read_total
+    def _control_due(self) -> bool:
+        return bool(self._controls) and self._controls[0].at <= self.ring.read_total
+
+    def _read_limit(self) -> int | None:
+        """How much of the ring VAD may read: up to the first exact control."""
+        for control in self._controls:  # usually none
+            if control.exact:
+                return max(0, control.at - self.ring.read_total)
+        return None
 
     def _give_task(self, item: list[TurnEvent] | BaseException | None) -> None:
         if item is not None:
@@ -179,12 +273,15 @@ class Listener:
         self.wake.set()
 
     def vad_input(self) -> tuple[object, Float32Array] | None:
-        """VadJob: everything in the ring, as whole 32 ms windows (the rest waits for more)."""
-        samples = self.ring.read()
+        """VadJob: everything in the ring (up to an exact control), as whole 32 ms windows
+        (the rest waits for more). Push-to-talk: the audio is only kept, never judged."""
+        samples = self.ring.read(self._read_limit() if self._controls else None)
         self.space.set()
         if not samples.size:
             return None
         self.audio.append(samples)
+        if not self.detecting:
+            return None
         audio = to_float32(samples)
         if self._leftover.size:
             audio = np.concatenate((self._leftover, audio))
@@ -200,8 +297,13 @@ class Listener:
             self._give_task(error)
             return
         try:
+            if not self.detecting and self._push_to_talk_full():
+                # Bounded as a VAD turn is (vad.max_utterance_s): committed as a turn.
+                full = SpeechEnd(self._kept_from, self.audio.end, forced=True)
+                self._give_task([full])
+                return
             events = self.turns.feed(probs.tolist()) if probs is not None else []
-            if events or self.closed or self._mark_due() or self._group is None:
+            if events or self.closed or self._control_due() or self._group is None:
                 self._give_task(events if probs is not None else None)  # None: nothing judged
                 return
             if probs is not None:
@@ -211,11 +313,13 @@ class Listener:
             return
         self._kick()
 
-    async def _echo_marks(self) -> None:
-        done = self.ring.read_total
-        while self._marks and self._marks[0][0] <= done:
-            _, mark_id, acked_seq = self._marks.popleft()
-            await self.outbox.event(Mark(id=mark_id, acked_seq=acked_seq))
+    def _push_to_talk_full(self) -> bool:
+        return self.audio.end - self._kept_from >= self.turns.max_utterance
+
+    async def _run_controls(self) -> None:
+        controls, done = self._controls, self.ring.read_total
+        while controls and controls[0].at <= done:
+            await controls.popleft().run()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -235,7 +339,7 @@ class Listener:
                     for event in item:
                         await self._on_turn(event)
                     self._after_judge(group)
-                await self._echo_marks()
+                await self._run_controls()
                 self._holder = None
                 if self.closed and not len(self.ring):
                     break
@@ -243,7 +347,8 @@ class Listener:
             await self._flush(group)
 
     async def _judge(self, audio: Float32Array, group: asyncio.TaskGroup) -> None:
-        """The last partial window at the end of input, judged on its own."""
+        """Audio judged on its own: the last partial window at the end of input, or what
+        push-to-talk kept when turn detection comes back on (whole windows)."""
         probs = await self.ctx.vad_batcher().speech_probs(self.vad_state, audio)
         for event in self.turns.feed(probs.tolist()):
             await self._on_turn(event)
@@ -251,6 +356,8 @@ class Listener:
 
     def _after_judge(self, group: asyncio.TaskGroup) -> None:
         """After new probabilities: a partial while speaking, else drop audio no turn needs."""
+        if not self.detecting:
+            return  # push-to-talk: the audio waits for the client's commit
         if self.turns.speaking:
             if not self.turns.trailing_silence:  # a partial of the hangover adds nothing
                 self._maybe_partial(group)
@@ -258,6 +365,13 @@ class Listener:
             self.audio.trim(self.turns.position - self.pad)
 
     async def _flush(self, group: asyncio.TaskGroup) -> None:
+        """End of input: the turn in progress ends (push-to-talk: the audio not committed is
+        committed, unless under MIN_COMMIT_MS), then the finals worker."""
+        if not self.detecting:
+            if self.audio.end - self._kept_from >= self.min_commit:
+                await self._on_turn(SpeechEnd(self._kept_from, self.audio.end, forced=True))
+            await self._finals.put(None)
+            return
         if self._leftover.size:
             padded = np.zeros(self.window, dtype=np.float32)
             padded[: self._leftover.size] = self._leftover
@@ -278,19 +392,97 @@ class Listener:
             if self.tracing:
                 turn = self._turn_marks[self.segment] = TurnMarks(self.segment)
                 turn.mark("vad.start")
-            if self._on_speech_start is not None:
-                await self._on_speech_start(self.segment)
+            if self.on_speech_start is not None:
+                await self.on_speech_start(self.segment)
             return
         assert isinstance(event, SpeechEnd)
-        await self.outbox.event(
-            VadEnd(segment=self.segment, start_ms=ms(event.start), end_ms=ms(event.end))
-        )
+        if self.detecting:
+            await self.outbox.event(
+                VadEnd(segment=self.segment, start_ms=ms(event.start), end_ms=ms(event.end))
+            )
+            begin = max(event.start - self.pad, self._kept_from)
+            audio = self.audio.slice(begin, event.end + self.tail_pad)
+        else:  # push-to-talk: the audio since the last commit, no VAD, no vad.* events
+            self.segment += 1
+            audio = self.audio.slice(event.start, event.end)
+            self._kept_from = event.end
+            self.audio.trim(event.end)
         self._ended_at[self.segment] = time.perf_counter()
         self._ended_at.pop(self.segment - KEPT_TURNS, None)
         if self.tracing and self.segment in self._turn_marks:
             self._turn_marks[self.segment].mark("vad.end")
-        audio = self.audio.slice(event.start - self.pad, event.end + self.pad)
+        if self.in_conversation:
+            await self._committed(self.segment)
         await self._finals.put(Utterance(self.segment, event.start, event.end, audio))
+
+    def item_id(self, segment: int) -> str:
+        """The conversation item of `segment`'s turn."""
+        return speech_item_id(self.session_id, segment)
+
+    async def _committed(self, segment: int) -> None:
+        previous = self.last_item_id() if self.last_item_id is not None else None
+        item_id = self.item_id(segment)
+        await self.outbox.event(
+            AudioCommitted(segment=segment, item_id=item_id, previous_item_id=previous)
+        )
+        if self.on_commit is not None:
+            await self.on_commit(segment)
+
+    async def _refuse_commit(self, why: str) -> None:
+        """An empty commit: told, nothing committed, the buffer as it was."""
+        await self.outbox.event(VoxError(ErrorCode.EMPTY_AUDIO, why).to_event())
+
+    async def _commit(self) -> None:
+        if self.detecting:
+            event = self.turns.cut()
+            if event is None:
+                await self._refuse_commit("no speech in progress to commit")
+                return
+            await self._on_turn(event)
+            return
+        held = self.audio.end - self._kept_from
+        if held < self.min_commit:
+            await self._refuse_commit(
+                f"no audio to commit: {ms(held)} ms buffered, at least {MIN_COMMIT_MS} ms needed"
+            )
+            return
+        await self._on_turn(SpeechEnd(self._kept_from, self.audio.end, forced=True))
+
+    async def _clear(self) -> None:
+        if self.detecting:
+            if self.turns.speaking:  # dropped: none of its partials is sent from now on
+                self._finalized = max(self._finalized, self.segment)
+            self.turns.drop()
+        self._kept_from = self.audio.end
+        self.audio.trim(self.audio.end)
+        await self.outbox.event(AudioCleared())
+
+    async def _detect(self, detection: TurnDetection | None) -> None:
+        vad = session_vad(self.ctx.settings.vad, detection)
+        self.turns.tune(vad)
+        self.pad = vad.pad_ms * SAMPLE_RATE // 1000
+        if (detection is not None) == self.detecting:
+            return
+        self._leftover = np.zeros(0, dtype=np.float32)  # its samples are in self.audio
+        if detection is None:  # to push-to-talk: the turn in progress ends, as at silence
+            candidate = self.turns.candidate_start
+            end = self.turns.cut()
+            if end is not None:
+                await self._on_turn(end)
+            keep = end.end if end is not None else candidate
+            self._kept_from = max(self._kept_from, self.turns.position if keep is None else keep)
+            self.turns.drop()
+            self.detecting = False
+            return
+        # To server VAD: the audio not committed is judged now, as if VAD had been on.
+        self.detecting = True
+        self.vad_state = self.vad.new_state()
+        self.turns.restart_at(self._kept_from)
+        held = to_float32(self.audio.slice(self._kept_from, self.audio.end))
+        usable = held.size - held.size % self.window
+        self._leftover = held[usable:]
+        if usable and self._group is not None:
+            await self._judge(held[:usable], self._group)
 
     def speech_ended_at(self, segment: int) -> float | None:
         """perf_counter time vad.end of `segment` was sent (recent segments only)."""
@@ -307,7 +499,7 @@ class Listener:
         turn.mark("asr.final")
         for old in [s for s in self._turn_marks if s < segment - KEPT_TURNS]:
             del self._turn_marks[old]
-        if self._on_final is None or not spoken:  # no reply follows: the turn ends here
+        if self.on_final is None or not spoken:  # no reply follows: the turn ends here
             del self._turn_marks[segment]
             if self.turn_done is not None:
                 self.turn_done(turn)
@@ -325,7 +517,7 @@ class Listener:
         if stage.live_waiting or stage.bulk_short:
             return  # best effort: never queue behind finals, nor take bulk's share of slots
         self._last_partial_at = now
-        audio = self.audio.slice(start - self.pad, now)
+        audio = self.audio.slice(max(start - self.pad, self._kept_from), now)
         self._partial_task = group.create_task(
             self._partial(self.segment, start, now, audio), name="voxserve-asr-partial"
         )
@@ -368,11 +560,11 @@ class Listener:
 
     async def _final_worker(self) -> None:
         while (utterance := await self._finals.get()) is not None:
-            self._finalized = utterance.segment
+            self._finalized = max(self._finalized, utterance.segment)
             try:
                 result = await self._recognise(utterance.audio, partial_result=False)
             except VoxError as exc:
-                await self.outbox.event(exc.to_event(segment=utterance.segment))
+                await self._failed(utterance.segment, exc)
                 continue
             text = result.text.strip()
             await self.outbox.event(
@@ -389,5 +581,22 @@ class Listener:
                 self.metrics.observe_final(time.perf_counter() - ended)
             if self.tracing:
                 self._final_marked(utterance.segment, spoken=bool(text))
-            if self._on_final is not None and text:
-                await self._on_final(utterance.segment, text)
+            if self.on_final is not None and (text or self.in_conversation):
+                await self.on_final(utterance.segment, text)
+
+    async def _failed(self, segment: int, error: VoxError) -> None:
+        """A final that could not be decoded: an error event (/v1/stream), or the turn's
+        TranscriptFailed and `on_failed` (conversation sessions)."""
+        if not self.in_conversation:
+            await self.outbox.event(error.to_event(segment=segment))
+            return
+        await self.outbox.event(
+            TranscriptFailed(
+                segment=segment,
+                item_id=self.item_id(segment),
+                code=error.code.value,
+                message=error.message,
+            )
+        )
+        if self.on_failed is not None:
+            await self.on_failed(segment, error)

@@ -3,11 +3,16 @@
 asr:       audio -> AudioInput -> Listener (VAD, partials, finals)
 tts:       text  -> TextInput -> Replies (Speaker)
 assistant: audio -> AudioInput -> Listener -> Replies (responder, Speaker), with barge-in
+conversation (assistant with StreamConfig.conversation, the Realtime API):
+           audio -> AudioInput -> Listener -> Responses (items, responses on request,
+           tools; responder, Speaker)
 
 The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
 cancel, and the transport drains the outbox; `run` owns every task of the session and
-returns after `session.ended` is queued.
+returns after `session.ended` is queued. A conversation session (config.conversation; the
+Realtime API) also takes commit_audio / clear_audio and, for `session.update`, the input
+side of a new config (check_input_update / apply_input_update).
 """
 
 from __future__ import annotations
@@ -22,16 +27,25 @@ from typing import Protocol
 
 from voxserve.audio.dedup import SeqDedup
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
-from voxserve.events import SessionEnded, SessionStarted, StreamConfig
+from voxserve.events import (
+    CreateItem,
+    ResponseOptions,
+    SessionEnded,
+    SessionStarted,
+    SessionUpdated,
+    StreamConfig,
+)
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
+from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.replies import Replies
+from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.text_input import TextInput
-from voxserve.types import FRAME_MS, FRAME_SAMPLES
+from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +98,7 @@ class Session:
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
+        self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
         self.end_reason = "completed"  # session.ended's reason (server_shutdown, error codes)
         # Set by a transport that holds received audio back to hand it over in batches (the
@@ -105,7 +120,20 @@ class Session:
             else None
         )
         self.replies: Replies | None = None
-        if config.mode != "asr":
+        self.responses: Responses | None = None
+        conversation = config.conversation if config.mode == "assistant" else None
+        if conversation is not None:
+            self.responses = Responses(
+                ctx,
+                outbox,
+                self.speaker,
+                self.id,
+                conversation,
+                voice=self.voice,
+                sample_rate=self.output_sample_rate,
+                emit_turn=emit_turn,
+            )
+        elif config.mode != "asr":
             self.replies = Replies(ctx, outbox, self.speaker, emit_turn)
         self.listener: Listener | None = None
         self.audio: AudioInput | None = None
@@ -122,7 +150,7 @@ class Session:
             self.audio_wanted_in = _none_wanted
         else:
             buffer, ring = pooled_ring(ctx, self.trace_id)
-            replies = self.replies
+            replies, responses = self.replies, self.responses
             self.listener = Listener(
                 ctx,
                 ring,
@@ -130,11 +158,30 @@ class Session:
                 language=self.language,
                 partials=settings.asr.partials if config.partials is None else config.partials,
                 partial_interval_ms=config.chunk_ms or settings.asr.partial_interval_ms,
-                on_speech_start=replies.barge_in if replies is not None else None,
-                on_final=replies.start if replies is not None else None,
+                on_speech_start=(
+                    responses.speech_started
+                    if responses is not None
+                    else replies.barge_in
+                    if replies is not None
+                    else None
+                ),
+                on_final=(
+                    responses.user_final
+                    if responses is not None
+                    else replies.start
+                    if replies is not None
+                    else None
+                ),
+                conversation=config.conversation,
+                session_id=self.id,
             )
             if replies is not None:
                 replies.listener = self.listener
+            if responses is not None:
+                responses.listener = self.listener
+                self.listener.on_commit = responses.user_committed
+                self.listener.on_failed = responses.user_failed
+                self.listener.last_item_id = responses.conversation.last_id
             self.listener.turn_done = emit_turn
             self._input = self.audio = AudioInput(
                 ctx, config.sample_rate, buffer, ring, self.listener, outbox
@@ -240,12 +287,112 @@ class Session:
         has been spoken (synthesised and queued for sending)."""
         await self._input.mark(mark_id)
 
+    # -- conversation sessions (the Realtime API): the input side ------------------------
+
+    def commit_audio(self) -> None:
+        """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
+        an empty commit is told (empty_audio) by the listener, in its place in the events."""
+        self._with_all_audio().commit()
+
+    def clear_audio(self) -> None:
+        """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""
+        self._with_all_audio().clear()
+
+    def check_input_update(self, new: StreamConfig) -> None:
+        """Raise the VoxError `apply_input_update(new)` would, changing nothing: so that a
+        `session.update` is applied whole or not at all."""
+        check_input_update(self.ctx, self.input_config, new)
+
+    def apply_input_update(self, new: StreamConfig) -> None:
+        """The input side of `session.update` (`new`: the whole new config): sample rate,
+        language, partials, turn detection (pipeline/conversation_input.py), compared with
+        the config the input last applied (`input_config`), from this point of the audio
+        on. Raises a VoxError, changing nothing, for what cannot change. `config` is the
+        caller's to replace."""
+        check_input_update(self.ctx, self.input_config, new)
+        assert self.audio is not None  # a conversation session takes audio
+        self._take_held_audio()
+        self.language = apply_input_update(self.ctx, self.input_config, new, self.audio)
+        self.input_config = new
+
+    def _with_all_audio(self) -> Listener:
+        """The listener of a conversation session, given all the audio received so far."""
+        listener = self.listener
+        if self.config.conversation is None or listener is None:
+            raise VoxError(
+                ErrorCode.WRONG_MODE, "only a conversation session commits or clears audio"
+            )
+        if self._input.closed:
+            raise VoxError(ErrorCode.INVALID_MESSAGE, "the audio input has ended")
+        self._take_held_audio()
+        assert self.audio is not None  # a listener's session has audio input
+        self.audio.restart_resampler()  # the last ms the resampler holds back came before
+        return listener
+
+    def _take_held_audio(self) -> None:
+        """Audio the transport holds back came before the message now applied."""
+        release = self.release_input
+        if release is not None:
+            release()
+
     async def cancel(self) -> None:
-        """Client barge-in: stop the current reply and forget text not yet spoken."""
+        """Client barge-in: stop the current reply and forget text not yet spoken. In a
+        conversation session: cancel the response in progress (`client_cancelled`), or
+        refuse (RESPONSE_NOT_ACTIVE) when there is none, as the Realtime API does."""
         if self.text is not None:
             await self.text.clear()
         if self.replies is not None:
             self.replies.cancel()
+        if self.responses is not None and not self.responses.cancel("client_cancelled"):
+            raise VoxError(ErrorCode.RESPONSE_NOT_ACTIVE, "no response is in progress to cancel")
+
+    # -- conversation sessions only (the Realtime API) ------------------------------------
+
+    def _conversation(self, what: str) -> Responses:
+        if self.responses is None:
+            raise VoxError(ErrorCode.WRONG_MODE, f"{what} is for conversation sessions only")
+        return self.responses
+
+    async def create_item(self, message: CreateItem) -> None:
+        await self._conversation("conversation.item.create").create_item(message)
+
+    async def delete_item(self, item_id: str) -> None:
+        await self._conversation("conversation.item.delete").delete_item(item_id)
+
+    async def truncate_item(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        responses = self._conversation("conversation.item.truncate")
+        await responses.truncate_item(item_id, content_index, audio_end_ms)
+
+    def create_response(self, options: ResponseOptions) -> None:
+        self._conversation("response.create").create(options)
+
+    async def update(self, config: StreamConfig) -> None:
+        """`session.update`: the new config applied, then SessionUpdated; or a VoxError
+        (not fatal) and nothing changed. Output side here: the voice (checked as at
+        session.start), the output rate (from the next response on), the response
+        defaults, whether the session responds, turn detection's create_response and
+        interrupt_response; the input side is `apply_input_update`'s."""
+        responses = self._conversation("session.update")
+        conversation = config.conversation
+        if config.mode != self.config.mode or conversation is None:
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER, "session.update cannot change the session's kind"
+            )
+        voice = self.ctx.engines.voice(config.voice)[0].id  # UNKNOWN_VOICE, not fatal
+        defaults = conversation.response
+        if defaults.voice is not None:
+            self.ctx.engines.voice(defaults.voice)
+        rate = config.output_sample_rate or self.ctx.settings.tts.output_sample_rate
+        if rate not in SUPPORTED_OUTPUT_RATES:
+            raise VoxError(
+                ErrorCode.UNSUPPORTED_SAMPLE_RATE, f"output sample rate {rate} is not supported"
+            )
+        self.apply_input_update(config)  # refuses (raises) before it changes anything
+        self.config = config
+        self.voice = responses.voice = voice
+        self.output_sample_rate = responses.sample_rate = rate
+        responses.config = conversation
+        await self.outbox.event(SessionUpdated())
 
     # -- running ------------------------------------------------------------------------
 
@@ -257,9 +404,13 @@ class Session:
             async with asyncio.TaskGroup() as group:
                 if replies is not None:
                     replies.group = group
+                if self.responses is not None:
+                    self.responses.group = group
                 await self._input.run()
                 if replies is not None:
                     await replies.wait()
+                if self.responses is not None:
+                    await self.responses.wait()
         except BaseExceptionGroup as errors:
             raise first_vox_error(errors) or errors from None
         finally:
@@ -276,6 +427,8 @@ class Session:
             self.audio.release()
         if self.replies is not None:
             self.replies.release()
+        if self.responses is not None:
+            self.responses.release()
         self.ctx.lease.release()
 
     def ended_event(self) -> SessionEnded:

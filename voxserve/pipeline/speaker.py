@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError
@@ -46,6 +46,27 @@ class ReplyStats:
     interrupted: bool = False
     fallback: bool = False  # the fallback phrase was spoken (TTS degraded)
     underruns: int = 0  # chunks sent after the client's playback had run dry
+    # (samples of the reply's audio made by the end of it, sentence) per sentence spoken:
+    # which text the first n samples say (spoken_text), e.g. for a barge-in's truncation
+    sentences: list[tuple[int, str]] = field(default_factory=list)
+
+
+def spoken_text(sentences: list[tuple[int, str]], samples: int) -> str:
+    """The text said by the first `samples` of a reply's audio: the sentences whose audio
+    ends by then and, of the sentence cut, its words in proportion to its audio sent (an
+    estimate: words are not timed)."""
+    said: list[str] = []
+    start = 0
+    for end, sentence in sentences:
+        if end <= samples:
+            said.append(sentence.strip())
+            start = end
+            continue
+        if samples > start:
+            words = sentence.split()
+            said.append(" ".join(words[: len(words) * (samples - start) // (end - start)]))
+        break
+    return " ".join(part for part in said if part)
 
 
 class Speaker:
@@ -73,6 +94,13 @@ class Speaker:
         self._credit_ms: float | None = None  # None until the client grants output credit
         self._granted = asyncio.Event()
 
+    def configure(self, *, voice: str, sample_rate: int) -> None:
+        """Speak the next reply with this voice at this rate (conversation sessions: a
+        response's voice, a `session.update`); never called while a reply plays."""
+        self.voice = voice
+        self.sample_rate = sample_rate
+        self.max_ahead_samples = self.ctx.settings.tts.max_ahead_ms * sample_rate // 1000
+
     def audible(self) -> bool:
         return time.monotonic() < self.playback_until
 
@@ -94,14 +122,16 @@ class Speaker:
         *,
         since: float | None = None,
         turn: TurnMarks | None = None,
+        stats: ReplyStats | None = None,
     ) -> ReplyStats:
         """Speak `sentences` as reply `reply`. `since` (perf_counter: the user's vad.end)
         makes the first chunk observe the assistant turn latency; `turn` gets tts marks.
 
         Synthesis runs in its own task up to `tts.max_ahead_ms` ahead of the sending, so
         the next sentence is ready when the previous one has played; the sending is paced
-        to the client's playback (`tts.pacing_lead_ms` ahead of it)."""
-        stats = ReplyStats(reply)
+        to the client's playback (`tts.pacing_lead_ms` ahead of it). `stats`: the caller's,
+        to read even when the reply is cancelled."""
+        stats = stats or ReplyStats(reply)
         began = time.monotonic()
         started: float | None = None
         last_chunk = 0.0
@@ -181,6 +211,7 @@ class Speaker:
     ) -> None:
         """Synthesise the reply's sentences into `ahead`; a failure is handed to the
         sending side (raised there after the audio already made)."""
+        made = 0  # samples of audio made for the reply so far
         try:
             async for sentence in sentences:
                 if not says_something(sentence):
@@ -199,6 +230,8 @@ class Speaker:
                     async with contextlib.aclosing(chunks):
                         async for chunk in chunks:
                             await ahead.put(chunk)
+                            made += chunk.size
+                    stats.sentences.append((made, sentence))
                 except TtsDegraded as exc:
                     fallback = self._fallback_audio()
                     if fallback is None:

@@ -3,6 +3,10 @@
 Pure and clock-free (positions are sample counts), so it is tested by feeding numbers. Speech
 is confirmed only after `min_speech_ms`, so a cough does not barge in on the assistant; the
 start is then back-dated to where the speech really began.
+
+A conversation session (the Realtime API) has its own settings (`TurnDetection`, made into a
+VadConfig by `session_vad`), which may change while it runs (`TurnDetector.tune`), and its
+client may end a turn (`cut`) or drop it (`drop`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voxserve.config import VadConfig
+from voxserve.events import TurnDetection
 from voxserve.types import SAMPLE_RATE
 
 
@@ -34,14 +39,29 @@ def _samples(ms: float) -> int:
     return int(ms * SAMPLE_RATE / 1000)
 
 
+def session_vad(server: VadConfig, detection: TurnDetection | None) -> VadConfig:
+    """The server's VAD settings with a conversation session's own (None: the server's).
+    A threshold of its own brings neg_threshold (where speech counts as ended) along: the
+    server's gap below it, but never under half of it, so a low threshold still has a
+    silence level that probabilities reach."""
+    if detection is None:
+        return server
+    update: dict[str, float | int] = {}
+    if detection.threshold is not None:
+        gap = max(server.threshold - server.neg_threshold, 0.0)
+        update["threshold"] = detection.threshold
+        update["neg_threshold"] = max(detection.threshold - gap, detection.threshold / 2)
+    if detection.prefix_padding_ms is not None:
+        update["pad_ms"] = detection.prefix_padding_ms
+    if detection.silence_duration_ms is not None:
+        update["hangover_ms"] = detection.silence_duration_ms
+    return server.model_copy(update=update) if update else server
+
+
 class TurnDetector:
     def __init__(self, cfg: VadConfig, window_samples: int, hangover_ms: int | None = None) -> None:
-        self.threshold = cfg.threshold
-        self.neg_threshold = cfg.neg_threshold
         self.window = window_samples
-        self.min_speech = _samples(cfg.min_speech_ms)
-        self.hangover = _samples(cfg.hangover_ms if hangover_ms is None else hangover_ms)
-        self.max_utterance = _samples(cfg.max_utterance_s * 1000)
+        self.tune(cfg, hangover_ms)
         self.candidate_gap = _samples(_CANDIDATE_GAP_MS)
         self.position = 0  # samples judged so far
         self._candidate: int | None = None
@@ -60,6 +80,38 @@ class TurnDetector:
     @property
     def speech_start(self) -> int | None:
         return self._start
+
+    @property
+    def candidate_start(self) -> int | None:
+        """Where possible speech began, not yet confirmed as speech (min_speech_ms)."""
+        return self._candidate
+
+    def tune(self, cfg: VadConfig, hangover_ms: int | None = None) -> None:
+        """New settings, from the next window judged on (the turn in progress goes on)."""
+        self.threshold = cfg.threshold
+        self.neg_threshold = cfg.neg_threshold
+        self.min_speech = _samples(cfg.min_speech_ms)
+        self.hangover = _samples(cfg.hangover_ms if hangover_ms is None else hangover_ms)
+        self.max_utterance = _samples(cfg.max_utterance_s * 1000)
+
+    def cut(self) -> SpeechEnd | None:
+        """The client ends the turn in progress now (as if its silence had lasted the
+        hangover); None when no speech is in progress (a candidate is kept)."""
+        if self._start is None:
+            return None
+        end = self._silence_from if self._silence_from is not None else self.position
+        event = SpeechEnd(self._start, end, forced=True)
+        self._start = self._silence_from = None
+        return event
+
+    def drop(self) -> None:
+        """Forget the turn in progress (and any candidate): nothing ends, nothing is sent."""
+        self._start = self._candidate = self._silence_from = None
+
+    def restart_at(self, position: int) -> None:
+        """Judge again from `position` (turn detection switched back on), with no turn."""
+        self.drop()
+        self.position = position
 
     def feed(self, probs: list[float]) -> list[TurnEvent]:
         events: list[TurnEvent] = []

@@ -1,5 +1,5 @@
-"""The ASGI application: health, OpenAI-compatible HTTP audio, voices, /v1/stream, and the
-admin routes of the TTS cache."""
+"""The ASGI application: health, OpenAI-compatible HTTP audio, voices, /v1/stream, the
+OpenAI Realtime API (/v1/realtime), and the admin routes of the TTS cache."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from voxserve.server import (
     http_debug,
     http_engines,
     http_memory,
+    realtime_stream,
     web,
     ws_stream,
 )
@@ -67,6 +68,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_engines.routes(runtime),  # /admin/engines: hot reload
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
         *ws_stream.routes(runtime),
+        *realtime_stream.routes(runtime),  # the OpenAI Realtime API over WebSocket
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
     middleware = [*cors_middleware(runtime), *guard_middleware(runtime)]

@@ -68,6 +68,9 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INVALID_PARAMETER: S.INVALID_ARGUMENT,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: S.INVALID_ARGUMENT,  # HTTP only; listed for completeness
     ErrorCode.WRONG_MODE: S.INVALID_ARGUMENT,
+    # conversation sessions (the Realtime API) only; listed for completeness
+    ErrorCode.RESPONSE_ACTIVE: S.FAILED_PRECONDITION,
+    ErrorCode.RESPONSE_NOT_ACTIVE: S.FAILED_PRECONDITION,
     ErrorCode.STAGE_TIMEOUT: S.DEADLINE_EXCEEDED,
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,

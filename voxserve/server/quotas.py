@@ -200,6 +200,17 @@ class Quotas:
             error = quota_error(f"over {per_min:g} s of audio per minute", wait, fatal=False)
             raise self.refuse("audio", error)
 
+    def requests_left(self, principal: str) -> tuple[float, float, float] | None:
+        """(bucket size, requests left now, seconds until it is full) of the principal's
+        request rate, read without taking any (the Realtime API's rate_limits.updated);
+        None when no request rate applies."""
+        state = self._state(principal)
+        if state is None or state.requests is None:
+            return None
+        bucket = state.requests
+        bucket._refill(self.clock())
+        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
+
     def sessions(self, principal: str) -> int:
         state = self._principals.get(principal)
         return state.sessions if state is not None else 0
@@ -240,6 +251,15 @@ class SessionQuota:
         per_min = self._state.limits.audio_s_per_min
         error = quota_error(f"over {per_min:g} s of audio per minute", wait, fatal=False)
         return AudioVerdict(False, self.quotas.refuse("audio", error))
+
+    def audio_budget(self) -> tuple[float, float, float] | None:
+        """The key's audio minute as (limit s, remaining s, seconds until full again), for a
+        wire that reports it (Realtime's rate_limits.updated); None where none applies."""
+        bucket = self._state.audio if self._state is not None else None
+        if bucket is None:
+            return None
+        bucket.take(0.0, self.quotas.clock())  # refilled to now
+        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
 
     def release(self) -> None:
         """Give the session slot back (idempotent)."""

@@ -117,7 +117,7 @@ class SessionDriver:
         """Count the session in and start its pipeline; the drain sees it from now on. The
         pipeline's log lines carry the session's ids (`announce`)."""
         bind_session(self.session.trace_id, self.session.id)
-        self.slot.count_in(self.session.config.mode)
+        self.slot.count_in(self.session.config.mode, self.wire.name)
         self.pipeline = asyncio.get_running_loop().create_task(
             self._run_pipeline(), name=f"{self.wire.tasks}-session"
         )

@@ -16,13 +16,20 @@ from typing import Protocol, TypeVar
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     CancelMessage,
+    ClearAudio,
     ClientMessage,
+    CommitAudio,
+    CreateItem,
+    CreateResponse,
     CreditMessage,
+    DeleteItem,
     EndMessage,
     MarkMessage,
     ResumeMessage,
+    SessionUpdate,
     StartMessage,
     TextMessage,
+    TruncateItem,
 )
 from voxserve.pipeline.session import Session
 
@@ -87,6 +94,20 @@ async def apply_control(session: Session, message: ClientMessage) -> None:
         session.speaker.grant(message.audio_ms)
     elif isinstance(message, StartMessage | ResumeMessage):
         raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
+    elif isinstance(message, CreateItem):
+        await session.create_item(message)
+    elif isinstance(message, DeleteItem):
+        await session.delete_item(message.item_id)
+    elif isinstance(message, TruncateItem):
+        await session.truncate_item(message.item_id, message.content_index, message.audio_end_ms)
+    elif isinstance(message, CreateResponse):
+        session.create_response(message.options)
+    elif isinstance(message, SessionUpdate):
+        await session.update(message.config)
+    elif isinstance(message, CommitAudio):  # conversation sessions; else wrong_mode
+        session.commit_audio()
+    elif isinstance(message, ClearAudio):
+        session.clear_audio()
 
 
 async def feed_frames(session: Session, frames: Frames) -> None:

@@ -28,29 +28,29 @@ class SessionSlot:
         """Raises `quota_exceeded` (fatal) when the key has no slot left."""
         self.runtime = runtime
         self.quota: SessionQuota = quotas_of(runtime).open_session(principal)
-        self._mode: str | None = None  # counted in as this mode, until released
+        self._labels: tuple[str, str] | None = None  # counted in as (mode, transport)
 
-    def count_in(self, mode: str) -> None:
+    def count_in(self, mode: str, transport: str) -> None:
         runtime = self.runtime
         runtime.active_sessions += 1
-        runtime.metrics.sessions_total.labels(mode).inc()
-        runtime.metrics.sessions_active.labels(mode).inc()
-        self._mode = mode
+        runtime.metrics.sessions_total.labels(mode, transport).inc()
+        runtime.metrics.sessions_active.labels(mode, transport).inc()
+        self._labels = (mode, transport)
 
     def release(self) -> None:
         """Give back the quota slot and, if counted in, the place in the counts."""
         self.quota.release()
-        mode, self._mode = self._mode, None
-        if mode is not None:
+        labels, self._labels = self._labels, None
+        if labels is not None:
             self.runtime.active_sessions -= 1
-            self.runtime.metrics.sessions_active.labels(mode).dec()
+            self.runtime.metrics.sessions_active.labels(*labels).dec()
 
 
 def open_request(runtime: Runtime, principal: str, mode: str) -> SessionSlot:
     """A one-request session (Wyoming): admitted, its slot taken and counted in at once."""
     admit(runtime)
     slot = SessionSlot(runtime, principal)
-    slot.count_in(mode)
+    slot.count_in(mode, "wyoming")
     return slot
 
 

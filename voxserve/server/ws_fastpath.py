@@ -93,6 +93,7 @@ class FastPath:
         "queued",
         "send_text",
         "sent_direct",
+        "set_max_size",
         "sink",
         "split",
         "stall_s",
@@ -121,6 +122,9 @@ class FastPath:
         # Installed by the protocol: close with 1008 `client_stalled` at once, behind what
         # the client has not read, without waiting for the transport to drain.
         self.close_stalled: Callable[[], None] | None = None
+        # Installed by the protocol: the connection's message size limit, raised by a route
+        # that refuses oversized messages itself (server/realtime_stream.py).
+        self.set_max_size: Callable[[int], None] | None = None
 
 
 class AudioFastPathProtocol(DirectSendProtocol):
@@ -147,7 +151,7 @@ class AudioFastPathProtocol(DirectSendProtocol):
         if self.fast_path is not None:
             # Their bound methods would hold this protocol.
             fast = self.fast_path
-            fast.send_text = fast.hand_over = fast.close_stalled = None
+            fast.send_text = fast.hand_over = fast.close_stalled = fast.set_max_size = None
             self._splitter = None
         # websockets' parser generator holds its connection: a reference cycle that would
         # keep every closed connection until a full GC pass (soaks with session churn).
@@ -191,9 +195,15 @@ class AudioFastPathProtocol(DirectSendProtocol):
             fast = self.fast_path = FastPath()
             fast.send_text, fast.close_stalled = self.send_text, self.close_stalled
             fast.hand_over = self._hand_over
+            fast.set_max_size = self._set_max_size
             self._splitter = FrameSplitter(self._offer, self.conn.max_message_size)
             self.watch_stalls(fast)
             scope["extensions"][FAST_PATH] = fast
+
+    def _set_max_size(self, size: int) -> None:
+        self.conn.max_message_size = size
+        if self._splitter is not None:
+            self._splitter.max_size = size
 
     def handle_bytes(self, event: Any) -> None:
         fast = self.fast_path

@@ -1,0 +1,48 @@
+"""The parts of server/realtime_stream.py that need no socket: which client event an error
+answers, and the key a browser offers as a subprotocol."""
+
+from __future__ import annotations
+
+from voxserve.errors import ErrorCode, VoxError
+from voxserve.events import ErrorEvent, VadStart
+from voxserve.pipeline.outbox import Outbox
+from voxserve.server.realtime_stream import ErrorOrigins, key_subprotocol
+
+
+def error(**where: int) -> ErrorEvent:
+    return VoxError(ErrorCode.INVALID_MESSAGE, "bad").to_event(**where)  # type: ignore[arg-type]
+
+
+async def test_an_error_queued_while_a_message_is_handled_answers_that_message() -> None:
+    outbox = Outbox(16)
+    origins = ErrorOrigins(outbox)
+    sent: list[tuple[ErrorEvent | VadStart, str | None]] = []
+
+    def take(event: ErrorEvent | VadStart) -> None:
+        origins.taken += 1
+        sent.append((event, origins.origin(event) if isinstance(event, ErrorEvent) else None))
+
+    await outbox.event(VadStart(segment=1, start_ms=0))  # the pipeline's, before any message
+    origins.begin()  # message "a": nothing to report
+    origins.end("a")
+    origins.begin()  # message "b": one error
+    await outbox.event(error())
+    origins.end("b")
+    origins.begin()  # message "c": refused, while the pipeline reports its own error
+    await outbox.event(error(segment=2))
+    await outbox.event(error())
+    origins.end("c")
+    origins.begin()  # message without an event_id
+    await outbox.event(error())
+    origins.end(None)
+    while outbox.qsize():
+        item = await outbox.next()
+        assert isinstance(item, ErrorEvent | VadStart)
+        take(item)
+    assert [origin for _, origin in sent] == [None, "b", None, "c", None]
+
+
+def test_the_key_of_the_browser_subprotocol() -> None:
+    assert key_subprotocol(["realtime", "openai-insecure-api-key.sk-1"]) == "sk-1"
+    assert key_subprotocol(["realtime"]) is None
+    assert key_subprotocol(["openai-insecure-api-key."]) is None

@@ -1,0 +1,331 @@
+"""WebSocket /v1/realtime: the OpenAI Realtime API's doorway onto the session driver.
+
+Accepted, then refused or opened at once: the origin and key (the `Authorization` header,
+or the `openai-insecure-api-key.<key>` subprotocol browsers send), the global rule, the
+key's quotas. Unlike /v1/stream the session opens before the client says anything:
+Realtime's first event is the server's `session.created`, and `session.update` changes it
+later (the codec turns it into a `SessionUpdate`). The wire's own parts are the codec's
+(server/realtime_codec.py decodes client events into frames and messages,
+server/realtime_events.py encodes server events); this module is the handshake, the way
+in (`RealtimeInput`), the sender and the close. A refusal is an `error` event, then close
+1013 (try again: overloaded, not ready, over quota, shutting down) or 1008.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.types import Message  # an ASGI websocket.receive message
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.events import ErrorEvent
+from voxserve.pipeline.outbox import Outbox, Outgoing
+from voxserve.runtime import Runtime
+from voxserve.server.admission import admit
+from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
+from voxserve.server.realtime_codec import RealtimeDecoder
+from voxserve.server.realtime_events import RealtimeEncoder
+from voxserve.server.realtime_responses import RateLimit
+from voxserve.server.realtime_session import Installed, Kind, RealtimeWire, initial_wire
+from voxserve.server.session_attachment import serve_attached
+from voxserve.server.session_driver import SessionDriver
+from voxserve.server.session_events import internal_error, refusal_event
+from voxserve.server.session_input import Decoded, InputEnd, Wire
+from voxserve.server.session_slot import count_refusal
+from voxserve.server.ws_fastpath import FastPath, fast_path_of
+from voxserve.server.ws_link import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
+from voxserve.server.ws_stream import CLOSE_TRY_AGAIN, TRY_AGAIN
+
+log = logging.getLogger(__name__)
+
+REALTIME = Wire("realtime", in_band_end=True, stalls=True, tasks="voxserve-realtime")
+SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
+# Text messages up to this many times limits.max_message_bytes are read and refused with
+# an error event (the connection goes on); past it the WebSocket layer closes with 1009.
+OVERSIZE_READ = 4
+
+
+def routes(runtime: Runtime) -> list[BaseRoute]:
+    keys = KeyRing.from_settings(runtime.settings)
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await RealtimeConnection(runtime, websocket, keys).serve()
+
+    return [WebSocketRoute("/v1/realtime", endpoint)]
+
+
+def installed(runtime: Runtime) -> Installed:
+    """What the session object reports of the loaded engines, and the voices OpenAI's
+    voice names map onto."""
+    engines, vad = runtime.engines, runtime.settings.vad
+    return Installed(
+        voices=tuple(voice.id for voice in engines.voices()),
+        default_voice=engines.default_voice,
+        vad_threshold=vad.threshold,
+        vad_prefix_padding_ms=vad.pad_ms,
+        vad_silence_duration_ms=vad.hangover_ms,
+    )
+
+
+def key_subprotocol(offered: list[str]) -> str | None:
+    """The key of an ``openai-insecure-api-key.<key>`` subprotocol, if one is offered."""
+    for protocol in offered:
+        if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return protocol[len(KEY_SUBPROTOCOL_PREFIX) :] or None
+    return None
+
+
+class RealtimeConnection:
+    def __init__(self, runtime: Runtime, websocket: WebSocket, keys: KeyRing) -> None:
+        self.runtime = runtime
+        self.ws = websocket
+        self.keys = keys
+        self.limits = runtime.settings.limits
+        self.opened_at = time.monotonic()
+        self.fast: FastPath | None = fast_path_of(websocket.scope)
+        query = websocket.query_params
+        self.offered = list(websocket.scope.get("subprotocols") or [])
+        beta = "realtime=v1" in (websocket.headers.get("openai-beta") or "").replace(" ", "")
+        self.beta = beta or BETA_SUBPROTOCOL in self.offered
+        self.model = query.get("model") or ""
+        self.intent = query.get("intent")
+        # The codec's shared state: a bare one (no engines known yet) until the session opens.
+        self.wire: RealtimeWire = initial_wire(Installed((), ""), model=self.model, beta=self.beta)
+
+    async def serve(self) -> None:
+        offered = self.offered
+        if self.fast is not None and self.fast.set_max_size is not None:
+            # Oversized events are refused in-band, not by a close (module constants).
+            self.fast.set_max_size(self.limits.max_message_bytes * OVERSIZE_READ)
+        await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        try:
+            driver = self._open(offered)
+        except VoxError as exc:
+            count_refusal(self.runtime, exc, REALTIME.name)
+            await self._refuse(exc)
+            return
+        driver.start()
+        try:
+            await RealtimeLink(self, driver).run()
+        finally:
+            driver.close()
+            await driver.wait_closed()
+
+    def _open(self, offered: list[str]) -> SessionDriver:
+        """Origin, key, the global rule, then the session (the key's quotas): all before
+        the client's first event, so a refused client learns it at once."""
+        headers = self.ws.headers
+        allowed = self.runtime.settings.cors_allowed_origins
+        check_origin(headers.get("origin"), headers.get("host", ""), allowed, fatal=True)
+        token = bearer_token(headers.get("authorization")) or key_subprotocol(offered)
+        key_id = self.keys.authenticate(token)
+        if self.intent not in (None, "", "transcription"):
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER,
+                f"intent {quoted(self.intent)} is not known: transcription, or none",
+                fatal=True,
+            )
+        admit(self.runtime)
+        kind: Kind = "transcription" if self.intent == "transcription" else "realtime"
+        wire = initial_wire(installed(self.runtime), model=self.model, kind=kind, beta=self.beta)
+        self.wire = wire
+        config = wire.config()
+        return SessionDriver.open(
+            self.runtime,
+            lambda: config,
+            wire=REALTIME,
+            principal=key_id or ANONYMOUS,
+            owner=key_id,
+        )
+
+    async def _refuse(self, error: VoxError) -> None:
+        try_again = error.code in TRY_AGAIN
+        code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        encoder = RealtimeEncoder(self.wire)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            for text in encoder.encode(refusal_event(error, try_again=try_again)):
+                await self.ws.send_text(text)
+            await self.ws.close(code, reason=error.code.value)
+
+
+class ErrorOrigins:
+    """Which client event an `error` answers, so it can carry that event's `event_id`.
+
+    The receiver handles one message at a time: what it reports for a message (a decode
+    error, a refused update, the audio quota) is queued between that message's decode and
+    the next receive. The outbox numbers its events (`Outbox.sent_events`), so each
+    message's window of numbers is kept here, and the sender, counting the events it takes,
+    looks an error's number up. Errors of the pipeline itself (they name a segment or a
+    reply) answer no client event."""
+
+    KEPT = 64  # windows of recent messages that queued anything; older ones are sent
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self._windows: deque[tuple[int, int, str]] = deque(maxlen=self.KEPT)
+        self._start: int | None = None
+        self.taken = 0  # events the sender took from the outbox
+
+    def begin(self) -> None:
+        self._start = self._outbox.sent_events
+
+    def end(self, event_id: str | None) -> None:
+        start, self._start = self._start, None
+        end = self._outbox.sent_events
+        if start is not None and event_id and end > start:
+            self._windows.append((start, end, event_id))
+
+    def origin(self, event: ErrorEvent) -> str | None:
+        """The event_id of the client event `event` answers (called once per event taken)."""
+        number = self.taken
+        if isinstance(event.segment, int) or isinstance(event.reply, int):
+            return None
+        windows = self._windows
+        while windows and windows[0][1] < number:
+            windows.popleft()
+        if windows and windows[0][0] < number <= windows[0][1]:
+            return windows[0][2]
+        return None
+
+
+class RealtimeLink:
+    """One connection serving its session: the way in (session_input.ClientInput), the
+    sender, the close."""
+
+    def __init__(self, connection: RealtimeConnection, driver: SessionDriver) -> None:
+        self.ws = connection.ws
+        self.fast = connection.fast
+        self.limits = connection.limits
+        self.opened_at = connection.opened_at
+        self.driver = driver
+        self.session = driver.session
+        wire, limits = connection.wire, connection.limits
+        self.encoder = RealtimeEncoder(wire, self._rate_limits)
+        self.decoder = RealtimeDecoder(wire, limits.max_message_bytes, limits.max_json_depth)
+        self.origins = ErrorOrigins(self.session.outbox)
+
+    async def run(self) -> None:
+        driver = self.driver
+        driver.announce()
+        for text in self.encoder.encode(self.session.started_event()):  # session.created
+            await self.ws.send_text(text)
+        fast = self.fast
+        if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
+            fast.stall_s = self.limits.stalled_client_s
+            fast.on_stall = driver.client_stalled
+        try:
+            await serve_attached(driver, self, self._send(), since=self.opened_at)
+        finally:
+            if fast is not None:
+                fast.on_stall = fast.stall_s = None
+        if self.session.outbox.stalled:
+            await self._close_stalled()
+
+    def _rate_limits(self) -> list[RateLimit]:
+        """rate_limits.updated: the key's audio minute (quotas), where one applies."""
+        budget = self.driver.slot.quota.audio_budget()
+        if budget is None:
+            return []
+        limit, remaining, reset_s = budget
+        return [RateLimit("audio_seconds", int(limit), int(remaining), round(reset_s, 3))]
+
+    # -- the way in ------------------------------------------------------------------------
+
+    async def receive(self) -> Message | InputEnd:
+        self.origins.end(self.decoder.last_event_id)  # the last message's reports are queued
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return InputEnd.GONE
+        return message
+
+    def decode(self, message: Message) -> Decoded:
+        """A client event (text); binary messages are not Realtime's (non-fatal)."""
+        self.origins.begin()
+        text = message.get("text")
+        if text is None:
+            self.decoder.last_event_id = None
+            raise VoxError(
+                ErrorCode.INVALID_MESSAGE,
+                "binary messages are not part of the Realtime API: send audio as "
+                "input_audio_buffer.append events",
+            )
+        return self.decoder.decode(text)
+
+    def release(self) -> None:
+        """Nothing is held back: each event is handed to the session as it comes."""
+
+    # -- the way out -----------------------------------------------------------------------
+
+    def _encode(self, item: Outgoing) -> list[str]:
+        if isinstance(item, bytes):
+            return self.encoder.encode_audio(item)
+        self.origins.taken += 1
+        texts = self.encoder.encode(item)
+        if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
+            texts = [_with_event_id(text, event_id) for text in texts]
+        return texts
+
+    async def _send(self) -> None:
+        """Drain the outbox into the socket (each item as the events the codec makes of
+        it); ends the connection when the session is over."""
+        driver, ws, fast = self.driver, self.ws, self.fast
+        outbox = self.session.outbox
+        while (item := await outbox.next()) is not None:
+            driver.unsent = item  # the driver's rule; a Realtime session is never resumed
+            try:
+                texts = self._encode(item)
+            except (TypeError, ValueError):
+                await self._unsendable()
+                return
+            try:
+                for text in texts:
+                    if fast is not None and fast.send_text is not None and fast.send_text(text):
+                        fast.sent_direct += 1
+                    else:
+                        await ws.send_text(text)
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                return
+            driver.unsent = None
+        internal = self.session.end_reason == ErrorCode.INTERNAL
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await ws.close(CLOSE_INTERNAL if internal else CLOSE_NORMAL)
+
+    async def _unsendable(self) -> None:
+        """An event the codec cannot encode (a bug): `internal`, then close 1011."""
+        log.error("event could not be encoded; session ended")
+        goodbye = self.driver.end_now(internal_error())
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect, TypeError, ValueError):
+            for event in goodbye:
+                for text in self.encoder.encode(event):
+                    await self.ws.send_text(text)
+            await self.ws.close(CLOSE_INTERNAL)
+
+    async def _close_stalled(self) -> None:
+        """A client that reads nothing cannot be told in-band: close 1008 `client_stalled`."""
+        self.driver.end_stalled()
+        fast = self.fast
+        if fast is not None and fast.close_stalled is not None:
+            fast.close_stalled()
+            return
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
+            async with asyncio.timeout(1.0):
+                await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
+
+
+def _with_event_id(text: str, event_id: str) -> str:
+    """An encoded `error` event with the client event it answers (`error.event_id`)."""
+    value = json.loads(text)
+    error = value.get("error")
+    if isinstance(error, dict) and error.get("event_id") is None:
+        error["event_id"] = event_id
+        return json.dumps(value)
+    return text
