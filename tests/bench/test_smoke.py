@@ -84,6 +84,7 @@ def test_realtime_vs_stream_smoke(load_server: LiveServer, tmp_path: Path) -> No
     out = tmp_path / "realtime"
     argv = ["realtime", "--url", f"ws://127.0.0.1:{load_server.settings.port}"]
     argv += ["--streams", "2", "--duration", "4", "--cooldown", "0.5", "--out", str(out)]
+    argv += ["--budget-ms", "5000"]  # a busy machine must not make the knee flaky
     assert main([*argv, "--audio-dir", str(ROOT / "tests" / "fixtures"), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     stream, realtime = summary["steps"]
@@ -95,9 +96,9 @@ def test_realtime_vs_stream_smoke(load_server: LiveServer, tmp_path: Path) -> No
         assert step["counts"]["sessions"] == 2 and step["counts"]["replies"] >= 2
         assert step["counts"]["utterances"] >= 2 and step["counts"]["finals"] >= 2
         assert step["counts"]["audio_ms"] > 0 and step["within_budget"]
-        # the load engines: the turn is the 500 ms hangover and a little
-        assert 400 < step["latency_ms"]["turn"]["p50"] < 1000
-        assert 400 < step["latency_ms"]["vad_end"]["p50"] < 1000
+        # the load engines: from the end of speech, the 500 ms hangover and a little
+        assert 400 < step["latency_ms"]["turn"]["p50"] < 3000
+        assert 400 < step["latency_ms"]["vad_end"]["p50"] < 3000
     # the same audio at the same pace (a frame or two less after Realtime's longer handshake)
     assert abs(realtime["counts"]["frames_sent"] - stream["counts"]["frames_sent"]) <= 10
     assert realtime["counts"]["committed"] == realtime["counts"]["segments"] >= 2
