@@ -150,6 +150,7 @@ class RealtimeStream:
                     {receiver, settled}, timeout=self.drain_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 settled.cancel()
+                await asyncio.gather(settled, return_exceptions=True)
                 if receiver.done():
                     self._ended(receiver)
                     return
