@@ -254,8 +254,8 @@ async def test_spoken_question_answered_with_audio(
     transcript = of(seen, "conversation.item.input_audio_transcription.completed")[0]
     assert started["item_id"] == committed["item_id"] == transcript["item_id"]
     assert wer(texts["command.wav"], transcript["transcript"]) <= 0.2, transcript
-    limits = of(seen, "rate_limits.updated")[0]["rate_limits"]  # the key's audio minute
-    assert [x["name"] for x in limits] == ["audio_seconds"] and limits[0]["limit"] == 3600
+    limits = of(seen, "rate_limits.updated")[0]["rate_limits"]  # the key's request rate
+    assert [x["name"] for x in limits] == ["requests"] and limits[0]["limit"] == 40, limits
     response = of(seen, "response.created")[0]["response"]
     assert done["response"]["id"] == response["id"]
     assert done["response"]["status"] == "completed", done
@@ -490,7 +490,8 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         big = base64.b64encode(bytes(limit)).decode()
         await conn.input_audio_buffer.append(audio=big, event_id="evt_big")
         await conn.send_raw(b"\x00\x01")  # binary: not Realtime's
-        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(5)]
+        await conn.response.cancel(event_id="evt_cancel")  # refused by the session, not the codec
+        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(6)]
         # The session still works: an update is applied, then a push-to-talk turn.
         await update(conn, seen, {"type": "realtime", "audio": {"input": {"turn_detection": None}}})
         await send_audio(conn, speech("command.wav", pad_s=0.3), speed=8.0)
@@ -503,9 +504,23 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         ("evt_odd", "odd_length_pcm"),
         (None, "message_too_large"),
         (None, "invalid_message"),  # the binary message
+        ("evt_cancel", "response_cancel_not_active"),
     ], errors
     assert not [e for e in errors if e["error"]["type"] != "invalid_request_error"], errors
     assert committed["item_id"]
+
+
+async def test_a_message_past_what_is_read_closes_1009(rt_server: LiveServer) -> None:
+    url = f"ws://127.0.0.1:{rt_server.settings.port}/v1/realtime?model={MODEL}"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    huge = "x" * (4 * rt_server.settings.limits.max_message_bytes + 1)  # realtime_stream.py
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(huge)
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 # --- (h) auth -----------------------------------------------------------------------------

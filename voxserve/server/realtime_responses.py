@@ -48,6 +48,8 @@ CLIENT_CODES = frozenset(
         ErrorCode.INVALID_AUDIO,
         ErrorCode.INVALID_PARAMETER,
         ErrorCode.WRONG_MODE,
+        ErrorCode.RESPONSE_ACTIVE,  # the reply helper's codes (merged in i21-door)
+        ErrorCode.RESPONSE_NOT_ACTIVE,
     }
 )
 """Codes of errors the client can fix: `invalid_request_error`; the others `server_error`."""
