@@ -539,6 +539,21 @@ async def test_auth_refused_without_the_key(rt_server: LiveServer) -> None:
         assert error["error"]["code"] == "unauthorized"
 
 
+async def test_other_sites_and_unknown_intents_are_refused(rt_server: LiveServer) -> None:
+    url = f"ws://127.0.0.1:{rt_server.settings.port}/v1/realtime?model={MODEL}"
+    key = {"Authorization": f"Bearer {KEY}"}
+    for query, headers, code in [
+        ("", {**key, "Origin": "https://elsewhere.example"}, "origin_not_allowed"),
+        ("&intent=translation", key, "invalid_parameter"),
+    ]:
+        async with connect(url + query, additional_headers=headers) as ws:
+            error = json.loads(await ws.recv())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+        assert error["error"]["code"] == code, error
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
 async def test_auth_accepted_with_the_browser_subprotocol(rt_server: LiveServer) -> None:
     url = f"ws://127.0.0.1:{rt_server.settings.port}/v1/realtime?model={MODEL}"
     offered = ["realtime", f"openai-insecure-api-key.{KEY}"]
