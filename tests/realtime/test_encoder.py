@@ -22,6 +22,7 @@ from voxserve.server.quotas import Quotas
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder, stable_prefix
 from voxserve.server.realtime_responses import RateLimit, request_limits
+from voxserve.server.realtime_session import UPDATE_STAGE
 
 SID = "9f1c00aa11bb22cc"
 USER = ev.speech_item_id(SID, 1)
@@ -411,18 +412,38 @@ def test_an_error_carries_the_client_event_id_of_a_decoder_refusal() -> None:
 def test_a_refused_update_is_dropped_and_the_next_one_applies() -> None:
     decoder, encoder = codec()
     run(encoder, [STARTED])
-    voice = {"audio": {"output": {"voice": "zed"}}}
-    decoder.decode(event("session.update", event_id="evt_1", session=voice))
+    language = {"audio": {"input": {"transcription": {"language": "xx"}}}}
+    decoder.decode(event("session.update", event_id="evt_1", session=language))
     decoder.decode(event("session.update", event_id="evt_2", session={"instructions": "Hi"}))
+    unrelated = ev.ErrorEvent(code="empty_audio", message="nothing to commit", fatal=False)
     refusal = ev.ErrorEvent(
-        code=ErrorCode.UNKNOWN_VOICE.value, message="no voice 'zed'", fatal=False
+        code=ErrorCode.UNKNOWN_LANGUAGE.value,
+        message="language 'xx' is not served",
+        fatal=False,
+        stage=UPDATE_STAGE,
     )
+    events = run(encoder, [unrelated, refusal])
+    assert [e["error"]["event_id"] for e in events] == [None, "evt_1"]
+    assert len(decoder.wire.pending) == 1
+    # the second was merged onto the first (in the client's order): the session refuses it
+    # as well, and the settings in force are still the opening ones
     events = run(encoder, [refusal, ev.SessionUpdated()])
-    assert events[0]["error"]["event_id"] == "evt_1"
-    session = events[1]["session"]
-    # the second proposal was merged onto the first (as the client asked, in order)
-    assert session["instructions"] == "Hi"
+    assert events[0]["error"]["event_id"] == "evt_2"
+    assert events[1]["session"]["instructions"] == ""
+    assert events[1]["session"]["audio"]["input"]["transcription"]["language"] is None
     assert not decoder.wire.pending
+
+
+def test_a_delta_before_its_item_announces_the_message() -> None:
+    _, encoder = codec()
+    started, added, delta = spoken_reply()[:3]
+    events = run(encoder, [STARTED, started, delta, added])
+    assert types(events)[3:] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+    ]
 
 
 def test_transcription_session_objects() -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from voxserve.events import UNSET, CreateItem, CreateResponse, Item, ResponseOptions
 from voxserve.server import realtime_fields as f
-from voxserve.server.openai_voices import installed_voice
-from voxserve.server.realtime_session import BETA_FORMATS, RealtimeWire
+from voxserve.server.realtime_session import BETA_FORMATS, RealtimeWire, voice_id
 from voxserve.server.realtime_update import (
     MAX_TEXT,
     ga_format,
@@ -111,7 +110,6 @@ def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
         "max_output_tokens" if "max_output_tokens" in response else "max_response_output_tokens"
     )
     tools = f.listed(response, "tools", path)
-    installed = wire.installed
     options = ResponseOptions(
         instructions=f.string(response, "instructions", path, limit=MAX_TEXT),
         tools=None if tools is None else tools_of(tools, f"{path}.tools"),
@@ -127,11 +125,7 @@ def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
             if beta_modalities is not None
             else None
         ),
-        voice=(
-            None
-            if voice is None
-            else installed_voice(voice, installed.voices, installed.default_voice)
-        ),
+        voice=None if voice is None else voice_id(voice, wire.installed),
         max_output_tokens=max_tokens(response.get(tokens_key), f"{path}.{tokens_key}"),
         in_conversation=conversation != "none",
     )

@@ -112,8 +112,17 @@ class ResponseEvents:
         self._playing: _Response | None = None  # the reply whose audio comes now
         self._odd = b""  # a PCM byte left over when a chunk had odd length (G.711 only)
 
-    def tts_start(self, reply: int) -> None:
-        self._playing = self._responses.get(reply)
+    def tts_start(self, reply: int) -> list[Obj]:
+        self._playing = r = self._responses.get(reply)
+        return self._announce(r)
+
+    def _announce(self, r: _Response | None) -> list[Obj]:
+        """The response's message announced (output_item.added, content_part.added) if its
+        ItemAdded has not come yet: a delta or its audio is never dropped for want of it."""
+        if r is None or r.item_id in r.outputs:
+            return []
+        item = Item(r.item_id, "message", role="assistant", status="in_progress", audio=r.audio)
+        return self.item_added(item, None)
 
     def tts_end(self, reply: int) -> list[Obj]:
         return self._audio_done(self._responses.get(reply))
@@ -185,8 +194,10 @@ class ResponseEvents:
     def item_added(self, item: Item, previous: str | None) -> list[Obj]:
         beta = self.wire.beta
         r = self._owner(item)
+        if r is not None and item.id in r.outputs:
+            return []  # announced already (at its first delta: _announced)
         out = []
-        if r is not None and item.id not in r.outputs:
+        if r is not None:
             r.outputs[item.id] = len(r.outputs)
             self._items[item.id] = r
             out.append(
@@ -216,10 +227,11 @@ class ResponseEvents:
 
     def delta(self, event: ResponseDelta) -> list[Obj]:
         r = self._responses.get(event.reply)
-        if r is None or r.item_id not in r.outputs:
-            return []  # no message of a response to carry it (never in a conversation)
+        if r is None:
+            return []  # a reply with no response: none in a conversation session
+        out = self._announce(r)
         kind = "response.output_audio_transcript.delta" if r.audio else "response.output_text.delta"
-        return [self._ev(kind, **r.ids(r.item_id), content_index=0, delta=event.text)]
+        return [*out, self._ev(kind, **r.ids(r.item_id), content_index=0, delta=event.text)]
 
     def text_done(self, reply: int, text: str) -> list[Obj]:
         r = self._responses.get(reply)
@@ -251,8 +263,9 @@ class ResponseEvents:
         """Reply audio (PCM16 at the session's output rate) as output_audio.delta events of
         the reply playing, in the output format."""
         r = self._playing or next(reversed(self._responses.values()), None)
-        if r is None or r.item_id not in r.outputs:
+        if r is None:
             return []  # audio of no response: a conversation session makes none
+        out = self._announce(r)
         fmt = self.wire.settings.output_format
         if fmt != "audio/pcm":
             data = self._odd + pcm
@@ -261,9 +274,10 @@ class ResponseEvents:
             pcm = g711.encode(data[:cut], "ulaw" if fmt == "audio/pcmu" else "alaw")
         delta = b64encode(pcm).decode("ascii")
         return [
+            *out,
             self._ev(
                 "response.output_audio.delta", **r.ids(r.item_id), content_index=0, delta=delta
-            )
+            ),
         ]
 
     def call_delta(self, event: FunctionCallDelta) -> list[Obj]:
