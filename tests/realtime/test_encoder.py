@@ -501,3 +501,19 @@ def test_json_text_matches_the_dicts() -> None:
     assert isinstance(decoder, RealtimeDecoder)
     text = encoder.encode(STARTED)
     assert json.loads(text[0])["session"]["id"] == f"sess_{SID}"
+
+
+def test_a_response_that_ends_without_ending_its_outputs_closes_them_incomplete() -> None:
+    _, encoder = codec()
+    started, added, delta = spoken_reply()[:3]
+    call = ev.FunctionCallDelta(reply=1, item_id="item_f1", call_id="call_1", name="f", delta="{")
+    done = ev.ResponseDone(reply=1, status="cancelled", reason="client_cancelled")
+    events = run(encoder, [STARTED, started, added, delta, call, done])
+    closed = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["id"], i["status"]) for i in closed] == [
+        (REPLY, "incomplete"),
+        ("item_f1", "incomplete"),
+    ]
+    assert closed[0]["content"] == [{"type": "output_audio", "transcript": "It is "}]
+    assert closed[1]["arguments"] == "{"
+    assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"

@@ -78,6 +78,7 @@ def request_limits(quotas: Quotas, principal: str) -> tuple[RateLimit, ...]:
 @dataclass(slots=True)
 class _Response:
     id: str
+    reply: int
     item_id: str  # its assistant message (if it speaks or writes)
     modalities: tuple[str, ...]
     voice: str
@@ -86,6 +87,8 @@ class _Response:
     done: set[str] = field(default_factory=set)
     text_done: bool = False
     audio_done: bool = False
+    sent: str = ""  # the reply text sent as deltas: its message's text if it never ends
+    calls: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # (call, name, args)
 
     def ids(self, item_id: str) -> Obj:
         return {"response_id": self.id, "item_id": item_id, "output_index": self.outputs[item_id]}
@@ -161,6 +164,7 @@ class ResponseEvents:
     def started(self, event: ResponseStarted) -> list[Obj]:
         r = _Response(
             f"resp_{self.wire.session_id}_{event.reply}",
+            event.reply,
             event.item_id,
             event.output_modalities,
             event.voice,
@@ -230,6 +234,7 @@ class ResponseEvents:
         if r is None:
             return []  # a reply with no response: none in a conversation session
         out = self._announce(r)
+        r.sent += event.text
         kind = "response.output_audio_transcript.delta" if r.audio else "response.output_text.delta"
         return [*out, self._ev(kind, **r.ids(r.item_id), content_index=0, delta=event.text)]
 
@@ -296,6 +301,8 @@ class ResponseEvents:
             )
             self._items[event.item_id] = r
             out = self.item_added(item, None)
+        call = r.calls.get(event.item_id, (event.call_id, event.name, ""))
+        r.calls[event.item_id] = (event.call_id, event.name, call[2] + event.delta)
         out.append(
             self._ev(
                 "response.function_call_arguments.delta",
@@ -340,7 +347,7 @@ class ResponseEvents:
         r.done.add(item.id)
         out: list[Obj] = []
         if item.kind == "message":
-            out += self._audio_done(r) + self._text_done_of(r, item)
+            out += self._audio_done(r) + self.text_done(r.reply, item.text or "")
             part = (
                 {"type": "audio", "transcript": item.text or ""}
                 if r.audio
@@ -359,18 +366,30 @@ class ResponseEvents:
         )
         return out
 
-    def _text_done_of(self, r: _Response, item: Item) -> list[Obj]:
-        reply = next((k for k, v in self._responses.items() if v is r), None)
-        return [] if reply is None else self.text_done(reply, item.text or "")
+    def _unfinished(self, r: _Response, item_id: str) -> Item:
+        """An output the response ended without ending (not in its `output`): incomplete."""
+        if item_id in r.calls:
+            call_id, name, arguments = r.calls[item_id]
+            return Item(
+                item_id,
+                "function_call",
+                status="incomplete",
+                call_id=call_id,
+                name=name,
+                arguments=arguments,
+            )
+        return Item(
+            item_id, "message", role="assistant", status="incomplete", audio=r.audio, text=r.sent
+        )
 
     def done(self, event: ResponseDone) -> list[Obj]:
         r = self._responses.get(event.reply)
         if r is None:
             return []
         out: list[Obj] = []
-        for item in event.output:
-            if item.id in r.outputs:
-                out += self._close_output(r, item)
+        ended = {item.id: item for item in event.output}
+        for item_id in r.outputs:  # each output's done events, in their order
+            out += self._close_output(r, ended.get(item_id) or self._unfinished(r, item_id))
         del self._responses[event.reply]
         for item_id in r.outputs:
             self._items.pop(item_id, None)
