@@ -516,4 +516,6 @@ def test_a_response_that_ends_without_ending_its_outputs_closes_them_incomplete(
     ]
     assert closed[0]["content"] == [{"type": "output_audio", "transcript": "It is "}]
     assert closed[1]["arguments"] == "{"
-    assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+    response = events[-1]["response"]
+    assert response["status_details"]["reason"] == "client_cancelled"
+    assert response["output"] == closed

@@ -388,8 +388,11 @@ class ResponseEvents:
             return []
         out: list[Obj] = []
         ended = {item.id: item for item in event.output}
-        for item_id in r.outputs:  # each output's done events, in their order
-            out += self._close_output(r, ended.get(item_id) or self._unfinished(r, item_id))
+        items = [ended.get(item_id) or self._unfinished(r, item_id) for item_id in r.outputs]
+        items += [item for item in event.output if item.id not in r.outputs]
+        for item in items:  # each output's done events, in their order
+            if item.id in r.outputs:
+                out += self._close_output(r, item)
         del self._responses[event.reply]
         for item_id in r.outputs:
             self._items.pop(item_id, None)
@@ -406,7 +409,7 @@ class ResponseEvents:
                     "message": "" if event.message is UNSET else event.message,
                 }
         usage = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0}
-        output = [item_dict(i, beta=self.wire.beta) for i in event.output]
+        output = [item_dict(i, beta=self.wire.beta) for i in items]
         response = self._response_object(
             r, event.status, status_details=details, output=output, usage=usage
         )
