@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from voxserve.events import UNSET, CreateItem, CreateResponse, Item, ResponseOptions
+from voxserve.events import UNSET, CreateItem, CreateResponse, Item, ResponseOptions, Role
 from voxserve.server import realtime_fields as f
 from voxserve.server.realtime_session import BETA_FORMATS, RealtimeWire, voice_id
 from voxserve.server.realtime_update import (
@@ -20,6 +20,7 @@ from voxserve.server.realtime_update import (
 )
 
 Obj = dict[str, Any]
+ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system"}
 # The content parts a message of each role may have, and the field holding its text (an
 # audio part's transcript: voxserve takes no audio items, only what was said).
 PARTS: dict[str, dict[str, str]] = {
@@ -62,7 +63,7 @@ def create_item(data: Obj) -> CreateItem:
         )
     if kind is None:
         raise f.invalid("item.type is required")
-    role = f.choice(item, "role", path, ("user", "assistant", "system"))
+    role = f.choice(item, "role", path, tuple(ROLES))
     if role is None:
         raise f.invalid("item.role is required")
     parts = f.listed(item, "content", path) or []
@@ -80,7 +81,7 @@ def create_item(data: Obj) -> CreateItem:
         if text is None:
             raise f.bad_value(f"{p}.{key}", "is required: voxserve takes no audio items")
         texts.append(text)
-    return CreateItem("message", item_id, previous, role=role, text=" ".join(texts))  # type: ignore[arg-type]
+    return CreateItem("message", item_id, previous, role=ROLES[role], text=" ".join(texts))
 
 
 def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
