@@ -12,17 +12,20 @@ import numpy as np
 import pytest
 
 from tests.event_samples import SAMPLES
-from tests.realtime.helpers import checked, codec, event
+from tests.fakes import FakeAsr, FakeTts, FakeVad
+from tests.realtime.helpers import CONVERSATION_SAMPLES, checked, codec, event
 from voxserve import events as ev
 from voxserve.audio import g711
-from voxserve.config import QuotasConfig
+from voxserve.config import QuotasConfig, VadConfig
+from voxserve.engines.loaded import Engines
+from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import Quotas
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder, stable_prefix
 from voxserve.server.realtime_responses import RateLimit, request_limits
-from voxserve.server.realtime_session import UPDATE_STAGE
+from voxserve.server.realtime_session import UPDATE_STAGE, installed_of
 
 SID = "9f1c00aa11bb22cc"
 USER = ev.speech_item_id(SID, 1)
@@ -467,7 +470,7 @@ def test_every_voxserve_event_encodes_to_events_the_sdk_reads() -> None:
     for beta in (False, True):
         _, encoder = codec(beta=beta)
         run(encoder, [STARTED, *spoken_reply()[:2]], beta=beta)
-        for sample, _ in SAMPLES:
+        for sample in [sample for sample, _ in SAMPLES] + CONVERSATION_SAMPLES:
             run(encoder, [sample], beta=beta)
 
 
@@ -519,3 +522,41 @@ def test_a_response_that_ends_without_ending_its_outputs_closes_them_incomplete(
     response = events[-1]["response"]
     assert response["status_details"]["reason"] == "client_cancelled"
     assert response["output"] == closed
+
+
+def test_conversation_events_become_their_realtime_events() -> None:
+    _, encoder = codec()
+    run(encoder, [STARTED])
+    events = run(encoder, CONVERSATION_SAMPLES[1:8])
+    assert types(events) == [
+        "input_audio_buffer.committed",
+        "input_audio_buffer.cleared",
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.deleted",
+        "conversation.item.truncated",
+        "conversation.item.input_audio_transcription.failed",
+    ]
+    assert events[0]["previous_item_id"] == "item_x"
+    assert events[2]["item"]["content"] == [{"type": "input_text", "text": "hi"}]
+    assert events[5]["audio_end_ms"] == 1200
+    assert events[6]["error"]["code"] == "engine_error" and events[6]["item_id"] == "item_su3"
+
+
+def test_an_out_of_band_response_adds_nothing_to_the_conversation() -> None:
+    _, encoder = codec()
+    run(encoder, [STARTED])
+    started = CONVERSATION_SAMPLES[8]
+    item = ev.Item("item_sr2", "message", role="assistant", status="in_progress")
+    events = run(encoder, [started, ev.ItemAdded(item=item, previous_item_id=None)])
+    assert events[0]["response"]["conversation_id"] is None
+    assert types(events)[2:] == ["response.output_item.added", "response.content_part.added"]
+
+
+def test_what_the_server_has() -> None:
+    engines = Engines(FakeVad(), FakeAsr(), [FakeTts()], EchoResponder(), default_voice="fake")
+    installed = installed_of(engines, VadConfig(threshold=0.4, pad_ms=150, hangover_ms=600))
+    assert installed.voices == ("fake",) and installed.default_voice == "fake"
+    assert (installed.vad_threshold, installed.vad_prefix_padding_ms) == (0.4, 150)
+    assert installed.vad_silence_duration_ms == 600
+    assert installed.asr_model == (FakeAsr.info.model or FakeAsr.info.name)

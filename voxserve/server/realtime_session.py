@@ -215,10 +215,6 @@ def audio_format(fmt: Format) -> dict[str, Any]:
     return {"type": fmt, "rate": 24_000} if fmt == "audio/pcm" else {"type": fmt}
 
 
-def format_name(fmt: Format, beta: bool) -> str | dict[str, Any]:
-    return BETA_NAMES[fmt] if beta else audio_format(fmt)
-
-
 TOOL_CHOICES = ("auto", "none", "required")
 
 
