@@ -33,7 +33,13 @@ from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder
 from voxserve.server.realtime_origins import ErrorOrigins, with_event_id
 from voxserve.server.realtime_responses import request_limits
-from voxserve.server.realtime_session import Installed, Kind, RealtimeWire, initial_wire
+from voxserve.server.realtime_session import (
+    Installed,
+    Kind,
+    RealtimeWire,
+    initial_wire,
+    installed_of,
+)
 from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import internal_error, refusal_event
@@ -61,19 +67,6 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         await RealtimeConnection(runtime, websocket, keys).serve()
 
     return [WebSocketRoute("/v1/realtime", endpoint)]
-
-
-def installed(runtime: Runtime) -> Installed:
-    """What the session object reports of the loaded engines, and the voices OpenAI's
-    voice names map onto."""
-    engines, vad = runtime.engines, runtime.settings.vad
-    return Installed(
-        voices=tuple(voice.id for voice in engines.voices()),
-        default_voice=engines.default_voice,
-        vad_threshold=vad.threshold,
-        vad_prefix_padding_ms=vad.pad_ms,
-        vad_silence_duration_ms=vad.hangover_ms,
-    )
 
 
 def key_subprotocol(offered: list[str]) -> str | None:
@@ -133,9 +126,11 @@ class RealtimeConnection:
                 f"intent {quoted(self.intent)} is not known: transcription, or none",
                 fatal=True,
             )
-        admit(self.runtime)
+        runtime = self.runtime
+        admit(runtime)
         kind: Kind = "transcription" if self.intent == "transcription" else "realtime"
-        wire = initial_wire(installed(self.runtime), model=self.model, kind=kind, beta=self.beta)
+        present = installed_of(runtime.engines, runtime.settings.vad)
+        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
         self.wire = wire
         config = wire.config()
         return SessionDriver.open(
