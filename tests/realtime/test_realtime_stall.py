@@ -1,0 +1,68 @@
+"""A /v1/realtime client that stops reading while a reply plays is ended as the WebSocket's
+are (tests/faults/test_slow_readers.py): `client_stalled`, counted for the `realtime`
+transport, close 1008, at `limits.stalled_client_s` after it stops, not at the keepalive's
+42 s. A raw socket client with a small receive buffer, which answers pings only when it
+reads; fake engines (a long reply of 0.2 s a word, echoed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.frames import Opcode
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.fakes import FakeTts, fake_runtime
+from tests.faults.test_slow_readers import RawWs
+from tests.helpers import eventually
+from voxserve.config import load_settings
+
+pytestmark = pytest.mark.timeout(60)
+STALL_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def stall_server() -> Iterator[LiveServer]:
+    settings = load_settings(port=free_port(), log_level="warning")
+    limits = settings.limits.model_copy(update={"stalled_client_s": STALL_S})
+    cache = settings.cache.model_copy(update={"enabled": False})
+    settings = settings.model_copy(update={"limits": limits, "cache": cache})
+    live = start_server(settings, fake_runtime(settings, tts=FakeTts(seconds_per_word=0.2)))
+    yield live
+    stop_server(live)
+
+
+def stalled(live: LiveServer) -> float:
+    labels = {"code": "client_stalled", "transport": "realtime"}
+    return live.runtime.metrics.registry.get_sample_value("voxserve_errors_total", labels) or 0.0
+
+
+async def test_a_realtime_client_that_stops_reading_is_ended_as_stalled(
+    stall_server: LiveServer,
+) -> None:
+    live = stall_server
+    before = stalled(live)
+    ws = RawWs(live.settings.port, path="/v1/realtime?model=gpt-realtime")
+    try:
+        events, _, _ = ws.read(1.0)
+        assert [e["type"] for e in events] == ["session.created"], events
+        content = [{"type": "input_text", "text": "word " * 100}]  # 20 s of reply audio
+        item = {"type": "message", "role": "user", "content": content}
+        ws.send(
+            Opcode.TEXT, json.dumps({"type": "conversation.item.create", "item": item}).encode()
+        )
+        ws.send(Opcode.TEXT, json.dumps({"type": "response.create"}).encode())
+        began = time.monotonic()
+        await eventually(lambda: stalled(live) > before, timeout_s=STALL_S * 4 / 3 + 5)
+        took = time.monotonic() - began
+        assert STALL_S <= took <= STALL_S * 4 / 3 + 2.0, took
+        # Reading again: what it had not read, then the close, never a goodbye it could
+        # not have read.
+        events, _, close = ws.read(5.0)
+    finally:
+        ws.close()
+    assert close == (1008, "client_stalled"), (close, [e["type"] for e in events][-5:])
+    assert any(e["type"] == "response.output_audio.delta" for e in events)
+    assert stalled(live) == before + 1
