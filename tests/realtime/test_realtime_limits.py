@@ -1,16 +1,20 @@
-"""A /v1/realtime client that stops reading while a reply plays is ended as the WebSocket's
-are (tests/faults/test_slow_readers.py): `client_stalled`, counted for the `realtime`
-transport, close 1008, at `limits.stalled_client_s` after it stops, not at the keepalive's
-42 s. A raw socket client with a small receive buffer, which answers pings only when it
-reads; fake engines (a long reply of 0.2 s a word, echoed)."""
+"""The session driver's limits on /v1/realtime, as on /v1/stream, on fake engines (a reply of
+0.2 s a word, echoed): a client that stops reading while a reply plays is ended as the
+WebSocket's are (tests/faults/test_slow_readers.py: `client_stalled`, counted for the
+`realtime` transport, close 1008, at `limits.stalled_client_s` after it stops, not at the
+keepalive's 42 s; a raw socket client with a small receive buffer, which answers pings only
+when it reads); a silent one is ended `idle_timeout`, in-band, as the SDK reads it."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosedOK
 from websockets.frames import Opcode
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
@@ -21,12 +25,14 @@ from voxserve.config import load_settings
 
 pytestmark = pytest.mark.timeout(60)
 STALL_S = 1.5
+IDLE_S = 5.0  # past the stall test's bound, so its client is ended as stalled
 
 
 @pytest.fixture(scope="module")
 def stall_server() -> Iterator[LiveServer]:
     settings = load_settings(port=free_port(), log_level="warning")
-    limits = settings.limits.model_copy(update={"stalled_client_s": STALL_S})
+    update = {"stalled_client_s": STALL_S, "idle_timeout_s": IDLE_S}
+    limits = settings.limits.model_copy(update=update)
     cache = settings.cache.model_copy(update={"enabled": False})
     settings = settings.model_copy(update={"limits": limits, "cache": cache})
     live = start_server(settings, fake_runtime(settings, tts=FakeTts(seconds_per_word=0.2)))
@@ -66,3 +72,17 @@ async def test_a_realtime_client_that_stops_reading_is_ended_as_stalled(
     assert close == (1008, "client_stalled"), (close, [e["type"] for e in events][-5:])
     assert any(e["type"] == "response.output_audio.delta" for e in events)
     assert stalled(live) == before + 1
+
+
+async def test_a_silent_realtime_client_is_ended_idle_timeout(stall_server: LiveServer) -> None:
+    client = AsyncOpenAI(base_url=f"{stall_server.http_url}/v1", api_key="unused")
+    seen: list[dict[str, Any]] = []
+    began = time.monotonic()
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        with pytest.raises(ConnectionClosedOK):  # 1000, after the goodbye
+            while True:
+                seen.append(json.loads(await conn.recv_bytes()))
+    took = time.monotonic() - began
+    assert IDLE_S <= took <= IDLE_S + 3, took
+    assert [e["type"] for e in seen] == ["session.created", "error", "voxserve.session.ended"]
+    assert (seen[1]["error"]["code"], seen[2]["reason"]) == ("idle_timeout", "idle_timeout")
