@@ -545,6 +545,7 @@ async def test_other_sites_and_unknown_intents_are_refused(rt_server: LiveServer
     for query, headers, code in [
         ("", {**key, "Origin": "https://elsewhere.example"}, "origin_not_allowed"),
         ("&intent=translation", key, "invalid_parameter"),
+        ("x" * 129, key, "invalid_parameter"),  # a model name past 128 characters
     ]:
         async with connect(url + query, additional_headers=headers) as ws:
             error = json.loads(await ws.recv())

@@ -58,6 +58,7 @@ BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realti
 # Text messages up to this many times limits.max_message_bytes are read and refused with
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
+MAX_MODEL = 128  # `?model=`, reported back in the session object as given
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
@@ -120,6 +121,12 @@ class RealtimeConnection:
         check_origin(headers.get("origin"), headers.get("host", ""), allowed, fatal=True)
         token = bearer_token(headers.get("authorization")) or key_subprotocol(self.offered)
         key_id = self.keys.authenticate(token)
+        if len(self.model) > MAX_MODEL:
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER,
+                f"model is longer than {MAX_MODEL} characters",
+                fatal=True,
+            )
         if self.intent not in (None, "", "transcription"):
             raise VoxError(
                 ErrorCode.INVALID_PARAMETER,
