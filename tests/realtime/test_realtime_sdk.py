@@ -491,9 +491,15 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         await conn.input_audio_buffer.append(audio=big, event_id="evt_big")
         await conn.send_raw(b"\x00\x01")  # binary: not Realtime's
         await conn.response.cancel(event_id="evt_cancel")  # refused by the session, not the codec
-        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(6)]
-        # The session still works: an update is applied, then a push-to-talk turn.
-        await update(conn, seen, {"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        language = {"transcription": {"model": "whisper-1", "language": "xx"}}
+        refused = {"type": "realtime", "audio": {"input": language}}
+        await conn.session.update(session=refused, event_id="evt_update")  # type: ignore[arg-type]
+        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(7)]
+        # The session still works: an update is applied (from the settings in force, not
+        # the refused ones), then a push-to-talk turn.
+        ptt = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        updated = await update(conn, seen, ptt)
+        assert updated["session"]["audio"]["input"]["transcription"].get("language") is None
         await send_audio(conn, speech("command.wav", pad_s=0.3), speed=8.0)
         await conn.input_audio_buffer.commit(event_id="evt_commit")
         committed = await until(conn, seen, "input_audio_buffer.committed")
@@ -505,6 +511,7 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         (None, "message_too_large"),
         (None, "invalid_message"),  # the binary message
         ("evt_cancel", "response_cancel_not_active"),
+        ("evt_update", "unknown_language"),  # refused by the session: nothing changed
     ], errors
     assert not [e for e in errors if e["error"]["type"] != "invalid_request_error"], errors
     assert committed["item_id"]
