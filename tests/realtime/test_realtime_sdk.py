@@ -331,6 +331,14 @@ async def test_push_to_talk_commit_then_response_create(
         assert "response.created" not in types(seen)  # nothing until asked
         await conn.response.create()
         done = await until(conn, seen, "response.done", limit_s=60)
+        # The client heard half a second of the answer, then forgets the question.
+        answer = done["response"]["output"][0]["id"]
+        await conn.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=500)
+        truncated = await until(conn, seen, "conversation.item.truncated")
+        await conn.conversation.item.delete(item_id=final["item_id"])
+        deleted = await until(conn, seen, "conversation.item.deleted")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (answer, 500)
+    assert deleted["item_id"] == final["item_id"]
     assert wer(texts["command.wav"], final["transcript"]) <= 0.2, final
     assert "input_audio_buffer.speech_started" not in types(seen)
     assert done["response"]["status"] == "completed", done
