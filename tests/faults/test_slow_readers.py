@@ -40,13 +40,13 @@ class RawWs:
     """A WebSocket client on a plain socket: it reads only when told to, and answers the
     pings it reads then (as a browser or websockets would, once they read)."""
 
-    def __init__(self, port: int, rcvbuf: int = 4096) -> None:
+    def __init__(self, port: int, rcvbuf: int = 4096, path: str = "/v1/stream") -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.connect(("127.0.0.1", port))
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(
-            f"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n".encode()
         )

@@ -10,6 +10,7 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from voxserve import events as ev
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder, server_event_names
 from voxserve.server.realtime_responses import RateLimit
@@ -20,6 +21,25 @@ MAX_MESSAGE = 256 * 1024
 GA = TypeAdapter(RealtimeServerEvent)
 BETA = TypeAdapter(BetaServerEvent)
 LIMITS = (RateLimit("requests", 40, 39, 0.05),)
+
+
+CONVERSATION_SAMPLES: list[ev.ServerEvent] = [
+    ev.SessionUpdated(),
+    ev.AudioCommitted(segment=3, item_id="item_su3", previous_item_id="item_x"),
+    ev.AudioCleared(),
+    ev.ItemAdded(item=ev.Item("item_c1", "message", role="user", text="hi"), previous_item_id=None),
+    ev.ItemDone(item=ev.Item("item_c1", "message", role="user", text="hi"), previous_item_id=None),
+    ev.ItemDeleted(item_id="item_c1"),
+    ev.ItemTruncated(item_id="item_c2", content_index=0, audio_end_ms=1200),
+    ev.TranscriptFailed(segment=3, item_id="item_su3", code="engine_error", message="ASR failed"),
+    ev.ResponseStarted(
+        reply=2, item_id="item_sr2", output_modalities=("text",), voice="joe", in_conversation=False
+    ),
+    ev.FunctionCallDelta(reply=2, item_id="item_f9", call_id="call_9", name="f", delta="{}"),
+    ev.FunctionCallDone(reply=2, item_id="item_f9", call_id="call_9", name="f", arguments="{}"),
+    ev.ResponseDone(reply=2, status="failed", code="engine_error", message="boom"),
+]
+"""One of each conversation event (tests/event_samples.py has the /v1/stream ones)."""
 
 
 def codec(

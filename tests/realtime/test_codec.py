@@ -283,13 +283,21 @@ def test_transcription_intent_never_responds_and_takes_the_beta_update() -> None
     assert decoder.wire.beta
 
 
-def test_an_unknown_voice_passes_through_for_the_session_to_refuse() -> None:
+def test_an_unknown_voice_is_refused_and_nothing_is_proposed() -> None:
+    decoder, _ = codec()
+    raw = event("session.update", session={"audio": {"output": {"voice": "zed"}}})
+    assert refused(decoder, raw).code is ErrorCode.UNKNOWN_VOICE
+    assert not decoder.wire.pending
+    raw = event("response.create", response={"voice": "zed"})
+    assert refused(decoder, raw).code is ErrorCode.UNKNOWN_VOICE
+
+
+def test_an_installed_voice_and_its_alias_are_taken_as_they_are() -> None:
     decoder, _ = codec()
     update = decoder.decode(
-        event("session.update", session={"audio": {"output": {"voice": "zed"}}})
+        event("session.update", session={"audio": {"output": {"voice": "bob"}}})
     )
-    assert isinstance(update, SessionUpdate)
-    assert update.config.voice == "zed"
+    assert isinstance(update, SessionUpdate) and update.config.voice == "bob"
 
 
 # --- items and responses -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import get_args
 
 from tests.event_samples import SAMPLES
-from tests.realtime.helpers import codec
+from tests.realtime.helpers import CONVERSATION_SAMPLES, codec
 from tests.realtime.test_encoder import STARTED, run, spoken_reply
 from voxserve import events as ev
 from voxserve.server.realtime_codec import REFUSED
@@ -74,7 +74,7 @@ def test_what_each_voxserve_event_becomes() -> None:
     documented = {_NAME.findall(row[0])[0]: row[1] for row in rows if _NAME.findall(row[0])}
     tags = {str(cls.__struct_config__.tag) for cls in get_args(ev.ServerEvent)}
     assert set(documented) == tags
-    for sample, _ in SAMPLES:
+    for sample in [sample for sample, _ in SAMPLES] + CONVERSATION_SAMPLES:
         _, encoder = codec()
         run(encoder, [STARTED, *spoken_reply()[:2]])
         emitted = {e["type"] for e in run(encoder, [sample])}

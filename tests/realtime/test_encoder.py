@@ -12,16 +12,20 @@ import numpy as np
 import pytest
 
 from tests.event_samples import SAMPLES
-from tests.realtime.helpers import checked, codec, event
+from tests.fakes import FakeAsr, FakeTts, FakeVad
+from tests.realtime.helpers import CONVERSATION_SAMPLES, checked, codec, event
 from voxserve import events as ev
 from voxserve.audio import g711
-from voxserve.config import QuotasConfig
+from voxserve.config import QuotasConfig, VadConfig
+from voxserve.engines.loaded import Engines
+from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import Quotas
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder, stable_prefix
 from voxserve.server.realtime_responses import RateLimit, request_limits
+from voxserve.server.realtime_session import UPDATE_STAGE, installed_of
 
 SID = "9f1c00aa11bb22cc"
 USER = ev.speech_item_id(SID, 1)
@@ -411,18 +415,38 @@ def test_an_error_carries_the_client_event_id_of_a_decoder_refusal() -> None:
 def test_a_refused_update_is_dropped_and_the_next_one_applies() -> None:
     decoder, encoder = codec()
     run(encoder, [STARTED])
-    voice = {"audio": {"output": {"voice": "zed"}}}
-    decoder.decode(event("session.update", event_id="evt_1", session=voice))
+    language = {"audio": {"input": {"transcription": {"language": "xx"}}}}
+    decoder.decode(event("session.update", event_id="evt_1", session=language))
     decoder.decode(event("session.update", event_id="evt_2", session={"instructions": "Hi"}))
+    unrelated = ev.ErrorEvent(code="empty_audio", message="nothing to commit", fatal=False)
     refusal = ev.ErrorEvent(
-        code=ErrorCode.UNKNOWN_VOICE.value, message="no voice 'zed'", fatal=False
+        code=ErrorCode.UNKNOWN_LANGUAGE.value,
+        message="language 'xx' is not served",
+        fatal=False,
+        stage=UPDATE_STAGE,
     )
+    events = run(encoder, [unrelated, refusal])
+    assert [e["error"]["event_id"] for e in events] == [None, "evt_1"]
+    assert len(decoder.wire.pending) == 1
+    # the second was merged onto the first (in the client's order): the session refuses it
+    # as well, and the settings in force are still the opening ones
     events = run(encoder, [refusal, ev.SessionUpdated()])
-    assert events[0]["error"]["event_id"] == "evt_1"
-    session = events[1]["session"]
-    # the second proposal was merged onto the first (as the client asked, in order)
-    assert session["instructions"] == "Hi"
+    assert events[0]["error"]["event_id"] == "evt_2"
+    assert events[1]["session"]["instructions"] == ""
+    assert events[1]["session"]["audio"]["input"]["transcription"]["language"] is None
     assert not decoder.wire.pending
+
+
+def test_a_delta_before_its_item_announces_the_message() -> None:
+    _, encoder = codec()
+    started, added, delta = spoken_reply()[:3]
+    events = run(encoder, [STARTED, started, delta, added])
+    assert types(events)[3:] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+    ]
 
 
 def test_transcription_session_objects() -> None:
@@ -446,7 +470,7 @@ def test_every_voxserve_event_encodes_to_events_the_sdk_reads() -> None:
     for beta in (False, True):
         _, encoder = codec(beta=beta)
         run(encoder, [STARTED, *spoken_reply()[:2]], beta=beta)
-        for sample, _ in SAMPLES:
+        for sample in [sample for sample, _ in SAMPLES] + CONVERSATION_SAMPLES:
             run(encoder, [sample], beta=beta)
 
 
@@ -480,3 +504,59 @@ def test_json_text_matches_the_dicts() -> None:
     assert isinstance(decoder, RealtimeDecoder)
     text = encoder.encode(STARTED)
     assert json.loads(text[0])["session"]["id"] == f"sess_{SID}"
+
+
+def test_a_response_that_ends_without_ending_its_outputs_closes_them_incomplete() -> None:
+    _, encoder = codec()
+    started, added, delta = spoken_reply()[:3]
+    call = ev.FunctionCallDelta(reply=1, item_id="item_f1", call_id="call_1", name="f", delta="{")
+    done = ev.ResponseDone(reply=1, status="cancelled", reason="client_cancelled")
+    events = run(encoder, [STARTED, started, added, delta, call, done])
+    closed = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["id"], i["status"]) for i in closed] == [
+        (REPLY, "incomplete"),
+        ("item_f1", "incomplete"),
+    ]
+    assert closed[0]["content"] == [{"type": "output_audio", "transcript": "It is "}]
+    assert closed[1]["arguments"] == "{"
+    response = events[-1]["response"]
+    assert response["status_details"]["reason"] == "client_cancelled"
+    assert response["output"] == closed
+
+
+def test_conversation_events_become_their_realtime_events() -> None:
+    _, encoder = codec()
+    run(encoder, [STARTED])
+    events = run(encoder, CONVERSATION_SAMPLES[1:8])
+    assert types(events) == [
+        "input_audio_buffer.committed",
+        "input_audio_buffer.cleared",
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.deleted",
+        "conversation.item.truncated",
+        "conversation.item.input_audio_transcription.failed",
+    ]
+    assert events[0]["previous_item_id"] == "item_x"
+    assert events[2]["item"]["content"] == [{"type": "input_text", "text": "hi"}]
+    assert events[5]["audio_end_ms"] == 1200
+    assert events[6]["error"]["code"] == "engine_error" and events[6]["item_id"] == "item_su3"
+
+
+def test_an_out_of_band_response_adds_nothing_to_the_conversation() -> None:
+    _, encoder = codec()
+    run(encoder, [STARTED])
+    started = CONVERSATION_SAMPLES[8]
+    item = ev.Item("item_sr2", "message", role="assistant", status="in_progress")
+    events = run(encoder, [started, ev.ItemAdded(item=item, previous_item_id=None)])
+    assert events[0]["response"]["conversation_id"] is None
+    assert types(events)[2:] == ["response.output_item.added", "response.content_part.added"]
+
+
+def test_what_the_server_has() -> None:
+    engines = Engines(FakeVad(), FakeAsr(), [FakeTts()], EchoResponder(), default_voice="fake")
+    installed = installed_of(engines, VadConfig(threshold=0.4, pad_ms=150, hangover_ms=600))
+    assert installed.voices == ("fake",) and installed.default_voice == "fake"
+    assert (installed.vad_threshold, installed.vad_prefix_padding_ms) == (0.4, 150)
+    assert installed.vad_silence_duration_ms == 600
+    assert installed.asr_model == (FakeAsr.info.model or FakeAsr.info.name)

@@ -254,8 +254,8 @@ async def test_spoken_question_answered_with_audio(
     transcript = of(seen, "conversation.item.input_audio_transcription.completed")[0]
     assert started["item_id"] == committed["item_id"] == transcript["item_id"]
     assert wer(texts["command.wav"], transcript["transcript"]) <= 0.2, transcript
-    limits = of(seen, "rate_limits.updated")[0]["rate_limits"]  # the key's audio minute
-    assert [x["name"] for x in limits] == ["audio_seconds"] and limits[0]["limit"] == 3600
+    limits = of(seen, "rate_limits.updated")[0]["rate_limits"]  # the key's request rate
+    assert [x["name"] for x in limits] == ["requests"] and limits[0]["limit"] == 40, limits
     response = of(seen, "response.created")[0]["response"]
     assert done["response"]["id"] == response["id"]
     assert done["response"]["status"] == "completed", done
@@ -331,6 +331,14 @@ async def test_push_to_talk_commit_then_response_create(
         assert "response.created" not in types(seen)  # nothing until asked
         await conn.response.create()
         done = await until(conn, seen, "response.done", limit_s=60)
+        # The client heard half a second of the answer, then forgets the question.
+        answer = done["response"]["output"][0]["id"]
+        await conn.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=500)
+        truncated = await until(conn, seen, "conversation.item.truncated")
+        await conn.conversation.item.delete(item_id=final["item_id"])
+        deleted = await until(conn, seen, "conversation.item.deleted")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (answer, 500)
+    assert deleted["item_id"] == final["item_id"]
     assert wer(texts["command.wav"], final["transcript"]) <= 0.2, final
     assert "input_audio_buffer.speech_started" not in types(seen)
     assert done["response"]["status"] == "completed", done
@@ -490,9 +498,16 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         big = base64.b64encode(bytes(limit)).decode()
         await conn.input_audio_buffer.append(audio=big, event_id="evt_big")
         await conn.send_raw(b"\x00\x01")  # binary: not Realtime's
-        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(5)]
-        # The session still works: an update is applied, then a push-to-talk turn.
-        await update(conn, seen, {"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await conn.response.cancel(event_id="evt_cancel")  # refused by the session, not the codec
+        language = {"transcription": {"model": "whisper-1", "language": "xx"}}
+        refused = {"type": "realtime", "audio": {"input": language}}
+        await conn.session.update(session=refused, event_id="evt_update")  # type: ignore[arg-type]
+        errors = [await until(conn, seen, "error", limit_s=10) for _ in range(7)]
+        # The session still works: an update is applied (from the settings in force, not
+        # the refused ones), then a push-to-talk turn.
+        ptt = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        updated = await update(conn, seen, ptt)
+        assert updated["session"]["audio"]["input"]["transcription"].get("language") is None
         await send_audio(conn, speech("command.wav", pad_s=0.3), speed=8.0)
         await conn.input_audio_buffer.commit(event_id="evt_commit")
         committed = await until(conn, seen, "input_audio_buffer.committed")
@@ -503,9 +518,24 @@ async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServ
         ("evt_odd", "odd_length_pcm"),
         (None, "message_too_large"),
         (None, "invalid_message"),  # the binary message
+        ("evt_cancel", "response_cancel_not_active"),
+        ("evt_update", "unknown_language"),  # refused by the session: nothing changed
     ], errors
     assert not [e for e in errors if e["error"]["type"] != "invalid_request_error"], errors
     assert committed["item_id"]
+
+
+async def test_a_message_past_what_is_read_closes_1009(rt_server: LiveServer) -> None:
+    url = f"ws://127.0.0.1:{rt_server.settings.port}/v1/realtime?model={MODEL}"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    huge = "x" * (4 * rt_server.settings.limits.max_message_bytes + 1)  # realtime_stream.py
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(huge)
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 # --- (h) auth -----------------------------------------------------------------------------
@@ -522,6 +552,22 @@ async def test_auth_refused_without_the_key(rt_server: LiveServer) -> None:
     async with connect(url) as ws:  # no key at all
         error = json.loads(await ws.recv())
         assert error["error"]["code"] == "unauthorized"
+
+
+async def test_other_sites_and_unknown_intents_are_refused(rt_server: LiveServer) -> None:
+    url = f"ws://127.0.0.1:{rt_server.settings.port}/v1/realtime?model={MODEL}"
+    key = {"Authorization": f"Bearer {KEY}"}
+    for query, headers, code in [
+        ("", {**key, "Origin": "https://elsewhere.example"}, "origin_not_allowed"),
+        ("&intent=translation", key, "invalid_parameter"),
+        ("x" * 129, key, "invalid_parameter"),  # a model name past 128 characters
+    ]:
+        async with connect(url + query, additional_headers=headers) as ws:
+            error = json.loads(await ws.recv())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+        assert error["error"]["code"] == code, error
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
 async def test_auth_accepted_with_the_browser_subprotocol(rt_server: LiveServer) -> None:

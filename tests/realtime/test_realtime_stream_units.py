@@ -6,7 +6,8 @@ from __future__ import annotations
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ErrorEvent, VadStart
 from voxserve.pipeline.outbox import Outbox
-from voxserve.server.realtime_stream import ErrorOrigins, key_subprotocol
+from voxserve.server.realtime_origins import ErrorOrigins
+from voxserve.server.realtime_stream import key_subprotocol
 
 
 def error(**where: int) -> ErrorEvent:

@@ -252,15 +252,6 @@ class SessionQuota:
         error = quota_error(f"over {per_min:g} s of audio per minute", wait, fatal=False)
         return AudioVerdict(False, self.quotas.refuse("audio", error))
 
-    def audio_budget(self) -> tuple[float, float, float] | None:
-        """The key's audio minute as (limit s, remaining s, seconds until full again), for a
-        wire that reports it (Realtime's rate_limits.updated); None where none applies."""
-        bucket = self._state.audio if self._state is not None else None
-        if bucket is None:
-            return None
-        bucket.take(0.0, self.quotas.clock())  # refilled to now
-        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
-
     def release(self) -> None:
         """Give the session slot back (idempotent)."""
         if self._held and self._state is not None:

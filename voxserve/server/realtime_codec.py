@@ -37,7 +37,7 @@ from voxserve.events import (
 from voxserve.server import realtime_fields as f
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, decode_json
 from voxserve.server.realtime_items import create_item, create_response
-from voxserve.server.realtime_session import FORMAT_RATES, RealtimeWire
+from voxserve.server.realtime_session import FORMAT_RATES, RealtimeSettings, RealtimeWire
 from voxserve.server.realtime_update import speaks_beta, update_beta, update_ga
 from voxserve.server.session_input import BadAudio, Decoded, Frames
 from voxserve.types import FRAME_MS
@@ -189,7 +189,7 @@ class RealtimeDecoder:
         self.wire.beta = True
         return self._propose(update_beta(self.wire.latest, session, transcription=True))
 
-    def _propose(self, settings: Any) -> ClientMessage:
+    def _propose(self, settings: RealtimeSettings) -> ClientMessage:
         if FORMAT_RATES[settings.input_format] != FORMAT_RATES[self.wire.latest.input_format]:
             self._held.clear()  # under 20 ms at the old rate: no sense at the new one
         return SessionUpdate(self.wire.propose(settings, self.last_event_id))

@@ -19,7 +19,6 @@ from typing import Any, assert_never
 import msgspec
 
 from voxserve.events import (
-    UNSET,
     AudioCleared,
     AudioCommitted,
     BargeIn,
@@ -52,12 +51,11 @@ from voxserve.events import (
     speech_item_id,
 )
 from voxserve.server.realtime_responses import (
-    CLIENT_CODES,
     RateLimit,
     ResponseEvents,
     error_type,
 )
-from voxserve.server.realtime_session import RealtimeWire, describe
+from voxserve.server.realtime_session import UPDATE_STAGE, RealtimeWire, describe
 
 Obj = dict[str, Any]
 BETA: dict[str, str] = {
@@ -219,8 +217,8 @@ class RealtimeEncoder:
             case ResponseText():
                 return self.responses.text_done(event.reply, event.text)
             case TtsStart():
-                self.responses.tts_start(event.reply)
-                return []  # the content part was added with the item (response.content_part.added)
+                # the content part was added with the item (response.content_part.added)
+                return self.responses.tts_start(event.reply)
             case TtsEnd():
                 return self.responses.tts_end(event.reply)
             case FunctionCallDelta():
@@ -322,8 +320,7 @@ class RealtimeEncoder:
                     wire.refusals.popleft()
                 break
         else:
-            own = event.segment is UNSET and event.reply is UNSET and not event.fatal
-            if own and event.code in CLIENT_CODES and wire.pending:
+            if event.stage == UPDATE_STAGE:
                 event_id = wire.refused()  # the session refused the oldest session.update
         error = {
             "type": error_type(event.code),

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from voxserve.events import UNSET, CreateItem, CreateResponse, Item, ResponseOptions
+from voxserve.events import UNSET, CreateItem, CreateResponse, Item, ResponseOptions, Role
 from voxserve.server import realtime_fields as f
-from voxserve.server.openai_voices import installed_voice
-from voxserve.server.realtime_session import BETA_FORMATS, RealtimeWire
+from voxserve.server.realtime_session import BETA_FORMATS, RealtimeWire, voice_id
 from voxserve.server.realtime_update import (
     MAX_TEXT,
     ga_format,
@@ -21,6 +20,7 @@ from voxserve.server.realtime_update import (
 )
 
 Obj = dict[str, Any]
+ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system"}
 # The content parts a message of each role may have, and the field holding its text (an
 # audio part's transcript: voxserve takes no audio items, only what was said).
 PARTS: dict[str, dict[str, str]] = {
@@ -63,7 +63,7 @@ def create_item(data: Obj) -> CreateItem:
         )
     if kind is None:
         raise f.invalid("item.type is required")
-    role = f.choice(item, "role", path, ("user", "assistant", "system"))
+    role = f.choice(item, "role", path, tuple(ROLES))
     if role is None:
         raise f.invalid("item.role is required")
     parts = f.listed(item, "content", path) or []
@@ -81,7 +81,7 @@ def create_item(data: Obj) -> CreateItem:
         if text is None:
             raise f.bad_value(f"{p}.{key}", "is required: voxserve takes no audio items")
         texts.append(text)
-    return CreateItem("message", item_id, previous, role=role, text=" ".join(texts))  # type: ignore[arg-type]
+    return CreateItem("message", item_id, previous, role=ROLES[role], text=" ".join(texts))
 
 
 def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
@@ -111,7 +111,6 @@ def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
         "max_output_tokens" if "max_output_tokens" in response else "max_response_output_tokens"
     )
     tools = f.listed(response, "tools", path)
-    installed = wire.installed
     options = ResponseOptions(
         instructions=f.string(response, "instructions", path, limit=MAX_TEXT),
         tools=None if tools is None else tools_of(tools, f"{path}.tools"),
@@ -127,11 +126,7 @@ def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
             if beta_modalities is not None
             else None
         ),
-        voice=(
-            None
-            if voice is None
-            else installed_voice(voice, installed.voices, installed.default_voice)
-        ),
+        voice=None if voice is None else voice_id(voice, wire.installed),
         max_output_tokens=max_tokens(response.get(tokens_key), f"{path}.{tokens_key}"),
         in_conversation=conversation != "none",
     )

@@ -48,6 +48,8 @@ CLIENT_CODES = frozenset(
         ErrorCode.INVALID_AUDIO,
         ErrorCode.INVALID_PARAMETER,
         ErrorCode.WRONG_MODE,
+        ErrorCode.RESPONSE_ACTIVE,  # the reply helper's codes (merged in i21-door)
+        ErrorCode.RESPONSE_NOT_ACTIVE,
     }
 )
 """Codes of errors the client can fix: `invalid_request_error`; the others `server_error`."""
@@ -78,6 +80,7 @@ def request_limits(quotas: Quotas, principal: str) -> tuple[RateLimit, ...]:
 @dataclass(slots=True)
 class _Response:
     id: str
+    reply: int
     item_id: str  # its assistant message (if it speaks or writes)
     modalities: tuple[str, ...]
     voice: str
@@ -86,6 +89,8 @@ class _Response:
     done: set[str] = field(default_factory=set)
     text_done: bool = False
     audio_done: bool = False
+    sent: str = ""  # the reply text sent as deltas: its message's text if it never ends
+    calls: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # (call, name, args)
 
     def ids(self, item_id: str) -> Obj:
         return {"response_id": self.id, "item_id": item_id, "output_index": self.outputs[item_id]}
@@ -112,8 +117,17 @@ class ResponseEvents:
         self._playing: _Response | None = None  # the reply whose audio comes now
         self._odd = b""  # a PCM byte left over when a chunk had odd length (G.711 only)
 
-    def tts_start(self, reply: int) -> None:
-        self._playing = self._responses.get(reply)
+    def tts_start(self, reply: int) -> list[Obj]:
+        self._playing = r = self._responses.get(reply)
+        return self._announce(r)
+
+    def _announce(self, r: _Response | None) -> list[Obj]:
+        """The response's message announced (output_item.added, content_part.added) if its
+        ItemAdded has not come yet: a delta or its audio is never dropped for want of it."""
+        if r is None or r.item_id in r.outputs:
+            return []
+        item = Item(r.item_id, "message", role="assistant", status="in_progress", audio=r.audio)
+        return self.item_added(item, None)
 
     def tts_end(self, reply: int) -> list[Obj]:
         return self._audio_done(self._responses.get(reply))
@@ -152,6 +166,7 @@ class ResponseEvents:
     def started(self, event: ResponseStarted) -> list[Obj]:
         r = _Response(
             f"resp_{self.wire.session_id}_{event.reply}",
+            event.reply,
             event.item_id,
             event.output_modalities,
             event.voice,
@@ -185,8 +200,10 @@ class ResponseEvents:
     def item_added(self, item: Item, previous: str | None) -> list[Obj]:
         beta = self.wire.beta
         r = self._owner(item)
+        if r is not None and item.id in r.outputs:
+            return []  # announced already (at its first delta: _announced)
         out = []
-        if r is not None and item.id not in r.outputs:
+        if r is not None:
             r.outputs[item.id] = len(r.outputs)
             self._items[item.id] = r
             out.append(
@@ -216,10 +233,12 @@ class ResponseEvents:
 
     def delta(self, event: ResponseDelta) -> list[Obj]:
         r = self._responses.get(event.reply)
-        if r is None or r.item_id not in r.outputs:
-            return []  # no message of a response to carry it (never in a conversation)
+        if r is None:
+            return []  # a reply with no response: none in a conversation session
+        out = self._announce(r)
+        r.sent += event.text
         kind = "response.output_audio_transcript.delta" if r.audio else "response.output_text.delta"
-        return [self._ev(kind, **r.ids(r.item_id), content_index=0, delta=event.text)]
+        return [*out, self._ev(kind, **r.ids(r.item_id), content_index=0, delta=event.text)]
 
     def text_done(self, reply: int, text: str) -> list[Obj]:
         r = self._responses.get(reply)
@@ -251,8 +270,9 @@ class ResponseEvents:
         """Reply audio (PCM16 at the session's output rate) as output_audio.delta events of
         the reply playing, in the output format."""
         r = self._playing or next(reversed(self._responses.values()), None)
-        if r is None or r.item_id not in r.outputs:
+        if r is None:
             return []  # audio of no response: a conversation session makes none
+        out = self._announce(r)
         fmt = self.wire.settings.output_format
         if fmt != "audio/pcm":
             data = self._odd + pcm
@@ -261,9 +281,10 @@ class ResponseEvents:
             pcm = g711.encode(data[:cut], "ulaw" if fmt == "audio/pcmu" else "alaw")
         delta = b64encode(pcm).decode("ascii")
         return [
+            *out,
             self._ev(
                 "response.output_audio.delta", **r.ids(r.item_id), content_index=0, delta=delta
-            )
+            ),
         ]
 
     def call_delta(self, event: FunctionCallDelta) -> list[Obj]:
@@ -282,6 +303,8 @@ class ResponseEvents:
             )
             self._items[event.item_id] = r
             out = self.item_added(item, None)
+        call = r.calls.get(event.item_id, (event.call_id, event.name, ""))
+        r.calls[event.item_id] = (event.call_id, event.name, call[2] + event.delta)
         out.append(
             self._ev(
                 "response.function_call_arguments.delta",
@@ -326,7 +349,7 @@ class ResponseEvents:
         r.done.add(item.id)
         out: list[Obj] = []
         if item.kind == "message":
-            out += self._audio_done(r) + self._text_done_of(r, item)
+            out += self._audio_done(r) + self.text_done(r.reply, item.text or "")
             part = (
                 {"type": "audio", "transcript": item.text or ""}
                 if r.audio
@@ -345,16 +368,31 @@ class ResponseEvents:
         )
         return out
 
-    def _text_done_of(self, r: _Response, item: Item) -> list[Obj]:
-        reply = next((k for k, v in self._responses.items() if v is r), None)
-        return [] if reply is None else self.text_done(reply, item.text or "")
+    def _unfinished(self, r: _Response, item_id: str) -> Item:
+        """An output the response ended without ending (not in its `output`): incomplete."""
+        if item_id in r.calls:
+            call_id, name, arguments = r.calls[item_id]
+            return Item(
+                item_id,
+                "function_call",
+                status="incomplete",
+                call_id=call_id,
+                name=name,
+                arguments=arguments,
+            )
+        return Item(
+            item_id, "message", role="assistant", status="incomplete", audio=r.audio, text=r.sent
+        )
 
     def done(self, event: ResponseDone) -> list[Obj]:
         r = self._responses.get(event.reply)
         if r is None:
             return []
         out: list[Obj] = []
-        for item in event.output:
+        ended = {item.id: item for item in event.output}
+        items = [ended.get(item_id) or self._unfinished(r, item_id) for item_id in r.outputs]
+        items += [item for item in event.output if item.id not in r.outputs]
+        for item in items:  # each output's done events, in their order
             if item.id in r.outputs:
                 out += self._close_output(r, item)
         del self._responses[event.reply]
@@ -373,7 +411,7 @@ class ResponseEvents:
                     "message": "" if event.message is UNSET else event.message,
                 }
         usage = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0}
-        output = [item_dict(i, beta=self.wire.beta) for i in event.output]
+        output = [item_dict(i, beta=self.wire.beta) for i in items]
         response = self._response_object(
             r, event.status, status_details=details, output=output, usage=usage
         )

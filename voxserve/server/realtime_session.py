@@ -16,6 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from voxserve.config import VadConfig
+from voxserve.engines.loaded import Engines
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ConversationConfig, ResponseOptions, StreamConfig, ToolSpec
 from voxserve.events import TurnDetection as TurnDetection
 from voxserve.server.openai_voices import installed_voice
@@ -31,6 +34,9 @@ BETA_FORMATS: dict[str, Format] = {
 BETA_NAMES: dict[Format, str] = {fmt: name for name, fmt in BETA_FORMATS.items()}
 Kind = Literal["realtime", "transcription"]
 Modality = Literal["audio", "text"]
+UPDATE_STAGE = "session.update"
+"""The `stage` of the VoxError a session raises when it refuses a SessionUpdate: the encoder
+then drops that proposal (the settings in force stay) and the error carries its event_id."""
 MAX_REFUSALS = 64  # decoder refusals awaiting their error event (a fatal end may drop some)
 
 
@@ -54,6 +60,20 @@ class Installed:
     vad_threshold: float = 0.5  # settings.vad: what a turn_detection None field means
     vad_prefix_padding_ms: int = 200
     vad_silence_duration_ms: int = 500
+
+
+def installed_of(engines: Engines, vad: VadConfig) -> Installed:
+    """What a server's loaded engines and VAD settings give the Realtime session object."""
+    ids = [voice.id for voice in engines.voices()]
+    ids += [alias for voice in engines.voices() for alias in voice.aliases]
+    return Installed(
+        voices=tuple(ids),
+        default_voice=engines.default_voice,
+        asr_model=engines.asr.info.model or engines.asr.info.name,
+        vad_threshold=vad.threshold,
+        vad_prefix_padding_ms=vad.pad_ms,
+        vad_silence_duration_ms=vad.hangover_ms,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +124,9 @@ class RealtimeWire:
         return stream_config(settings or self.settings, self.installed, self.trace_id)
 
     def propose(self, settings: RealtimeSettings, event_id: str | None) -> StreamConfig:
+        config = self.config(settings)  # raises before anything is proposed
         self.pending.append(Pending(settings, event_id))
-        return self.config(settings)
+        return config
 
     def applied(self) -> None:
         """session.updated: the oldest proposal is in force."""
@@ -141,11 +162,24 @@ def initial_wire(
     return RealtimeWire(settings, installed, trace, beta=beta)
 
 
+def voice_id(name: str, installed: Installed) -> str:
+    """The installed voice `name` selects (server/openai_voices.py); `unknown_voice` for a
+    name that selects none (checked here so that a refused session.update never reaches
+    the session; the session checks again)."""
+    voice = installed_voice(name, installed.voices, installed.default_voice)
+    if installed.voices and voice not in installed.voices:
+        valid = ", ".join(sorted(installed.voices))
+        raise VoxError(
+            ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(name)}; valid voices: {valid}"
+        )
+    return voice
+
+
 def stream_config(s: RealtimeSettings, installed: Installed, trace_id: str) -> StreamConfig:
     """The voxserve session's config for settings `s` (validated by ws_protocol.parse_start,
     as every transport's): G.711 is decoded to PCM16 by the codec, so the session sees
     PCM16 at 8 kHz."""
-    voice = installed_voice(s.voice, installed.voices, installed.default_voice)
+    voice = voice_id(s.voice, installed)
     base = parse_start(
         {
             "mode": "assistant",
@@ -179,10 +213,6 @@ def stream_config(s: RealtimeSettings, installed: Installed, trace_id: str) -> S
 
 def audio_format(fmt: Format) -> dict[str, Any]:
     return {"type": fmt, "rate": 24_000} if fmt == "audio/pcm" else {"type": fmt}
-
-
-def format_name(fmt: Format, beta: bool) -> str | dict[str, Any]:
-    return BETA_NAMES[fmt] if beta else audio_format(fmt)
 
 
 TOOL_CHOICES = ("auto", "none", "required")

@@ -6,8 +6,8 @@ key's quotas. Unlike /v1/stream the session opens before the client says anythin
 Realtime's first event is the server's `session.created`, and `session.update` changes it
 later (the codec turns it into a `SessionUpdate`). The wire's own parts are the codec's
 (server/realtime_codec.py decodes client events into frames and messages,
-server/realtime_events.py encodes server events); this module is the handshake, the way
-in (`RealtimeInput`), the sender and the close. A refusal is an `error` event, then close
+server/realtime_events.py encodes server events); this module is the handshake, then
+`RealtimeLink`: the way in, the sender and the close. A refusal is an `error` event, then close
 1013 (try again: overloaded, not ready, over quota, shutting down) or 1008.
 """
 
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections import deque
 
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import Message  # an ASGI websocket.receive message
@@ -26,14 +24,22 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ErrorEvent
-from voxserve.pipeline.outbox import Outbox, Outgoing
+from voxserve.pipeline.outbox import Outgoing
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
+from voxserve.server.quotas import quotas_of
 from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder
-from voxserve.server.realtime_responses import RateLimit
-from voxserve.server.realtime_session import Installed, Kind, RealtimeWire, initial_wire
+from voxserve.server.realtime_origins import ErrorOrigins, with_event_id
+from voxserve.server.realtime_responses import request_limits
+from voxserve.server.realtime_session import (
+    Installed,
+    Kind,
+    RealtimeWire,
+    initial_wire,
+    installed_of,
+)
 from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import internal_error, refusal_event
@@ -52,6 +58,7 @@ BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realti
 # Text messages up to this many times limits.max_message_bytes are read and refused with
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
+MAX_MODEL = 128  # `?model=`, reported back in the session object as given
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
@@ -61,19 +68,6 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         await RealtimeConnection(runtime, websocket, keys).serve()
 
     return [WebSocketRoute("/v1/realtime", endpoint)]
-
-
-def installed(runtime: Runtime) -> Installed:
-    """What the session object reports of the loaded engines, and the voices OpenAI's
-    voice names map onto."""
-    engines, vad = runtime.engines, runtime.settings.vad
-    return Installed(
-        voices=tuple(voice.id for voice in engines.voices()),
-        default_voice=engines.default_voice,
-        vad_threshold=vad.threshold,
-        vad_prefix_padding_ms=vad.pad_ms,
-        vad_silence_duration_ms=vad.hangover_ms,
-    )
 
 
 def key_subprotocol(offered: list[str]) -> str | None:
@@ -102,13 +96,12 @@ class RealtimeConnection:
         self.wire: RealtimeWire = initial_wire(Installed((), ""), model=self.model, beta=self.beta)
 
     async def serve(self) -> None:
-        offered = self.offered
         if self.fast is not None and self.fast.set_max_size is not None:
             # Oversized events are refused in-band, not by a close (module constants).
             self.fast.set_max_size(self.limits.max_message_bytes * OVERSIZE_READ)
-        await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in self.offered else None)
         try:
-            driver = self._open(offered)
+            driver = self._open()
         except VoxError as exc:
             count_refusal(self.runtime, exc, REALTIME.name)
             await self._refuse(exc)
@@ -120,23 +113,31 @@ class RealtimeConnection:
             driver.close()
             await driver.wait_closed()
 
-    def _open(self, offered: list[str]) -> SessionDriver:
+    def _open(self) -> SessionDriver:
         """Origin, key, the global rule, then the session (the key's quotas): all before
         the client's first event, so a refused client learns it at once."""
         headers = self.ws.headers
         allowed = self.runtime.settings.cors_allowed_origins
         check_origin(headers.get("origin"), headers.get("host", ""), allowed, fatal=True)
-        token = bearer_token(headers.get("authorization")) or key_subprotocol(offered)
+        token = bearer_token(headers.get("authorization")) or key_subprotocol(self.offered)
         key_id = self.keys.authenticate(token)
+        if len(self.model) > MAX_MODEL:
+            raise VoxError(
+                ErrorCode.INVALID_PARAMETER,
+                f"model is longer than {MAX_MODEL} characters",
+                fatal=True,
+            )
         if self.intent not in (None, "", "transcription"):
             raise VoxError(
                 ErrorCode.INVALID_PARAMETER,
                 f"intent {quoted(self.intent)} is not known: transcription, or none",
                 fatal=True,
             )
-        admit(self.runtime)
+        runtime = self.runtime
+        admit(runtime)
         kind: Kind = "transcription" if self.intent == "transcription" else "realtime"
-        wire = initial_wire(installed(self.runtime), model=self.model, kind=kind, beta=self.beta)
+        present = installed_of(runtime.engines, runtime.settings.vad)
+        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
         self.wire = wire
         config = wire.config()
         return SessionDriver.open(
@@ -157,46 +158,6 @@ class RealtimeConnection:
             await self.ws.close(code, reason=error.code.value)
 
 
-class ErrorOrigins:
-    """Which client event an `error` answers, so it can carry that event's `event_id`.
-
-    The receiver handles one message at a time: what it reports for a message (a decode
-    error, a refused update, the audio quota) is queued between that message's decode and
-    the next receive. The outbox numbers its events (`Outbox.sent_events`), so each
-    message's window of numbers is kept here, and the sender, counting the events it takes,
-    looks an error's number up. Errors of the pipeline itself (they name a segment or a
-    reply) answer no client event."""
-
-    KEPT = 64  # windows of recent messages that queued anything; older ones are sent
-
-    def __init__(self, outbox: Outbox) -> None:
-        self._outbox = outbox
-        self._windows: deque[tuple[int, int, str]] = deque(maxlen=self.KEPT)
-        self._start: int | None = None
-        self.taken = 0  # events the sender took from the outbox
-
-    def begin(self) -> None:
-        self._start = self._outbox.sent_events
-
-    def end(self, event_id: str | None) -> None:
-        start, self._start = self._start, None
-        end = self._outbox.sent_events
-        if start is not None and event_id and end > start:
-            self._windows.append((start, end, event_id))
-
-    def origin(self, event: ErrorEvent) -> str | None:
-        """The event_id of the client event `event` answers (called once per event taken)."""
-        number = self.taken
-        if isinstance(event.segment, int) or isinstance(event.reply, int):
-            return None
-        windows = self._windows
-        while windows and windows[0][1] < number:
-            windows.popleft()
-        if windows and windows[0][0] < number <= windows[0][1]:
-            return windows[0][2]
-        return None
-
-
 class RealtimeLink:
     """One connection serving its session: the way in (session_input.ClientInput), the
     sender, the close."""
@@ -209,15 +170,19 @@ class RealtimeLink:
         self.driver = driver
         self.session = driver.session
         wire, limits = connection.wire, connection.limits
-        self.encoder = RealtimeEncoder(wire, self._rate_limits)
+        quotas, principal = quotas_of(connection.runtime), driver.slot.quota.principal
+        self.encoder = RealtimeEncoder(wire, lambda: request_limits(quotas, principal))
         self.decoder = RealtimeDecoder(wire, limits.max_message_bytes, limits.max_json_depth)
         self.origins = ErrorOrigins(self.session.outbox)
 
     async def run(self) -> None:
         driver = self.driver
         driver.announce()
-        for text in self.encoder.encode(self.session.started_event()):  # session.created
-            await self.ws.send_text(text)
+        try:
+            for text in self.encoder.encode(self.session.started_event()):  # session.created
+                await self.ws.send_text(text)
+        except (RuntimeError, OSError, WebSocketDisconnect):
+            return  # the client left at once
         fast = self.fast
         if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
             fast.stall_s = self.limits.stalled_client_s
@@ -229,14 +194,6 @@ class RealtimeLink:
                 fast.on_stall = fast.stall_s = None
         if self.session.outbox.stalled:
             await self._close_stalled()
-
-    def _rate_limits(self) -> list[RateLimit]:
-        """rate_limits.updated: the key's audio minute (quotas), where one applies."""
-        budget = self.driver.slot.quota.audio_budget()
-        if budget is None:
-            return []
-        limit, remaining, reset_s = budget
-        return [RateLimit("audio_seconds", int(limit), int(remaining), round(reset_s, 3))]
 
     # -- the way in ------------------------------------------------------------------------
 
@@ -271,7 +228,7 @@ class RealtimeLink:
         self.origins.taken += 1
         texts = self.encoder.encode(item)
         if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
-            texts = [_with_event_id(text, event_id) for text in texts]
+            texts = [with_event_id(text, event_id) for text in texts]
         return texts
 
     async def _send(self) -> None:
@@ -319,13 +276,3 @@ class RealtimeLink:
         with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
             async with asyncio.timeout(1.0):
                 await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
-
-
-def _with_event_id(text: str, event_id: str) -> str:
-    """An encoded `error` event with the client event it answers (`error.event_id`)."""
-    value = json.loads(text)
-    error = value.get("error")
-    if isinstance(error, dict) and error.get("event_id") is None:
-        error["event_id"] = event_id
-        return json.dumps(value)
-    return text

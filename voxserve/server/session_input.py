@@ -103,7 +103,13 @@ async def apply_control(session: Session, message: ClientMessage) -> None:
     elif isinstance(message, CreateResponse):
         session.create_response(message.options)
     elif isinstance(message, SessionUpdate):
-        await session.update(message.config)
+        try:
+            await session.update(message.config)
+        except VoxError as exc:
+            # Named as the update's (realtime_session.UPDATE_STAGE): the Realtime codec then
+            # drops the refused proposal, so later updates start from what is in force.
+            exc.stage = "session.update"
+            raise
     elif isinstance(message, CommitAudio):  # conversation sessions; else wrong_mode
         session.commit_audio()
     elif isinstance(message, ClearAudio):
