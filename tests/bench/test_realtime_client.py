@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 from typing import Any
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 
 from voxserve.bench.__main__ import main
+from voxserve.bench.audio_client import AudioStream
+from voxserve.bench.loadgen import StepSpec, make_stream
 from voxserve.bench.program import Script, build, frame_bytes, pcm_at
 from voxserve.bench.realtime_bench import comparison
 from voxserve.bench.realtime_client import RealtimeStream, frames_b64, session_update
@@ -255,3 +258,21 @@ def test_the_command_refuses_unknown_transports(capsys: pytest.CaptureFixture[st
 def test_a_realtime_ramp_needs_a_budget_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["ramp", "--mode", "realtime", "--url", "ws://127.0.0.1:9", "--quiet"])
     assert code == 2 and "use --budget-metric turn" in capsys.readouterr().err
+
+
+def test_make_stream_builds_either_client_with_the_key() -> None:
+    spec = StepSpec(
+        url="ws://127.0.0.1:9/v1/stream", mode="realtime", streams=2, duration_s=1.0,
+        ramp_s=0.0, program=PROGRAM, api_key="k1", model="m 1", piece_ms=40,
+        session={"sample_rate": 24000, "voice": "alloy"},
+    )  # fmt: skip
+    realtime = make_stream(spec, 1, Raw(), 0.0)
+    assert isinstance(realtime, RealtimeStream)
+    assert realtime.url == "ws://127.0.0.1:9/v1/realtime?model=m+1"
+    assert realtime.headers == {"Authorization": "Bearer k1"} and realtime.piece_frames == 2
+    assert realtime.script.shift == PROGRAM.clip_starts[1]
+    assert realtime.update["session"]["audio"]["output"]["voice"] == "alloy"
+    stream = make_stream(dataclasses.replace(spec, mode="assistant"), 0, Raw(), 0.0)
+    assert isinstance(stream, AudioStream) and stream.rate == 24000
+    assert stream.headers == {"Authorization": "Bearer k1"}
+    assert stream.start["sample_rate"] == 24000 and stream.start["mode"] == "assistant"
