@@ -744,16 +744,15 @@ async def test_a_stream_session_refuses_commit_and_clear_as_wrong_mode() -> None
     assert not [e for e in events if isinstance(e, AudioCommitted | AudioCleared)]
 
 
-def test_listener_hooks_default_to_none() -> None:
-    """The reply side sets what it needs; nothing is called otherwise."""
+def test_a_stream_session_s_listener_has_no_conversation_hooks() -> None:
+    """/v1/stream sessions report no commits (the conversation's hooks are tested with its
+    responses, tests/test_conversation_replies.py)."""
     runtime = fake_runtime(settings())
-    session, _ = conversation(runtime=runtime)
-    other = Session(runtime.session_context(), session.config, Outbox(8))
-    fresh = other.listener
-    assert isinstance(fresh, Listener)
-    assert (fresh.on_commit, fresh.on_failed, fresh.last_item_id) == (None, None, None)
-    session.release()
-    other.release()
+    stream = Session(runtime.session_context(), StreamConfig(mode="assistant"), Outbox(8))
+    plain = stream.listener
+    assert isinstance(plain, Listener)
+    assert (plain.on_commit, plain.on_failed, plain.last_item_id) == (None, None, None)
+    stream.release()
 
 
 # -- the real engines ------------------------------------------------------------------------

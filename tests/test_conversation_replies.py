@@ -265,7 +265,7 @@ async def test_speech_through_the_listener_is_answered_before_the_session_ends()
     assert run.of(ResponseText)[0].text == "tone440"
     assert isinstance(events[-1], SessionEnded) and isinstance(events[-2], ResponseDone)
     assert events[-1].replies == 1
-    assert listener.last_item_id() == reply_item_id(session.id, 1)  # what a commit follows
+    assert responses.conversation.last_id() == reply_item_id(session.id, 1)  # a commit's prev
 
 
 async def test_push_to_talk_answers_only_on_request() -> None:
