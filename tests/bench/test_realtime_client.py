@@ -276,3 +276,16 @@ def test_make_stream_builds_either_client_with_the_key() -> None:
     assert isinstance(stream, AudioStream) and stream.rate == 24000
     assert stream.headers == {"Authorization": "Bearer k1"}
     assert stream.start["sample_rate"] == 24000 and stream.start["mode"] == "assistant"
+
+
+def test_the_realtime_command_leaves_the_other_commands_modes_alone() -> None:
+    """`bench realtime` sets its mode itself: a sub-parser default would change the `--mode`
+    action the commands share, and soak/stream/ramp would run Realtime streams."""
+    import argparse
+
+    from voxserve.bench.cli import add_bench_parser
+
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    for command in ("stream", "ramp", "soak"):
+        assert parser.parse_args(["bench", command]).mode == "asr", command

@@ -341,7 +341,6 @@ def _realtime_arguments(parser: argparse.ArgumentParser) -> None:
         "for real engines, their turn at low load plus a margin)",
     )
     g.add_argument("--all-steps", action="store_true", help="run every step past the budget")
-    parser.set_defaults(mode="realtime")  # the audio program's gap: 3 s, as assistant mode
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -31,6 +31,10 @@ COMPARED = ("turn", "vad_end", "final", "ttfp")
 
 
 def cmd_realtime(args: argparse.Namespace) -> int:
+    # Assistant turns on both transports (the audio program's 3 s gap). Set here, not with
+    # the sub-parser's set_defaults: that would change the `--mode` action every bench
+    # command shares through its parent parser (soak's streams became Realtime ones).
+    args.mode = "realtime"
     if args.sample_rate is None:
         args.sample_rate = 24_000  # what a Realtime client sends and gets (audio/pcm)
     counts = args.steps or [args.streams]
