@@ -77,9 +77,9 @@ class ResponseRun:
     heard_samples: int | None = None  # a client's truncation while it ran
 
     async def announce(self) -> None:
-        """ResponseStarted, once."""
+        """ResponseStarted, once. Marked sent only once it is in the outbox: a cancel that
+        lands while it waits for room (a slow reader) leaves it for end_items to send."""
         if not self.announced:
-            self.announced = True
             await self.outbox.event(
                 ResponseStarted(
                     reply=self.reply,
@@ -89,6 +89,7 @@ class ResponseRun:
                     in_conversation=self.in_conversation,
                 )
             )
+            self.announced = True
 
     async def work(self, turn: TurnMarks | None, since: float | None) -> VoxError | None:
         """Stream the responder's reply (and speak it, `since` the end of the turn's speech);
