@@ -484,6 +484,32 @@ async def test_a_cancel_while_its_start_waits_for_a_slow_reader_still_frames_it(
         await run.stop()
 
 
+async def test_a_cancel_while_an_item_waits_for_a_slow_reader_still_announces_it() -> None:
+    """The cancel lands while the assistant item's ItemAdded waits for room in the outbox:
+    the client still gets it before the ItemDone that ends the item (and nothing after)."""
+    bot = FakeConversant(["Hello ", "there."], delay_s=0.2)
+    run = Run(make_session(bot, config=conversation(modalities=("text",))))
+    outbox = run.session.outbox
+    run._runner = asyncio.create_task(run.session.run())
+    await asyncio.sleep(0.02)  # the session's task group is up
+    run.session.create_response(ResponseOptions())
+    await asyncio.sleep(0.05)  # its ResponseStarted is out, the responder thinks
+    while outbox.event_nowait(AudioCleared()):  # the outbox is full: every put waits
+        pass
+    await asyncio.sleep(0.3)  # the first text: its ItemAdded waits for room
+    await run.session.cancel()
+    await run.start_reading()
+    try:
+        await run.done()
+        kinds = [kind for kind in run.types() if kind != event_type(AudioCleared())]
+        assert kinds == ["response.started", "item.added", "item.done", "response.done"]
+        (done,) = run.of(ItemDone)
+        assert done.item.status == "incomplete"
+        assert run.of(ResponseDone)[0].reason == "client_cancelled"
+    finally:
+        await run.stop()
+
+
 async def test_barge_in_keeps_the_item_cut_to_what_its_audio_said() -> None:
     words = [f"word{n}" for n in range(30)]
     bot = FakeConversant([f"{word}. " for word in words], delay_s=0.02)

@@ -11,8 +11,10 @@ when it ends (see responses.py for the events' order and what a cancel keeps).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import msgspec
 
@@ -91,6 +93,24 @@ class ResponseRun:
             )
             self.announced = True
 
+    async def _whole(self, send: Coroutine[Any, Any, object]) -> None:
+        """Send what `send` sends whole, even when the client's cancel (or a barge-in) lands
+        while it waits for room in the outbox (a slow reader): the cancel is taken once it
+        is out. Else the client could get an item's ItemDone and never its ItemAdded. The
+        session's end is not held up: then the send is dropped with the rest."""
+        sending = asyncio.ensure_future(send)
+        try:
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            if self.cancel_reason is None:  # not ours: the session ends
+                sending.cancel()
+                raise
+            try:
+                await sending
+            finally:
+                sending.cancel()  # a no-op once it is out; else the session ends meanwhile
+            raise
+
     async def work(self, turn: TurnMarks | None, since: float | None) -> VoxError | None:
         """Stream the responder's reply (and speak it, `since` the end of the turn's speech);
         a non-fatal failure is returned, a fatal one raised."""
@@ -155,9 +175,11 @@ class ResponseRun:
                 self.item_id, "assistant", "", audio=self.audio, status="in_progress"
             )
             self.item = item
-            await self.items.add(item, in_conversation=self.in_conversation)
+            await self._whole(self.items.add(item, in_conversation=self.in_conversation))
         self.pieces.append(piece)
-        await self.outbox.event(ResponseDelta(reply=self.reply, text=piece))
+        delta = ResponseDelta(reply=self.reply, text=piece)
+        if not self.outbox.event_nowait(delta):  # the common case: room, no task
+            await self._whole(self.outbox.event(delta))
 
     async def _call_piece(self, piece: ToolCallDelta) -> None:
         if self.cancel_reason is not None:
@@ -174,20 +196,20 @@ class ResponseRun:
                 arguments="",
             )
             call = self.calls[piece.index] = ToolCall(item)
-            await self.items.add(item, in_conversation=self.in_conversation)
+            await self._whole(self.items.add(item, in_conversation=self.in_conversation))
         elif piece.name and not call.item.name:
             call.item = msgspec.structs.replace(call.item, name=piece.name)
         if piece.arguments:
             call.arguments.append(piece.arguments)
-            await self.outbox.event(
-                FunctionCallDelta(
-                    reply=self.reply,
-                    item_id=call.item.id,
-                    call_id=str(call.item.call_id),
-                    name=str(call.item.name),
-                    delta=piece.arguments,
-                )
+            delta = FunctionCallDelta(
+                reply=self.reply,
+                item_id=call.item.id,
+                call_id=str(call.item.call_id),
+                name=str(call.item.name),
+                delta=piece.arguments,
             )
+            if not self.outbox.event_nowait(delta):
+                await self._whole(self.outbox.event(delta))
 
     def status(self, error: VoxError | None) -> str:
         return "failed" if error else "cancelled" if self.cancel_reason else "completed"
