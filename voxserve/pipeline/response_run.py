@@ -102,13 +102,13 @@ class ResponseRun:
         try:
             await asyncio.shield(sending)
         except asyncio.CancelledError:
-            if self.cancel_reason is None:  # not ours: the session ends
-                sending.cancel()
-                raise
             try:
-                await sending
+                if self.cancel_reason is not None:  # ours: taken once the send is out
+                    await asyncio.shield(sending)
             finally:
-                sending.cancel()  # a no-op once it is out; else the session ends meanwhile
+                if not sending.done():  # the session ends: dropped with the rest
+                    sending.cancel()
+                    await asyncio.wait([sending])
             raise
 
     async def work(self, turn: TurnMarks | None, since: float | None) -> VoxError | None:
