@@ -19,6 +19,7 @@ from voxserve.engines.base import ChatMessage, ReplyRequest, ToolCall, ToolCallD
 from voxserve.engines.openai_responder import OpenAIResponder
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
+    AudioCleared,
     BargeIn,
     CancelMessage,
     ConversationConfig,
@@ -124,6 +125,11 @@ class Run:
         return [event_type(e) for e in self.events[after:]]
 
     async def start(self) -> None:
+        await self.start_reading()
+        self._runner = asyncio.create_task(self.session.run())
+        await asyncio.sleep(0.02)  # the session's task group is up
+
+    async def start_reading(self) -> None:
         outbox = self.session.outbox
 
         async def read() -> None:
@@ -131,8 +137,6 @@ class Run:
                 self.items.append(item)
 
         self._reader = asyncio.create_task(read())
-        self._runner = asyncio.create_task(self.session.run())
-        await asyncio.sleep(0.02)  # the session's task group is up
 
     async def until(self, check: Callable[[], object], timeout_s: float = 5.0) -> None:
         await eventually(check, timeout_s)
@@ -452,6 +456,55 @@ async def test_a_cancel_before_the_response_began_still_frames_it() -> None:
         await run.session.cancel()
         await run.done()
         assert run.types() == ["response.started", "response.done"]
+        assert run.of(ResponseDone)[0].reason == "client_cancelled"
+    finally:
+        await run.stop()
+
+
+async def test_a_cancel_while_its_start_waits_for_a_slow_reader_still_frames_it() -> None:
+    """The client reads nothing for a while: the response's ResponseStarted waits for room
+    in the outbox when the cancel comes; it still goes out, before the ResponseDone."""
+    run = Run(make_session(config=conversation(modalities=("text",))))
+    outbox = run.session.outbox
+    runner = asyncio.create_task(run.session.run())
+    await asyncio.sleep(0.02)  # the session's task group is up
+    filler = 0
+    while outbox.event_nowait(AudioCleared()):  # the outbox is full: every put waits
+        filler += 1
+    run.session.create_response(ResponseOptions())
+    await asyncio.sleep(0.02)  # its ResponseStarted waits for room
+    await run.session.cancel()
+    run._runner = runner
+    await run.start_reading()
+    try:
+        await run.done()
+        assert run.types(after=filler) == ["response.started", "response.done"]
+        assert run.of(ResponseDone)[0].reason == "client_cancelled"
+    finally:
+        await run.stop()
+
+
+async def test_a_cancel_while_an_item_waits_for_a_slow_reader_still_announces_it() -> None:
+    """The cancel lands while the assistant item's ItemAdded waits for room in the outbox:
+    the client still gets it before the ItemDone that ends the item (and nothing after)."""
+    bot = FakeConversant(["Hello ", "there."], delay_s=0.2)
+    run = Run(make_session(bot, config=conversation(modalities=("text",))))
+    outbox = run.session.outbox
+    run._runner = asyncio.create_task(run.session.run())
+    await asyncio.sleep(0.02)  # the session's task group is up
+    run.session.create_response(ResponseOptions())
+    await asyncio.sleep(0.05)  # its ResponseStarted is out, the responder thinks
+    while outbox.event_nowait(AudioCleared()):  # the outbox is full: every put waits
+        pass
+    await asyncio.sleep(0.3)  # the first text: its ItemAdded waits for room
+    await run.session.cancel()
+    await run.start_reading()
+    try:
+        await run.done()
+        kinds = [kind for kind in run.types() if kind != event_type(AudioCleared())]
+        assert kinds == ["response.started", "item.added", "item.done", "response.done"]
+        (done,) = run.of(ItemDone)
+        assert done.item.status == "incomplete"
         assert run.of(ResponseDone)[0].reason == "client_cancelled"
     finally:
         await run.stop()

@@ -263,6 +263,29 @@ def test_a_tool_call_round() -> None:
     ]
 
 
+def test_a_function_call_the_client_adds_while_a_response_runs_is_not_its_output() -> None:
+    _, encoder = codec()
+    mine = ev.Item("c1", "function_call", call_id="call_9", name="lookup", arguments="{}")
+    script: list[ev.ServerEvent | bytes] = [
+        STARTED,
+        ev.ResponseStarted(
+            reply=1, item_id=REPLY, output_modalities=("audio",), voice="joe", in_conversation=True
+        ),
+        ev.ItemAdded(item=mine, previous_item_id=USER),  # conversation.item.create meanwhile
+        ev.ItemDone(item=mine, previous_item_id=USER),
+        ev.ResponseDone(reply=1, status="completed", output=()),
+    ]
+    events = run(encoder, script)
+    assert types(events)[1:] == [
+        "response.created",
+        "rate_limits.updated",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert events[-1]["response"]["output"] == []
+
+
 def test_barge_in_cuts_the_item_and_cancels_the_response() -> None:
     _, encoder = codec()
     cut = reply_item("It is", "incomplete")

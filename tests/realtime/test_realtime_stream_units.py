@@ -3,6 +3,8 @@ answers, and the key a browser offers as a subprotocol."""
 
 from __future__ import annotations
 
+import asyncio
+
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ErrorEvent, VadStart
 from voxserve.pipeline.outbox import Outbox
@@ -41,6 +43,28 @@ async def test_an_error_queued_while_a_message_is_handled_answers_that_message()
         assert isinstance(item, ErrorEvent | VadStart)
         take(item)
     assert [origin for _, origin in sent] == [None, "b", None, "c", None]
+
+
+async def test_an_event_whose_put_was_cancelled_does_not_shift_the_numbering() -> None:
+    """A put cancelled while it waits for room (a barge-in stops a reply whose tts.start
+    waits behind a slow reader) queues nothing and so numbers nothing: the next message's
+    error still answers that message."""
+    outbox = Outbox(1)
+    origins = ErrorOrigins(outbox)
+    await outbox.event(VadStart(segment=1, start_ms=0))  # the outbox is full
+    waiting = asyncio.create_task(outbox.event(VadStart(segment=2, start_ms=0)))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    origins.taken += 1
+    assert isinstance(await outbox.next(), VadStart)  # the first one, taken by the sender
+    origins.begin()  # message "a": refused
+    await outbox.event(error())
+    origins.end("a")
+    item = await outbox.next()
+    assert isinstance(item, ErrorEvent) and outbox.qsize() == 0
+    origins.taken += 1
+    assert origins.origin(item) == "a"
 
 
 def test_the_key_of_the_browser_subprotocol() -> None:

@@ -17,7 +17,6 @@ last turn ends as it would live; speech cut off by the end is not counted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -30,7 +29,7 @@ from voxserve.bench.program import Script, frame_bytes, pcm_at
 from voxserve.bench.records import Raw
 from voxserve.bench.replies import ReplyAudio
 from voxserve.bench.schedule import FRAME_S, FrameClock, mark_due
-from voxserve.bench.wsbase import WsStream
+from voxserve.bench.wsbase import WsStream, paced
 from voxserve.types import SAMPLE_RATE
 
 TAIL_S = 0.3  # silence after the hangover before audio.end
@@ -80,12 +79,7 @@ class AudioStream(WsStream):
         size = frame_bytes(self.rate)
         pcm, silent = pcm_at(self.script.program, self.rate), bytes(size)
         for k in range(frames + tail):
-            due = clock.due(k)
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            now = time.monotonic()
-            self.lateness.append(now - due)
+            now = await paced(clock, k, self.lateness)
             header = (k & 0xFFFFFFFF).to_bytes(4, "big")
             if k >= frames:
                 await ws.send(header + silent)

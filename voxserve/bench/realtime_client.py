@@ -23,15 +23,16 @@ from array import array
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from voxserve.bench.audio_client import TAIL_S  # silence after the hangover, the same
 from voxserve.bench.program import Program, Script, frame_bytes, pcm_at
 from voxserve.bench.realtime_turns import RealtimeTurns, error_code
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import FRAME_S, FrameClock
+from voxserve.bench.wsbase import RecordedStream, paced
 
 RATE = 24_000  # audio/pcm is 24 kHz in the Realtime API, in and out
-TAIL_S = 0.3  # silence after the hangover, as audio_client.TAIL_S
 HANDSHAKE_S = 10.0
 APPEND = '{"type":"input_audio_buffer.append","audio":"%s"}'
 _B64: dict[int, tuple[Program, list[str]]] = {}
@@ -72,7 +73,7 @@ def session_update(transcription_model: str, voice: str | None) -> dict[str, Any
     }
 
 
-class RealtimeStream:
+class RealtimeStream(RecordedStream):
     """One session. `run()` never raises: every failure ends up in `raw.errors`."""
 
     def __init__(
@@ -92,8 +93,8 @@ class RealtimeStream:
     ) -> None:
         if piece_ms % 20 or piece_ms <= 0:
             raise ValueError(f"piece_ms must be a multiple of 20, not {piece_ms}")
+        super().__init__(raw)
         self.url = url
-        self.raw = raw
         self.script = script
         self.end_at = end_at
         self.drain_s = drain_s
@@ -103,29 +104,16 @@ class RealtimeStream:
         self.piece_frames = piece_ms // 20
         self.update = session_update(transcription_model, voice)
         self.turns = RealtimeTurns(raw, script, hangover_s=hangover_s, output_rate=RATE)
-        self.failed = False
         self.closing = False
         self.produced = False
         self.settled = asyncio.Event()
 
-    def error(self, code: str) -> None:
-        self.raw.errors[code] += 1
-        self.failed = True
+    def _refused(self, exc: InvalidStatus) -> None:
+        """Refused at the handshake (auth, overload): counted, by its HTTP status."""
+        self.raw.counts["refused"] += 1
+        self.error(f"connect:http_{exc.response.status_code}")
 
-    async def run(self) -> None:
-        try:
-            await self._run()
-        except InvalidStatus as exc:  # refused at the handshake (auth, overload)
-            self.raw.counts["refused"] += 1
-            self.error(f"connect:http_{exc.response.status_code}")
-        except (OSError, InvalidHandshake, InvalidURI) as exc:
-            self.error(f"connect:{type(exc).__name__}")
-        except ConnectionClosed as exc:
-            self._closed(exc)
-        except TimeoutError:
-            self.error("timeout")
-        if self.failed:
-            self.raw.failed_streams += 1
+    def finish(self) -> None:
         self.turns.finish()
 
     async def _run(self) -> None:
@@ -214,12 +202,7 @@ class RealtimeStream:
                 piece.append(silent)
             if len(piece) < self.piece_frames:
                 continue
-            due = clock.due(k)
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            now = time.monotonic()
-            self.lateness.append(now - due)
+            now = await paced(clock, k, self.lateness)
             await ws.send(APPEND % "".join(piece))
             for u in firsts:
                 self.turns.first_sent[u] = now

@@ -1,5 +1,7 @@
-"""What every WebSocket load stream shares: connect, `session.start`, a receiver task, the
-end of input, a bounded drain, and errors recorded by code instead of raised.
+"""What every WebSocket load stream shares: errors recorded by code instead of raised
+(`RecordedStream`, the /v1/stream clients' and the Realtime client's), frames paced by the
+wall clock (`paced`); and for /v1/stream (`WsStream`): connect, `session.start`, a receiver
+task, the end of input, a bounded drain.
 
 Subclasses send (`produce`) and interpret server events (`on_event`, `on_audio`).
 """
@@ -10,16 +12,71 @@ import asyncio
 import contextlib
 import json
 import time
+from array import array
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from voxserve.bench.records import Raw
+from voxserve.bench.schedule import FrameClock
 
 
-class WsStream:
-    """One session. `run()` never raises: every failure ends up in `raw.errors`."""
+async def paced(clock: FrameClock, k: int, lateness: array[float]) -> float:
+    """Wait until frame k is due; its lateness (how long after that this is) is recorded.
+    Returns the time it is sent at."""
+    due = clock.due(k)
+    delay = due - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    now = time.monotonic()
+    lateness.append(now - due)
+    return now
+
+
+class RecordedStream:
+    """One session whose `run()` never raises: every failure ends up in `raw.errors` by
+    code. Subclasses write the session (`_run`), what a close by the server means
+    (`_closed`) and what is left to count at the end (`finish`)."""
+
+    def __init__(self, raw: Raw) -> None:
+        self.raw = raw
+        self.failed = False
+
+    def error(self, code: str) -> None:
+        self.raw.errors[code] += 1
+        self.failed = True
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except InvalidStatus as exc:  # refused at the handshake (auth, overload)
+            self._refused(exc)
+        except (OSError, InvalidHandshake, InvalidURI) as exc:
+            self.error(f"connect:{type(exc).__name__}")
+        except ConnectionClosed as exc:
+            self._closed(exc)
+        except TimeoutError:
+            self.error("timeout")
+        if self.failed:
+            self.raw.failed_streams += 1
+        self.finish()
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _refused(self, exc: InvalidStatus) -> None:
+        self.error(f"connect:{type(exc).__name__}")
+
+    def _closed(self, exc: ConnectionClosed) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Turn what was seen into samples once the session is over."""
+
+
+class WsStream(RecordedStream):
+    """One /v1/stream session (module docstring)."""
 
     def __init__(
         self,
@@ -32,32 +89,14 @@ class WsStream:
         deflate: bool = False,
         headers: dict[str, str] | None = None,
     ) -> None:
+        super().__init__(raw)
         self.url = url
         self.headers = headers
         self.start = {"type": "session.start", **start}
-        self.raw = raw
         self.end_at = end_at
         self.drain_s = drain_s
         self.deflate = deflate
-        self.failed = False
         self.ended = asyncio.Event()
-
-    def error(self, code: str) -> None:
-        self.raw.errors[code] += 1
-        self.failed = True
-
-    async def run(self) -> None:
-        try:
-            await self._run()
-        except (OSError, InvalidHandshake, InvalidURI) as exc:
-            self.error(f"connect:{type(exc).__name__}")
-        except ConnectionClosed as exc:
-            self._closed(exc)
-        except TimeoutError:
-            self.error("timeout")
-        if self.failed:
-            self.raw.failed_streams += 1
-        self.finish()
 
     async def _run(self) -> None:
         began = time.monotonic()
@@ -133,6 +172,3 @@ class WsStream:
 
     def on_audio(self, size: int, now: float) -> None:
         """A binary message (reply audio)."""
-
-    def finish(self) -> None:
-        """Turn what was seen into samples once the session is over."""

@@ -49,8 +49,10 @@ class Outbox:
             ) from None
 
     async def event(self, event: ServerEvent) -> None:
-        self.sent_events += 1
         await self._put(event)
+        # Counted once queued, so the count numbers the events in queue order: a put that
+        # is cancelled or times out queues nothing (realtime_origins reads the numbers).
+        self.sent_events += 1
 
     def event_nowait(self, event: ServerEvent) -> bool:
         """For paths that must not wait (cancellation): False if the client is not reading."""

@@ -9,9 +9,9 @@ audible cancels it (`barge_in`). The (user, assistant) turns are kept for the re
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import BargeIn, ResponseDelta, ResponseText
@@ -20,8 +20,7 @@ from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.speaker import Speaker
-from voxserve.pipeline.streams import aclose
-from voxserve.text import SentenceBuffer
+from voxserve.pipeline.streams import SpokenSentences, read_responder
 
 HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
 
@@ -109,50 +108,29 @@ class Replies:
         listener = self.listener
         since = listener.speech_ended_at(segment) if listener else None
         turn = listener.take_turn(segment) if listener else None
-        metrics = self.ctx.metrics
-        limit = self.ctx.settings.pipeline.responder.timeout_s
-        sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
+        sentences = SpokenSentences()
         pieces: list[str] = []
 
-        async def produce() -> None:
-            buffer = SentenceBuffer()
-            asked = time.perf_counter()
-            if turn is not None:
-                turn.mark("responder.start")
-            stream = responder.respond(user_text, list(self._history))
-            try:
-                async with asyncio.timeout(limit):
-                    async for piece in stream:
-                        if not pieces:  # the responder's time to its first text
-                            metrics.observe_stage("responder", time.perf_counter() - asked)
-                        pieces.append(piece)
-                        await self.outbox.event(ResponseDelta(reply=segment, text=piece))
-                        for sentence in buffer.push(piece):
-                            await sentences.put(sentence)
-            except TimeoutError:
-                raise VoxError(
-                    ErrorCode.STAGE_TIMEOUT,
-                    f"responder did not finish within {limit:g} s",
-                    stage="responder",
-                ) from None
-            finally:
-                await aclose(stream)
-            if turn is not None:
-                turn.mark("responder.end")
-            rest = buffer.flush()
-            if rest:
-                await sentences.put(rest)
-            await sentences.put(None)
+        async def each(piece: str) -> None:
+            pieces.append(piece)
+            await self.outbox.event(ResponseDelta(reply=segment, text=piece))
+            await sentences.push(piece)
 
-        async def spoken() -> AsyncIterator[str]:
-            while (sentence := await sentences.get()) is not None:
-                yield sentence
+        async def produce() -> None:
+            await read_responder(
+                partial(responder.respond, user_text, list(self._history)),
+                each,
+                limit=self.ctx.settings.pipeline.responder.timeout_s,
+                metrics=self.ctx.metrics,
+                turn=turn,
+            )
+            await sentences.end()
 
         failures: list[VoxError] = []
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(produce())
-                await self.speaker.play(spoken(), segment, since=since, turn=turn)
+                await self.speaker.play(sentences.read(), segment, since=since, turn=turn)
         except* VoxError as errors:
             failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
         finally:

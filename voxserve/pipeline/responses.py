@@ -1,5 +1,7 @@
 """The output side of a conversation session (the Realtime API): its responses, and its
 user turns and the client's items as they reach the conversation (pipeline/items.py).
+What one response does while it runs is pipeline/response_run.py's; this module decides
+when responses run, one after another, and stops them.
 
 A response is numbered by a per-session counter (1, 2, ...). It starts when a spoken turn's
 final transcript comes (`turn_detection.create_response`) or on the client's request
@@ -23,76 +25,34 @@ failed reply sends no ResponseText; its ItemDone carries the text kept.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
 
-from voxserve.engines.base import Conversant, ReplyRequest, ToolCallDelta
+from voxserve.engines.base import ReplyRequest
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
-    UNSET,
     BargeIn,
     ConversationConfig,
     CreateItem,
-    FunctionCallDelta,
-    FunctionCallDone,
     Item,
     ItemTruncated,
-    ResponseDelta,
-    ResponseDone,
     ResponseOptions,
-    ResponseStarted,
-    ResponseText,
     ToolSpec,
     reply_item_id,
     speech_item_id,
 )
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
-from voxserve.pipeline.conversation import message_item, simple_turns
+from voxserve.pipeline.conversation import message_item
 from voxserve.pipeline.items import ConversationItems
 from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.speaker import ReplyStats, Speaker, spoken_text
-from voxserve.pipeline.streams import aclose
-from voxserve.text import SentenceBuffer
+from voxserve.pipeline.response_run import ResponseRun
+from voxserve.pipeline.speaker import ReplyStats, Speaker
 
 T = TypeVar("T")
-
-
-@dataclass
-class _Call:
-    item: Item
-    arguments: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Response:
-    """One response while it runs."""
-
-    reply: int
-    item_id: str
-    audio: bool  # speaks (modalities include audio), else text only
-    modalities: tuple[str, ...]
-    voice: str
-    in_conversation: bool
-    request: ReplyRequest | None  # None: built from the conversation when it starts
-    options: ResponseOptions
-    segment: int | None  # the spoken turn it answers, if any (latency, tracing)
-    stats: ReplyStats
-    sample_rate: int  # of its audio (a session.update meanwhile changes the next one's)
-    task: asyncio.Task[None] | None = None
-    started: bool = False  # its coroutine runs: a cancel interrupts it
-    announced: bool = False  # ResponseStarted is out
-    cancel_reason: str | None = None
-    finishing: bool = False  # its last events are going out: too late to cancel
-    item: Item | None = None  # the assistant message, once it has text
-    pieces: list[str] = field(default_factory=list)
-    calls: dict[int, _Call] = field(default_factory=dict)
-    heard_samples: int | None = None  # a client's truncation while it ran
 
 
 class Responses:
@@ -126,7 +86,7 @@ class Responses:
         self.conversation = self.items.conversation
         self.listener: Listener | None = None  # its turns' marks and vad.end times
         self.group: asyncio.TaskGroup | None = None  # the session's, while it runs
-        self._running: list[_Response] = []  # started, ResponseDone not yet sent; oldest first
+        self._running: list[ResponseRun] = []  # started, ResponseDone not yet sent; oldest first
         self._replies = 0
         self._committed = -1  # the last spoken turn whose item was added
 
@@ -248,14 +208,17 @@ class Responses:
         modalities = options.output_modalities or defaults.output_modalities or ("audio",)
         self._replies += 1
         reply = self._replies
-        response = _Response(
+        response = ResponseRun(
+            ctx=self.ctx,
+            outbox=self.outbox,
+            speaker=self.speaker,
+            items=self.items,
             reply=reply,
             item_id=reply_item_id(self.session_id, reply),
             audio="audio" in modalities,
             modalities=tuple(modalities),
             voice=voice_id,
             in_conversation=options.in_conversation,
-            request=None,
             options=options,
             segment=segment,
             stats=ReplyStats(reply),
@@ -281,7 +244,7 @@ class Responses:
             max_output_tokens=_first(options.max_output_tokens, defaults.max_output_tokens),
         )
 
-    async def _run(self, response: _Response, previous: list[asyncio.Task[None]]) -> None:
+    async def _run(self, response: ResponseRun, previous: list[asyncio.Task[None]]) -> None:
         """One response, start to ResponseDone (after the ones before it)."""
         response.started = True
         turn: TurnMarks | None = None
@@ -289,13 +252,17 @@ class Responses:
         try:
             if previous:
                 await asyncio.wait(previous)  # their ResponseDone comes first
-            await self._announce(response)
+            await response.announce()
             if response.cancel_reason is None:
                 listener = self.listener
-                if response.segment is not None and listener is not None:
-                    turn = listener.take_turn(response.segment)
+                segment = response.segment
+                if segment is not None and listener is not None:
+                    turn = listener.take_turn(segment)
                 response.request = self._request(response.options)
-                error = await self._work(response, turn)
+                since = (
+                    listener.speech_ended_at(segment) if listener and segment is not None else None
+                )
+                error = await response.work(turn, since)
         except asyncio.CancelledError:
             if response.cancel_reason is None:
                 raise  # the session ends
@@ -305,198 +272,9 @@ class Responses:
         finally:
             if turn is not None and self.emit_turn is not None:
                 self.emit_turn(turn)
-        await self._finish(response, error)
-
-    async def _announce(self, response: _Response) -> None:
-        if not response.announced:
-            response.announced = True
-            await self.outbox.event(
-                ResponseStarted(
-                    reply=response.reply,
-                    item_id=response.item_id,
-                    output_modalities=response.modalities,
-                    voice=response.voice,
-                    in_conversation=response.in_conversation,
-                )
-            )
-
-    async def _work(self, response: _Response, turn: TurnMarks | None) -> VoxError | None:
-        """Stream the responder's reply (and speak it); a non-fatal failure is returned."""
-        sentences: asyncio.Queue[str | None] = asyncio.Queue(4)
-
-        async def spoken() -> AsyncIterator[str]:
-            while (sentence := await sentences.get()) is not None:
-                yield sentence
-
-        failures: list[VoxError] = []
-        try:
-            if not response.audio:
-                await self._produce(response, None, turn)
-            else:
-                listener = self.listener
-                segment = response.segment
-                since = (
-                    listener.speech_ended_at(segment) if listener and segment is not None else None
-                )
-                self.speaker.configure(voice=response.voice, sample_rate=response.sample_rate)
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._produce(response, sentences, turn))
-                    await self.speaker.play(
-                        spoken(), response.reply, since=since, turn=turn, stats=response.stats
-                    )
-        except* VoxError as errors:
-            failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
-        fatal = next((exc for exc in failures if exc.fatal), None)
-        if fatal is not None:  # e.g. client_stalled: the session ends
-            raise fatal
-        return failures[0] if failures else None
-
-    async def _produce(
-        self,
-        response: _Response,
-        sentences: asyncio.Queue[str | None] | None,
-        turn: TurnMarks | None,
-    ) -> None:
-        """The responder's stream: text to the client (and to `sentences` to speak), tool
-        calls to their items."""
-        assert response.request is not None
-        responder = self.ctx.engines.responder
-        metrics = self.ctx.metrics
-        limit = self.ctx.settings.pipeline.responder.timeout_s
-        buffer = SentenceBuffer()
-        asked = time.perf_counter()
-        first = True
-        if turn is not None:
-            turn.mark("responder.start")
-        stream: AsyncIterator[str | ToolCallDelta]
-        if isinstance(responder, Conversant):
-            stream = responder.converse(response.request)
-        else:  # rules, echo: the last user text and the turns before it; no tools
-            stream = responder.respond(*simple_turns(response.request.messages))
-        try:
-            async with asyncio.timeout(limit):
-                async for piece in stream:
-                    if first:  # the responder's time to its first output
-                        first = False
-                        metrics.observe_stage("responder", time.perf_counter() - asked)
-                    if isinstance(piece, ToolCallDelta):
-                        await self._call_piece(response, piece)
-                        continue
-                    if not piece:
-                        continue
-                    await self._text_piece(response, piece)
-                    if sentences is not None:
-                        for sentence in buffer.push(piece):
-                            await sentences.put(sentence)
-        except TimeoutError:
-            raise VoxError(
-                ErrorCode.STAGE_TIMEOUT,
-                f"responder did not finish within {limit:g} s",
-                stage="responder",
-            ) from None
-        finally:
-            await aclose(stream)
-        if turn is not None:
-            turn.mark("responder.end")
-        if sentences is not None:
-            rest = buffer.flush()
-            if rest:
-                await sentences.put(rest)
-            await sentences.put(None)
-
-    async def _text_piece(self, response: _Response, piece: str) -> None:
-        if response.cancel_reason is not None:
-            return  # cancelled, the cancellation not yet delivered: nothing more goes out
-        if response.item is None:  # its first text: the assistant message begins
-            item = message_item(
-                response.item_id, "assistant", "", audio=response.audio, status="in_progress"
-            )
-            response.item = item
-            await self.items.add(item, in_conversation=response.in_conversation)
-        response.pieces.append(piece)
-        await self.outbox.event(ResponseDelta(reply=response.reply, text=piece))
-
-    async def _call_piece(self, response: _Response, piece: ToolCallDelta) -> None:
-        if response.cancel_reason is not None:
-            return
-        call = response.calls.get(piece.index)
-        if call is None:
-            item_id = self.items.new_id("f")
-            item = Item(
-                id=item_id,
-                kind="function_call",
-                status="in_progress",
-                call_id=piece.call_id or f"call_{item_id}",
-                name=piece.name or "",
-                arguments="",
-            )
-            call = response.calls[piece.index] = _Call(item)
-            await self.items.add(item, in_conversation=response.in_conversation)
-        elif piece.name and not call.item.name:
-            call.item = msgspec.structs.replace(call.item, name=piece.name)
-        if piece.arguments:
-            call.arguments.append(piece.arguments)
-            await self.outbox.event(
-                FunctionCallDelta(
-                    reply=response.reply,
-                    item_id=call.item.id,
-                    call_id=str(call.item.call_id),
-                    name=str(call.item.name),
-                    delta=piece.arguments,
-                )
-            )
-
-    async def _finish(self, response: _Response, error: VoxError | None) -> None:
-        """The response's last events: its items done, then ResponseDone."""
-        response.finishing = True
-        await self._announce(response)  # cancelled before it began: still framed
-        status = "failed" if error else "cancelled" if response.cancel_reason else "completed"
-        if error is not None:
-            await self.outbox.event(error.to_event(reply=response.reply))
-        output: list[Item] = []
-        item = response.item
-        if item is not None:
-            text = "".join(response.pieces).strip()
-            stats = response.stats
-            if status == "completed":
-                await self.outbox.event(ResponseText(reply=response.reply, text=text))
-            elif response.audio:
-                text = spoken_text(stats.sentences, stats.samples)
-            if response.audio and response.heard_samples is not None:
-                text = spoken_text(stats.sentences, min(stats.samples, response.heard_samples))
-            done = "completed" if status == "completed" else "incomplete"
-            output.append(
-                await self.items.done(msgspec.structs.replace(item, status=done, text=text))
-            )
-            if response.audio and response.in_conversation:
-                self.items.spoke(item.id, (stats, response.sample_rate))
-        for call in response.calls.values():
-            arguments = "".join(call.arguments)
-            if status == "completed":
-                await self.outbox.event(
-                    FunctionCallDone(
-                        reply=response.reply,
-                        item_id=call.item.id,
-                        call_id=str(call.item.call_id),
-                        name=str(call.item.name),
-                        arguments=arguments,
-                    )
-                )
-            done = "completed" if status == "completed" else "incomplete"
-            finished = msgspec.structs.replace(call.item, status=done, arguments=arguments)
-            output.append(await self.items.done(finished))
+        output = await response.end_items(error)
         self._running.remove(response)
-        reason = response.cancel_reason if status == "cancelled" else None
-        await self.outbox.event(
-            ResponseDone(
-                reply=response.reply,
-                status=status,
-                reason=UNSET if reason is None else reason,
-                code=error.code.value if error else UNSET,
-                message=error.message if error else UNSET,
-                output=tuple(output),
-            )
-        )
+        await response.done(error, output)
 
 
 def _first(value: T | None, default: T | None) -> T | None:

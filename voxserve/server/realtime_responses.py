@@ -188,12 +188,15 @@ class ResponseEvents:
         ]
 
     def _owner(self, item: Item) -> _Response | None:
-        """The response an item is an output of: its message, or a call made while it runs."""
+        """The response an item is an output of: its message, or a call made while it runs
+        (added in progress: a call the client adds meanwhile is added complete, and is the
+        conversation's, not the response's)."""
         known = self._items.get(item.id)
         if known is not None or item.kind == "function_call_output":
             return known
+        made = item.kind == "function_call" and item.status == "in_progress"
         for r in reversed(self._responses.values()):
-            if item.id == r.item_id or (item.kind == "function_call" and item.role is UNSET):
+            if item.id == r.item_id or made:
                 return r
         return None
 

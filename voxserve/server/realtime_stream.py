@@ -13,7 +13,6 @@ server/realtime_events.py encodes server events); this module is the handshake, 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -46,7 +45,13 @@ from voxserve.server.session_events import internal_error, refusal_event
 from voxserve.server.session_input import Decoded, InputEnd, Wire
 from voxserve.server.session_slot import count_refusal
 from voxserve.server.ws_fastpath import FastPath, fast_path_of
-from voxserve.server.ws_link import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
+from voxserve.server.ws_link import (
+    CLOSE_INTERNAL,
+    CLOSE_POLICY,
+    close_ended,
+    close_stalled,
+    write_text,
+)
 from voxserve.server.ws_stream import CLOSE_TRY_AGAIN, TRY_AGAIN
 
 log = logging.getLogger(__name__)
@@ -193,7 +198,7 @@ class RealtimeLink:
             if fast is not None:
                 fast.on_stall = fast.stall_s = None
         if self.session.outbox.stalled:
-            await self._close_stalled()
+            await close_stalled(driver, self.ws, fast)
 
     # -- the way in ------------------------------------------------------------------------
 
@@ -245,16 +250,11 @@ class RealtimeLink:
                 return
             try:
                 for text in texts:
-                    if fast is not None and fast.send_text is not None and fast.send_text(text):
-                        fast.sent_direct += 1
-                    else:
-                        await ws.send_text(text)
+                    await write_text(ws, fast, text)
             except (RuntimeError, OSError, WebSocketDisconnect):
                 return
             driver.unsent = None
-        internal = self.session.end_reason == ErrorCode.INTERNAL
-        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            await ws.close(CLOSE_INTERNAL if internal else CLOSE_NORMAL)
+        await close_ended(ws, self.session.end_reason)
 
     async def _unsendable(self) -> None:
         """An event the codec cannot encode (a bug): `internal`, then close 1011."""
@@ -265,14 +265,3 @@ class RealtimeLink:
                 for text in self.encoder.encode(event):
                     await self.ws.send_text(text)
             await self.ws.close(CLOSE_INTERNAL)
-
-    async def _close_stalled(self) -> None:
-        """A client that reads nothing cannot be told in-band: close 1008 `client_stalled`."""
-        self.driver.end_stalled()
-        fast = self.fast
-        if fast is not None and fast.close_stalled is not None:
-            fast.close_stalled()
-            return
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
-            async with asyncio.timeout(1.0):
-                await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)

@@ -195,17 +195,13 @@ class SessionLink:
             try:
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
-                elif fast is not None and fast.send_text is not None and fast.send_text(message):
-                    fast.sent_direct += 1
                 else:
-                    await ws.send_text(message)
+                    await write_text(ws, fast, message)
             except (RuntimeError, OSError, WebSocketDisconnect):
                 self.client_left = True
                 return
             driver.unsent = None
-        internal = self.session.end_reason == ErrorCode.INTERNAL
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await ws.close(CLOSE_INTERNAL if internal else CLOSE_NORMAL)
+        await close_ended(ws, self.session.end_reason)
 
     async def _unsendable(self, event_type: str) -> None:
         """An event that cannot be encoded (a bug: client text is checked on the way in)
@@ -219,14 +215,37 @@ class SessionLink:
             await self.ws.close(CLOSE_INTERNAL)
 
     async def _close_stalled(self) -> None:
-        """A client that reads nothing cannot be told in-band: close with 1008 and the
-        code as the reason. The protocol closes without waiting for its buffer to drain
-        (it never would); elsewhere the ASGI close gets a second."""
-        self.driver.end_stalled()
-        fast = self.fast
-        if fast is not None and fast.close_stalled is not None:
-            fast.close_stalled()
-            return
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
-            async with asyncio.timeout(1.0):
-                await self.ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
+        await close_stalled(self.driver, self.ws, self.fast)
+
+
+# -- the way out, as every WebSocket wire writes it (/v1/stream, /v1/realtime) ------------
+
+
+async def write_text(ws: WebSocket, fast: FastPath | None, text: str) -> None:
+    """A text message, written by the protocol at once when nothing has to wait
+    (ws_send.DirectSendProtocol.send_text), else through the ASGI send."""
+    if fast is not None and fast.send_text is not None and fast.send_text(text):
+        fast.sent_direct += 1
+    else:
+        await ws.send_text(text)
+
+
+async def close_ended(ws: WebSocket, end_reason: str) -> None:
+    """The session is over and its output sent: close 1011 if it ended `internal`, else
+    1000; a socket already gone is no error."""
+    internal = end_reason == ErrorCode.INTERNAL
+    with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+        await ws.close(CLOSE_INTERNAL if internal else CLOSE_NORMAL)
+
+
+async def close_stalled(driver: SessionDriver, ws: WebSocket, fast: FastPath | None) -> None:
+    """A client that reads nothing cannot be told in-band: close with 1008 and the code
+    as the reason. The protocol closes without waiting for its buffer to drain (it never
+    would); elsewhere the ASGI close gets a second."""
+    driver.end_stalled()
+    if fast is not None and fast.close_stalled is not None:
+        fast.close_stalled()
+        return
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError, OSError):
+        async with asyncio.timeout(1.0):
+            await ws.close(CLOSE_POLICY, reason=ErrorCode.CLIENT_STALLED.value)
