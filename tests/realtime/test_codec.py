@@ -137,6 +137,53 @@ def test_bad_audio_is_refused_as_bad_audio(audio: Any, code: ErrorCode) -> None:
     assert decoder.wire.refusals[-1] == (code.value, caught.value.error.message, "evt_9")
 
 
+def outcome(decode: Any, raw: str) -> tuple[Any, ...]:
+    """Frames (seq, bytes) or the refusal's code and message."""
+    try:
+        frames = decode(raw)
+    except BadAudio as bad:
+        return ("refused", bad.error.code, bad.error.message)
+    except VoxError as exc:
+        return ("refused", exc.code, exc.message)
+    return ("frames", [(seq, bytes(f)) for seq, f in frames])
+
+
+AUDIO = b64(pcm(480))
+
+
+def append(audio: str, rest: str = "") -> str:
+    """An append as the bench client writes it (no spaces), `rest` before its last brace."""
+    return '{"type":"input_audio_buffer.append","audio":"' + audio + '"' + rest + "}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        append(AUDIO),
+        event("input_audio_buffer.append", event_id="evt_1", audio=AUDIO),  # spaces, an id
+        append(b64(pcm(480 * 3 + 7))),  # frames and a tail
+        append("AAAA="),  # padding past the last quantum: binascii takes it (odd length)
+        append("AAAA===="),
+        append(AUDIO.replace("/", "\\/")),  # an escaped slash is still base64
+        append("not base64!"),
+        append(""),
+        append("AAAA", ',"audio":"' + AUDIO + '"'),  # the last one counts
+        append(AUDIO, ',"extra":[1]'),
+        append(AUDIO, ',"event_id":7'),
+        event("input_audio_buffer.append", event_id="e" * 65, audio=AUDIO),
+        event("input_audio_buffer.append", event_id="\ud800", audio=AUDIO),
+        append(AUDIO) + " 1",
+        append(AUDIO, ',"x":NaN'),
+    ],
+)
+def test_the_append_fast_path_decodes_and_refuses_as_the_general_path(raw: str) -> None:
+    fast, _ = codec()
+    general, _ = codec()
+    for _ in range(2):  # the second time with the first one's tail held
+        assert outcome(fast.decode, raw) == outcome(general.decode_event, raw)
+        assert fast.last_event_id == general.last_event_id
+
+
 # --- session.update ------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -33,6 +34,7 @@ from voxserve.server.realtime_events import RealtimeEncoder
 from voxserve.server.realtime_origins import ErrorOrigins, with_event_id
 from voxserve.server.realtime_responses import request_limits
 from voxserve.server.realtime_session import (
+    FORMAT_RATES,
     Installed,
     Kind,
     RealtimeWire,
@@ -53,6 +55,7 @@ from voxserve.server.ws_link import (
     write_text,
 )
 from voxserve.server.ws_stream import CLOSE_TRY_AGAIN, TRY_AGAIN
+from voxserve.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,14 @@ BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realti
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
 MAX_MODEL = 128  # `?model=`, reported back in the session object as given
+# An append as clients write it (the type first): what the fast path may hold (ws_fastpath).
+_APPEND = re.compile(rb'\{\s*"type"\s*:\s*"input_audio_buffer\.append"')
+
+
+def is_append(payload: bytes) -> bool:
+    """Whether a text message is an `input_audio_buffer.append` (any other event is never held
+    back: it may be one the client then waits on)."""
+    return _APPEND.match(payload) is not None
 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
@@ -192,11 +203,15 @@ class RealtimeLink:
         if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
             fast.stall_s = self.limits.stalled_client_s
             fast.on_stall = driver.client_stalled
+            fast.holds_text = is_append  # appends are held and queued together
         try:
             await serve_attached(driver, self, self._send(), since=self.opened_at)
         finally:
             if fast is not None:
                 fast.on_stall = fast.stall_s = None
+                fast.holds_text, fast.open = None, False
+                if fast.hand_over is not None:
+                    fast.hand_over()
         if self.session.outbox.stalled:
             await close_stalled(driver, self.ws, fast)
 
@@ -204,7 +219,16 @@ class RealtimeLink:
 
     async def receive(self) -> Message | InputEnd:
         self.origins.end(self.decoder.last_event_id)  # the last message's reports are queued
-        message = await self.ws.receive()
+        fast = self.fast
+        if fast is None:
+            message = await self.ws.receive()
+        else:
+            fast.hold_text = self._text_wanted_in()
+            fast.open = True  # appends may be held while we wait (ws_fastpath.py)
+            try:
+                message = await self.ws.receive()
+            finally:
+                fast.open = False
         if message["type"] == "websocket.disconnect":
             return InputEnd.GONE
         return message
@@ -223,7 +247,21 @@ class RealtimeLink:
         return self.decoder.decode(text)
 
     def release(self) -> None:
-        """Nothing is held back: each event is handed to the session as it comes."""
+        """The fast path queues the appends it holds, then holds no more than the session
+        now wants."""
+        fast = self.fast
+        if fast is not None:
+            if fast.hand_over is not None:
+                fast.hand_over()
+            fast.hold_text = self._text_wanted_in()
+
+    def _text_wanted_in(self) -> int:
+        """`Session.audio_wanted_in` (samples at the pipeline's rate) as base64 bytes of the
+        input format: how much append text the fast path may hold."""
+        fmt = self.decoder.wire.latest.input_format
+        rate = FORMAT_RATES[fmt]
+        width = 2 if fmt == "audio/pcm" else 1  # G.711: a byte a sample
+        return self.session.audio_wanted_in() * rate // SAMPLE_RATE * width * 4 // 3
 
     # -- the way out -----------------------------------------------------------------------
 

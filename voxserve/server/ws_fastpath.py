@@ -23,6 +23,12 @@ listener poke) per ~3 frames instead of per frame. Anything else that comes in (
 message, a control frame, a frame the path cannot take) first hands over what is held, so
 order is kept; so do the connection's end and the session's (`FastPath.hand_over`).
 
+Audio as text (/v1/realtime's `input_audio_buffer.append`, base64 in JSON): a route that
+installs `FastPath.holds_text` has its whole text messages that it names audio held the same
+way, while its receiver waits, and queued together at the hand-over: the JSON and base64 are
+still decoded by the receiver, but it wakes (and reading pauses and resumes) once a VAD
+batch, not once a message.
+
 Framing: while websockets' parser waits at a frame boundary, server/ws_frames.py's
 `FrameSplitter` splits the stream instead: its binary messages are offered here as
 websockets' would have been, every other frame is fed to websockets alone, and what it
@@ -41,7 +47,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, State
 
-from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
+from voxserve.server.ws_frames import FIN_TEXT, FrameSplitter, at_frame_boundary, payload_of
 from voxserve.server.ws_send import DirectSendProtocol
 
 log = logging.getLogger(__name__)
@@ -88,6 +94,8 @@ class FastPath:
         "direct",
         "hand_over",
         "hold_samples",
+        "hold_text",
+        "holds_text",
         "on_stall",
         "open",
         "queued",
@@ -125,6 +133,12 @@ class FastPath:
         # Installed by the protocol: the connection's message size limit, raised by a route
         # that refuses oversized messages itself (server/realtime_stream.py).
         self.set_max_size: Callable[[int], None] | None = None
+        # Installed by a route that sends audio as text (server/realtime_stream.py): whole text
+        # messages it says are audio are held, like binary audio, while the path is open and
+        # their payloads total under `hold_text` bytes, then queued together (the receiver
+        # wakes once for them, not once each). 0 queues every text message at once.
+        self.holds_text: Callable[[bytes], bool] | None = None
+        self.hold_text = 0
 
 
 class AudioFastPathProtocol(DirectSendProtocol):
@@ -137,6 +151,8 @@ class AudioFastPathProtocol(DirectSendProtocol):
         self._splitter: FrameSplitter | None = None  # an app connection's, once accepted
         self._audio: list[bytes] = []  # whole binary messages held for the session
         self._audio_samples = 0  # their size in samples (bytes // 2)
+        self._texts: list[bytes] = []  # whole text messages held (FastPath.holds_text)
+        self._text_bytes = 0
 
     def data_received(self, data: bytes) -> None:
         if self.framing:
@@ -166,6 +182,9 @@ class AudioFastPathProtocol(DirectSendProtocol):
             self._give_back(splitter.give_up(data))
             return
         while (frame := splitter.split(data)) is not None:
+            data = b""
+            if frame[0] == FIN_TEXT and self._hold_text(frame):
+                continue
             self._hand_over()  # what is held goes before this frame
             conn.receive_data(frame)  # one whole frame: websockets parses it
             if conn.parser_exc is not None:
@@ -177,7 +196,6 @@ class AudioFastPathProtocol(DirectSendProtocol):
             if conn.state is not State.OPEN:
                 self._give_back(splitter.give_up())
                 return
-            data = b""
         if splitter.rest is not None:  # unmasked, too large, or too long to wait for
             self._give_back(splitter.rest)
 
@@ -232,9 +250,36 @@ class AudioFastPathProtocol(DirectSendProtocol):
         if not split or self._audio_samples >= fast.hold_samples:
             self._hand_over()
 
+    def _hold_text(self, frame: bytes) -> bool:
+        """Hold a whole masked text frame the route says is audio (FastPath.holds_text), as
+        `_offer` holds binary audio; False: websockets takes it, after what is held."""
+        fast = self.fast_path
+        if (
+            fast is None
+            or fast.holds_text is None
+            or not fast.open
+            or self.close_sent
+            or not self.queue.empty()
+            or self.conn.current_size is not None  # inside a fragmented message
+            or self._audio
+        ):
+            return False
+        payload = payload_of(frame)
+        if not fast.holds_text(payload):
+            return False
+        self._texts.append(payload)
+        self._text_bytes += len(payload)
+        if self._text_bytes >= fast.hold_text:
+            self._hand_over()
+        return True
+
     def _hand_over(self) -> None:
         """Give the session what is held; what it does not take goes the queued way, in
         order (nothing else has been queued since the first of them was held)."""
+        if self._texts:  # queued together: one wake-up of the receiver for all
+            texts, self._texts, self._text_bytes = self._texts, [], 0
+            for text in texts:
+                super().handle_text(Frame(Opcode.TEXT, text))
         held, fast = self._audio, self.fast_path
         if not held or fast is None:
             return

@@ -28,6 +28,19 @@ except ImportError:  # pragma: no cover (websockets built without its C extensio
     from websockets.utils import apply_mask
 
 FIN_BINARY = 0x82  # first header byte of a whole binary message: FIN, no RSV bits, opcode 2
+FIN_TEXT = 0x81  # a whole text message (server/ws_fastpath.py holds Realtime's audio ones)
+
+
+def payload_of(frame: bytes) -> bytes:
+    """The unmasked payload of one whole masked frame, as `FrameSplitter.split` returns it."""
+    length, head = frame[1] & 0x7F, 2
+    if length == 126:
+        head = 4
+    elif length == 127:
+        head = 10
+    return apply_mask(frame[head + 4 :], frame[head : head + 4])
+
+
 MAX_HELD = 64 * 1024  # an incomplete frame waited for here; a longer one goes to websockets
 _CONT, _TEXT, _BINARY = 0x0, 0x1, 0x2
 
