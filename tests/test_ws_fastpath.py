@@ -118,14 +118,18 @@ async def test_events_are_written_by_the_protocol_in_order(fake_server: LiveServ
 
 
 async def test_audio_after_end_is_refused_even_when_sent_at_once(fake_server: LiveServer) -> None:
-    """The fast path is closed while the receiver handles audio.end, so a frame right
-    behind it cannot overtake it into the session."""
+    """A frame right behind audio.end cannot overtake it into the session: it goes the
+    queued way behind it and is refused. Both leave in one TCP write, so that the frame
+    reaches the server before the session (fake engines: a few ms) can end; sent apart,
+    it may arrive after session.ended on a busy machine, and then it is no one's."""
     audio = speech()
     async with connect(fake_server.ws_url) as ws:
         await start(ws, mode="asr")
         frames = await send_audio(ws, audio, speedup=8.0)
-        await ws.send(json.dumps({"type": "audio.end"}))
-        await ws.send(frame_message(frames, audio[:320]))
+        async with ws.send_context():
+            ws.protocol.send_text(json.dumps({"type": "audio.end"}).encode())
+            ws.protocol.send_binary(frame_message(frames, audio[:320]))
+            ws.transport.write(b"".join(ws.protocol.data_to_send()))
         events, _ = await collect(ws)
     errors = of_type(events, "error")
     assert [e["code"] for e in errors] == ["invalid_message"], errors
