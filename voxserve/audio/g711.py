@@ -29,7 +29,7 @@ _ALAW_SEG_END = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF], d
 def _ulaw_decode_table() -> npt.NDArray[np.int16]:
     u = ~np.arange(256, dtype=np.int32) & 0xFF
     t = (((u & _QUANT) << 3) + _ULAW_BIAS) << ((u & 0x70) >> 4)
-    return np.where(u & 0x80, _ULAW_BIAS - t, t - _ULAW_BIAS).astype(np.int16)
+    return np.where(u & 0x80, _ULAW_BIAS - t, t - _ULAW_BIAS).astype("<i2")
 
 
 def _alaw_decode_table() -> npt.NDArray[np.int16]:
@@ -37,7 +37,7 @@ def _alaw_decode_table() -> npt.NDArray[np.int16]:
     seg = (a & 0x70) >> 4
     t = (a & _QUANT) << 4
     t = np.where(seg == 0, t + 8, (t + 0x108) << np.maximum(seg - 1, 0))
-    return np.where(a & 0x80, t, -t).astype(np.int16)
+    return np.where(a & 0x80, t, -t).astype("<i2")
 
 
 def _ulaw_encode_table() -> npt.NDArray[np.uint8]:
@@ -68,7 +68,7 @@ _ENCODE = {"ulaw": _ulaw_encode_table(), "alaw": _alaw_encode_table()}
 def decode(data: bytes | bytearray | memoryview, law: Law) -> bytes:
     """G.711 bytes -> PCM16 little-endian bytes (two bytes a sample, same rate)."""
     codes = np.frombuffer(data, dtype=np.uint8)
-    return _DECODE[law][codes].astype("<i2").tobytes()
+    return _DECODE[law][codes].tobytes()  # the tables are little-endian already
 
 
 def encode(pcm: bytes | bytearray | memoryview, law: Law) -> bytes:
