@@ -72,7 +72,7 @@ class SessionLink:
         finally:
             self._unbind(metrics)
         if session.outbox.stalled:
-            await self._close_stalled()
+            await close_stalled(driver, self.ws, self.fast)
 
     # -- the way in (session_input.ClientInput) -----------------------------------------
 
@@ -213,9 +213,6 @@ class SessionLink:
             for event in goodbye:
                 await self.ws.send_text(encode_event(event))
             await self.ws.close(CLOSE_INTERNAL)
-
-    async def _close_stalled(self) -> None:
-        await close_stalled(self.driver, self.ws, self.fast)
 
 
 # -- the way out, as every WebSocket wire writes it (/v1/stream, /v1/realtime) ------------
