@@ -109,14 +109,18 @@ class OpenAIResponder:
         return messages
 
     def request_body(self, text: str, history: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return self._body(self.messages(text, history), self.max_tokens)
+
+    def _body(self, messages: list[dict[str, Any]], max_tokens: int | None) -> dict[str, Any]:
+        """A streamed chat-completions body: these messages, this token limit (None: none)."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": self.messages(text, history),
+            "messages": messages,
             "stream": True,
             "temperature": self.temperature,
         }
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         return body
 
     def converse_body(self, request: ReplyRequest) -> dict[str, Any]:
@@ -128,15 +132,7 @@ class OpenAIResponder:
         if system:
             messages.append({"role": "system", "content": system})
         messages.extend(_chat_message(message) for message in request.messages)
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": messages,
-            "stream": True,
-            "temperature": self.temperature,
-        }
-        max_tokens = request.max_output_tokens or self.max_tokens
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
+        body = self._body(messages, request.max_output_tokens or self.max_tokens)
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
             if request.tool_choice is not None:

@@ -59,10 +59,8 @@ class ResponseRun:
     items: ConversationItems
     reply: int
     item_id: str
-    audio: bool  # speaks (modalities include audio), else text only
     modalities: tuple[str, ...]
     voice: str
-    in_conversation: bool
     options: ResponseOptions
     segment: int | None  # the spoken turn it answers, if any (latency, tracing)
     stats: ReplyStats
@@ -77,6 +75,15 @@ class ResponseRun:
     pieces: list[str] = field(default_factory=list)
     calls: dict[int, ToolCall] = field(default_factory=dict)
     heard_samples: int | None = None  # a client's truncation while it ran
+
+    @property
+    def audio(self) -> bool:
+        """It speaks (its modalities include audio), else text only."""
+        return "audio" in self.modalities
+
+    @property
+    def in_conversation(self) -> bool:
+        return self.options.in_conversation
 
     async def announce(self) -> None:
         """ResponseStarted, once. Marked sent only once it is in the outbox: a cancel that

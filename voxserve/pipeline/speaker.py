@@ -83,14 +83,11 @@ class Speaker:
         self.ctx = ctx
         self.cache_scope = cache_scope
         self.outbox = outbox
-        self.voice = voice
         self.speed = speed
-        self.sample_rate = sample_rate
+        self.configure(voice=voice, sample_rate=sample_rate)
         self.playback_until = 0.0
         self.replies = 0
         self.interrupted = 0
-        tts = ctx.settings.tts
-        self.max_ahead_samples = tts.max_ahead_ms * sample_rate // 1000
         self._credit_ms: float | None = None  # None until the client grants output credit
         self._granted = asyncio.Event()
 
