@@ -61,9 +61,9 @@ class StepSpec:
 
 
 def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream | RealtimeStream:
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
     if spec.mode == "realtime":
         return _realtime_stream(spec, index, raw, end_at)
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
     start = {"mode": spec.mode, "trace_id": f"bench-{index}", **spec.session}
     if spec.mode == "tts":
         return TextStream(

@@ -64,7 +64,7 @@ class Script:
     shift: int = 0
 
     def frame(self, k: int) -> bytes:
-        p = (k + self.shift) % self.program.frames
+        p = self.position(k)
         return self.program.pcm[p * FRAME_BYTES : (p + 1) * FRAME_BYTES]
 
     def position(self, k: int) -> int:
