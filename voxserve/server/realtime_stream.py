@@ -157,7 +157,7 @@ class RealtimeConnection:
         self.wire = wire
         config = wire.config()
         return SessionDriver.open(
-            self.runtime,
+            runtime,
             lambda: config,
             wire=REALTIME,
             principal=key_id or ANONYMOUS,
