@@ -254,6 +254,54 @@ class LimitsConfig(BaseModel):
     memory_guard_bytes: int = Field(default=0, ge=0)
 
 
+class IceServer(BaseModel):
+    """A STUN or TURN server offered to ICE (as RTCIceServer): `urls` like
+    `stun:stun.example.org:3478` or `turn:turn.example.org:3478?transport=udp`."""
+
+    urls: list[str] = Field(min_length=1)
+    username: str | None = None
+    credential: SecretStr | None = None
+
+
+class WebRtcConfig(BaseModel):
+    """WebRTC calls (POST /v1/realtime/calls, docs/webrtc.md): Opus over UDP through aiortc
+    in this process, onto the same sessions, limits, quotas and metrics as every transport.
+    Needs the `webrtc` extra (in the default set-up); without it the route answers 501."""
+
+    enabled: bool = True
+    # None: host candidates only (a LAN, or a host with a public address). Behind NAT add a
+    # STUN server (server-reflexive candidates) and, for symmetric NAT, a TURN relay.
+    ice_servers: list[IceServer] = Field(default_factory=list)
+    # The UDP ports host candidates bind, both ends included (a firewall opens just these);
+    # 0 and 0: any ephemeral port. A call needs one port; a full range refuses the call.
+    port_min: int = Field(default=0, ge=0, le=65535)
+    port_max: int = Field(default=0, ge=0, le=65535)
+    # ICE and DTLS must complete this long after the answer, or the call is dropped.
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+    # A call whose peer sends no RTP for this long has vanished (no BYE): it is ended and
+    # freed. ICE consent (RFC 7675, ~30 s) ends it too when this is larger.
+    media_timeout_s: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _port_range(self) -> WebRtcConfig:
+        if (self.port_min == 0) != (self.port_max == 0) or self.port_min > self.port_max:
+            raise ValueError(
+                "webrtc.port_min and port_max: both 0 (any port) or 1 <= port_min <= port_max"
+            )
+        return self
+
+
+class RealtimeConfig(BaseModel):
+    """Client secrets for the Realtime API (POST /v1/realtime/client_secrets): a browser page
+    gets a short-lived, single-use key (`ek_...`) instead of the real one."""
+
+    # Lifetime when the request gives no `expires_after` (OpenAI's default, 10 minutes);
+    # a request may ask for 10 s to 2 h.
+    client_secret_ttl_s: int = Field(default=600, ge=10, le=7200)
+    # Unused secrets held at once (each a few hundred bytes); past it minting answers 429.
+    max_client_secrets: int = Field(default=10_000, ge=1)
+
+
 class FlowConfig(BaseModel):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
@@ -367,6 +415,8 @@ class Settings(BaseSettings):
     flow: FlowConfig = FlowConfig()
     quotas: QuotasConfig = QuotasConfig()
     gc: GcConfig = GcConfig()
+    webrtc: WebRtcConfig = WebRtcConfig()
+    realtime: RealtimeConfig = RealtimeConfig()
     # Server processes sharing the port (`serve --workers N`); engines that start no
     # threads are loaded once before fork and shared copy-on-write (server/workers.py).
     workers: int = Field(default=1, ge=1, le=64)

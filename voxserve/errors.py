@@ -34,6 +34,10 @@ class ErrorCode(StrEnum):
     # conversation sessions (the Realtime API's own codes, so its clients recognise them)
     RESPONSE_ACTIVE = "conversation_already_has_active_response"  # response.create meanwhile
     RESPONSE_NOT_ACTIVE = "response_cancel_not_active"  # response.cancel with none running
+    # WebRTC calls (POST /v1/realtime/calls, docs/webrtc.md)
+    INVALID_SDP = "invalid_sdp"  # not an SDP offer with an audio m-line and a data channel
+    CALL_NOT_FOUND = "call_not_found"  # DELETE / hangup of a call that is not (or no longer) up
+    WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # the webrtc extra (aiortc) is not installed
     # server side
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"

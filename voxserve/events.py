@@ -304,6 +304,10 @@ class SessionEnded(Event, frozen=True, tag="session.ended"):
     replies: int
     interrupted: int
     duration_ms: int
+    # WebRTC calls only (the call's media counters, server/webrtc_link.py): RTP packets of
+    # the caller's audio that never came, and the audio that stood in for them (ms).
+    packets_lost: int | UnsetType = UNSET
+    concealed_ms: int | UnsetType = UNSET
 
 
 class VadStart(Event, frozen=True, tag="vad.start"):

@@ -16,6 +16,8 @@ _STATUS = {
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.CLIENT_STALLED: 408,
     ErrorCode.RESUME_FAILED: 404,
+    ErrorCode.CALL_NOT_FOUND: 404,
+    ErrorCode.WEBRTC_UNAVAILABLE: 501,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.ADMIN_DISABLED: 403,
     ErrorCode.ORIGIN_NOT_ALLOWED: 403,

@@ -71,6 +71,10 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # conversation sessions (the Realtime API) only; listed for completeness
     ErrorCode.RESPONSE_ACTIVE: S.FAILED_PRECONDITION,
     ErrorCode.RESPONSE_NOT_ACTIVE: S.FAILED_PRECONDITION,
+    # WebRTC calls (HTTP) only; listed for completeness
+    ErrorCode.INVALID_SDP: S.INVALID_ARGUMENT,
+    ErrorCode.CALL_NOT_FOUND: S.NOT_FOUND,
+    ErrorCode.WEBRTC_UNAVAILABLE: S.UNIMPLEMENTED,
     ErrorCode.STAGE_TIMEOUT: S.DEADLINE_EXCEEDED,
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,

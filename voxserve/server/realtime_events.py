@@ -19,6 +19,7 @@ from typing import Any, assert_never
 import msgspec
 
 from voxserve.events import (
+    UNSET,
     AudioCleared,
     AudioCommitted,
     BargeIn,
@@ -239,7 +240,11 @@ class RealtimeEncoder:
                     kind = "transcription_session.updated"
                 return [self._ev(kind, session=describe(self.wire))]
             case SessionEnded():
-                counters = msgspec.structs.asdict(event)
+                counters = {
+                    name: value
+                    for name, value in msgspec.structs.asdict(event).items()
+                    if value is not UNSET  # a WebRTC call's media counters, else unset
+                }
                 return [self._ev("voxserve.session.ended", **counters)]
             case SessionResumed():
                 # Realtime sessions are never resumable (the handshake does not ask): none.

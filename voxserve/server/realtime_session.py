@@ -33,6 +33,13 @@ BETA_FORMATS: dict[str, Format] = {
 }
 BETA_NAMES: dict[Format, str] = {fmt: name for name, fmt in BETA_FORMATS.items()}
 Kind = Literal["realtime", "transcription"]
+# Where the session's audio travels: in events on the socket (/v1/realtime: `audio.*.format`
+# applies), or on WebRTC media tracks (/v1/realtime/calls: Opus at 48 kHz, decoded and
+# resampled by the call to TRACK_INPUT_RATE, the reply made at TRACK_OUTPUT_RATE; the
+# formats a client sets are reported back but change nothing, as OpenAI's WebRTC).
+Media = Literal["socket", "track"]
+TRACK_INPUT_RATE = 16_000  # what the engines take: the call resamples Opus's 48 kHz once
+TRACK_OUTPUT_RATE = 48_000  # Opus's own rate: the pipeline resamples the voice once
 Modality = Literal["audio", "text"]
 UPDATE_STAGE = "session.update"
 """The `stage` of the VoxError a session raises when it refuses a SessionUpdate: the encoder
@@ -110,6 +117,7 @@ class RealtimeWire:
     trace_id: str
     beta: bool = False
     session_id: str = ""  # set from session.started (the encoder)
+    media: Media = "socket"
     pending: deque[Pending] = field(default_factory=deque)
     refusals: deque[tuple[str, str, str | None]] = field(
         default_factory=lambda: deque(maxlen=MAX_REFUSALS)
@@ -121,7 +129,7 @@ class RealtimeWire:
         return self.pending[-1].settings if self.pending else self.settings
 
     def config(self, settings: RealtimeSettings | None = None) -> StreamConfig:
-        return stream_config(settings or self.settings, self.installed, self.trace_id)
+        return stream_config(settings or self.settings, self.installed, self.trace_id, self.media)
 
     def propose(self, settings: RealtimeSettings, event_id: str | None) -> StreamConfig:
         config = self.config(settings)  # raises before anything is proposed
@@ -145,6 +153,7 @@ def initial_wire(
     kind: Kind = "realtime",
     beta: bool = False,
     trace_id: str = "",
+    media: Media = "socket",
 ) -> RealtimeWire:
     """The state a /v1/realtime connection opens with (before any session.update): 24 kHz
     PCM both ways, server VAD, the server's default voice, input transcription on (the
@@ -159,7 +168,7 @@ def initial_wire(
     )
     # parse_start validates and makes a trace id where the handshake has none.
     trace = parse_start({"mode": "assistant", "trace_id": trace_id or None}).trace_id
-    return RealtimeWire(settings, installed, trace, beta=beta)
+    return RealtimeWire(settings, installed, trace, beta=beta, media=media)
 
 
 def voice_id(name: str, installed: Installed) -> str:
@@ -175,16 +184,22 @@ def voice_id(name: str, installed: Installed) -> str:
     return voice
 
 
-def stream_config(s: RealtimeSettings, installed: Installed, trace_id: str) -> StreamConfig:
+def stream_config(
+    s: RealtimeSettings, installed: Installed, trace_id: str, media: Media = "socket"
+) -> StreamConfig:
     """The voxserve session's config for settings `s` (validated by ws_protocol.parse_start,
     as every transport's): G.711 is decoded to PCM16 by the codec, so the session sees
-    PCM16 at 8 kHz."""
+    PCM16 at 8 kHz; on media tracks the rates are the call's (`Media`)."""
     voice = voice_id(s.voice, installed)
+    if media == "track":
+        in_rate, out_rate = TRACK_INPUT_RATE, TRACK_OUTPUT_RATE
+    else:
+        in_rate, out_rate = FORMAT_RATES[s.input_format], FORMAT_RATES[s.output_format]
     base = parse_start(
         {
             "mode": "assistant",
-            "sample_rate": FORMAT_RATES[s.input_format],
-            "output_sample_rate": FORMAT_RATES[s.output_format],
+            "sample_rate": in_rate,
+            "output_sample_rate": out_rate,
             "voice": voice,
             "language": s.transcription.language if s.transcription else None,
             "speed": s.speed,
