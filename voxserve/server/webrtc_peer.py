@@ -33,10 +33,14 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
 log = logging.getLogger(__name__)
+# aioice logs every candidate pair check at info (a dozen lines a call, with addresses):
+# its warnings are enough in a server's log.
+logging.getLogger("aioice").setLevel(logging.WARNING)
 
 CHANNEL_LABEL = "oai-events"  # the Realtime events' data channel (OpenAI's name)
 MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
 GONE_STATES = ("failed", "closed")
+FLUSH_S = 1.0  # at close, the channel's last events (session.ended) get this long to go out
 
 
 def invalid_sdp(message: str) -> VoxError:
@@ -88,7 +92,8 @@ class Peer:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(config)))
         self.channel: RTCDataChannel | None = None
         self.remote_track: MediaStreamTrack | None = None
-        self.gone = asyncio.Event()  # ICE/DTLS failed or closed, or the pc closed
+        self.gone = asyncio.Event()  # ICE/DTLS failed or closed, or the call hangs up
+        self.lost = False  # the peer itself is gone (not a hang-up): nothing to flush
         self._channel_open = asyncio.Event()
         self.connected_at: float | None = None
         self.pc.on("track", self._on_track)
@@ -107,14 +112,18 @@ class Peer:
             self._channel_open.set()
         else:
             channel.on("open", self._channel_open.set)
-        channel.on("close", self.gone.set)
+        channel.on("close", self._lost)
 
     def _on_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected" and self.connected_at is None:
             self.connected_at = time.monotonic()
         if state in GONE_STATES:
-            self.gone.set()
+            self._lost()
+
+    def _lost(self) -> None:
+        self.lost = True
+        self.gone.set()
 
     async def answer(self, offer: str, outbound: MediaStreamTrack) -> str:
         """The SDP answer to `offer` (checked by `check_offer` first), `outbound` on the
@@ -176,7 +185,22 @@ class Peer:
             await asyncio.sleep(min(left, 1.0))
 
     async def close(self) -> None:
-        """Close the connection: its sockets (the ports) are given back."""
+        """Close the connection: its sockets (the ports) are given back. The channel's
+        last events are let out first (closing aborts the SCTP association, and what it
+        still holds would be lost), unless the peer is gone."""
+        if not self.lost:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLUSH_S):
+                    while not self._flushed():
+                        await asyncio.sleep(0.01)
         with contextlib.suppress(Exception):
             await self.pc.close()
         self.gone.set()
+
+    def _flushed(self) -> bool:
+        """The channel holds nothing and the peer acknowledged all that was sent."""
+        channel, sctp = self.channel, self.pc.sctp
+        if channel is None or sctp is None or channel.readyState != "open":
+            return True
+        queued = getattr(sctp, "_outbound_queue", ()) or getattr(sctp, "_sent_queue", ())
+        return channel.bufferedAmount == 0 and not queued

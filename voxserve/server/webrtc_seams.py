@@ -3,8 +3,8 @@ webrtc_outbound) and link (i22-link: webrtc_link) modules until they are merged.
 module takes the real ones when they import; delete this module once they have landed.
 
 `SeamInbound` only reads the caller's track (so aiortc's queue does not grow) and stamps
-`last_packet_at`; `SeamLink` sends `session.created` on the channel and waits for the
-hang-up or the session's end. No audio reaches the session through them.
+`last_packet_at`; `SeamLink` sends `session.created` and then the session's events on the
+channel until the hang-up or the session's end. No audio reaches the session through them.
 """
 
 from __future__ import annotations
@@ -68,16 +68,22 @@ class SeamLink:
             self.channel.send(text)
         reader = asyncio.ensure_future(self._read())
         gone = asyncio.ensure_future(self._gone.wait())
-        waits: list[asyncio.Future[Any]] = [reader, gone]
-        if self.driver.pipeline is not None:
-            waits.append(self.driver.pipeline)
+        sender = asyncio.ensure_future(self._send())
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([reader, gone, sender], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            reader.cancel()
-            gone.cancel()
+            for task in (reader, gone, sender):
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _send(self) -> None:
+        """The outbox's events on the channel (audio bytes dropped) until it closes."""
+        outbox = self.driver.session.outbox
+        while (item := await outbox.next()) is not None:
+            if not isinstance(item, bytes) and self.channel.readyState == "open":
+                for text in self.encoder.encode(item):
+                    self.channel.send(text)
 
     async def _read(self) -> None:
         while await self.inbound.read() is not None:
