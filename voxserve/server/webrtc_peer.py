@@ -191,7 +191,7 @@ class Peer:
         if not self.lost:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(FLUSH_S):
-                    while not self._flushed():
+                    while not self._flushed():  # noqa: ASYNC110 (aiortc has no event for it)
                         await asyncio.sleep(0.01)
         with contextlib.suppress(Exception):
             await self.pc.close()
