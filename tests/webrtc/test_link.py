@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 
 from tests.fakes import FakeTts, fake_runtime, silence, tone
 from tests.helpers import eventually
+from tests.webrtc.media import rms
 from voxserve.config import Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
@@ -31,6 +32,7 @@ from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_session import Installed, initial_wire, installed_of
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import limit_error
+from voxserve.server.webrtc_inbound import InboundAudio
 from voxserve.server.webrtc_link import (
     BUFFER_HIGH,
     LABEL,
@@ -38,6 +40,7 @@ from voxserve.server.webrtc_link import (
     WEBRTC,
     WebRtcLink,
 )
+from voxserve.server.webrtc_outbound import OutboundTrack
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -394,3 +397,69 @@ async def test_a_caller_that_reads_nothing_ends_as_stalled() -> None:
     finally:
         driver.close()
         await driver.wait_closed()
+
+
+async def test_a_spoken_turn_over_real_media_is_answered_on_the_track() -> None:
+    """The real media ends (InboundAudio, OutboundTrack) through Opus and SRTP on localhost:
+    the caller's tone is transcribed, the reply is heard on the caller's side, and the
+    track's started/stopped frame it."""
+    runtime = fake_runtime(settings())
+    caller = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    server = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    mic, outbound = OutboundTrack(), OutboundTrack()  # the caller's microphone is a track too
+    caller.addTrack(mic)
+    client = caller.createDataChannel(LABEL)
+    loop = asyncio.get_running_loop()
+    channel_arrived: asyncio.Future[RTCDataChannel] = loop.create_future()
+    caller_heard: asyncio.Future[InboundAudio] = loop.create_future()
+    inbound: list[InboundAudio] = []
+    server.on("datachannel", channel_arrived.set_result)
+    server.on("track", lambda track: inbound.append(InboundAudio(track)))
+    caller.on("track", lambda track: caller_heard.set_result(InboundAudio(track)))
+    events: list[dict[str, Any]] = []
+    client.on("message", lambda text: events.append(json.loads(text)))
+    wire = initial_wire(
+        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
+    )
+    config = wire.config()
+    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    try:
+        await caller.setLocalDescription(await caller.createOffer())
+        await server.setRemoteDescription(caller.localDescription)
+        server.addTrack(outbound)  # as the call does, before the answer
+        await server.setLocalDescription(await server.createAnswer())
+        await caller.setRemoteDescription(server.localDescription)
+        channel = await asyncio.wait_for(channel_arrived, 5)
+        await eventually(lambda: channel.readyState == "open" and bool(inbound))
+        driver.start()
+        link = WebRtcLink(driver, wire, channel, inbound[0], outbound, runtime)
+        task = loop.create_task(link.run())
+        mic.write(np.concatenate([tone(440, 0.6, 48_000), silence(1.0, 48_000)]).tobytes(), 1)
+        mic.finish(1)
+        heard = await asyncio.wait_for(caller_heard, 5)
+        types = lambda: [e["type"] for e in events]  # noqa: E731
+        await eventually(lambda: "output_audio_buffer.stopped" in types(), 10)
+        transcript = next(
+            e for e in events if e["type"].endswith("input_audio_transcription.completed")
+        )
+        assert transcript["transcript"] == "tone440"
+        assert "response.output_audio.delta" not in types()
+        assert types().index("output_audio_buffer.started") < types().index(
+            "output_audio_buffer.stopped"
+        )
+        reply = [e for e in events if e["type"] == "response.output_audio.done"]
+        assert len(reply) == 1
+        frames = []
+        while len(frames) < 150:  # 3 s of what the caller received, the reply in it
+            frame = await asyncio.wait_for(heard.read(), 2)
+            assert frame is not None
+            frames.append(frame)
+        assert max(rms(f) for f in frames) > 2000  # the reply's tone reached the caller
+        assert outbound.played_ms(1) >= 90  # one word of the fake TTS: 100 ms
+        link.hang_up()
+        await asyncio.wait_for(task, 5)
+    finally:
+        driver.close()
+        await driver.wait_closed()
+        await caller.close()
+        await server.close()
