@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
+from av import AudioFrame
 
 from tests.webrtc.media import FramesTrack, peak_hz, rms, stereo_frame, tone, tone_frames
 from voxserve.server.webrtc_inbound import InboundAudio
@@ -87,3 +90,18 @@ async def test_ended_track_reads_none() -> None:
     inbound = InboundAudio(FramesTrack([]))
     assert await inbound.read() is None
     assert inbound.ended
+
+
+async def test_g711_mono_8k_frames_are_upsampled() -> None:
+    """PCMU/PCMA (a SIP peer) decode to s16 mono 8 kHz: same timeline, resampled once."""
+    frames = []
+    for i in range(25):
+        frame = AudioFrame.from_ndarray(
+            tone(440, 160, rate=8000, start=i * 160).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate, frame.time_base, frame.pts = 8000, Fraction(1, 8000), i * 160
+        frames.append(frame)
+    inbound = InboundAudio(FramesTrack(frames))
+    out = await read_all(inbound)
+    assert len(out) == 25 and inbound.packets_lost == 0
+    assert abs(peak_hz(b"".join(out)[1280:-1280], 16_000) - 440) < 10

@@ -119,6 +119,8 @@ async def test_finish_after_all_audio_went_out_stops_at_once() -> None:
 
 async def test_lag_records_a_late_consumer() -> None:
     track = OutboundTrack()
+    seen: list[float] = []
+    track.lag.sink = seen.append  # the metrics histogram takes seconds
     await track.recv()
     await track.recv()
     assert track.lag.frames == 2 and track.lag.late_frames <= 1
@@ -129,6 +131,7 @@ async def test_lag_records_a_late_consumer() -> None:
     assert time.monotonic() - began < 0.015
     assert track.lag.late_frames >= 2 and track.lag.max_ms >= 30
     assert track.lag.percentile(100) == track.lag.max_ms
+    assert len(seen) == 4 and all(s >= 0 for s in seen) and max(seen) >= 0.03
     await asyncio.sleep(0.3)  # far behind: the clock is re-anchored instead of bursting
     await track.recv()
     assert track.lag.resyncs == 1

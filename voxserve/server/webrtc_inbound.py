@@ -56,6 +56,10 @@ def _pts_in_samples(frame: AudioFrame) -> int | None:
 class InboundAudio:
     """Reads a remote audio track as 20 ms PCM16 frames; counts loss and concealment.
 
+    One task reads (read() pulls the track as it needs frames). packets_lost counts pts gaps
+    in packets of the last frame's size: a peer using DTX (no packets in silence) would read
+    as loss; browsers do not enable Opus DTX unless the SDP asks for it.
+
     Given the track's `receiver` (before media flows: at the "track" event), it also puts an
     AudioJitterBuffer in it in place of aiortc's, which loses ~5 frames per lost packet.
     """
@@ -152,7 +156,7 @@ class InboundAudio:
     def _conceal(self, gap: int, frame_size: int) -> None:
         """Fill `gap` input samples: the last frame repeated, fading to silence."""
         size = self._last.size if self._last is not None else frame_size
-        self.packets_lost += max(1, round(gap / max(1, size)))
+        self.packets_lost += round(gap / max(1, size))  # a sub-frame slip is filled, not lost
         fill = np.zeros(gap, dtype=np.int16)
         fade = min(gap, self._in_rate * CONCEAL_MS // 1000)
         if self._last is not None and fade > 0:

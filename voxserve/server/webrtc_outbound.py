@@ -41,7 +41,10 @@ REPLIES_KEPT = 64  # per-reply records kept (played_ms, cleared) for the latest 
 class FrameLag:
     """How late each frame went out against its due time, in ms (0 when on time)."""
 
-    def __init__(self, window: int = LAG_WINDOW) -> None:
+    def __init__(
+        self, window: int = LAG_WINDOW, sink: Callable[[float], None] | None = None
+    ) -> None:
+        self.sink = sink  # e.g. a metrics histogram: gets every frame's lateness in seconds
         self.frames = 0
         self.late_frames = 0  # frames that went out more than LATE_MS after their due time
         self.max_ms = 0.0
@@ -53,7 +56,10 @@ class FrameLag:
         if late_ms > LATE_MS:
             self.late_frames += 1
         self.max_ms = max(self.max_ms, late_ms)
-        self.recent.append(max(0.0, late_ms))
+        late_ms = max(0.0, late_ms)
+        self.recent.append(late_ms)
+        if self.sink is not None:
+            self.sink(late_ms / 1000)
 
     def percentile(self, q: float) -> float:
         """The q-th percentile (0..100) of the recent frames' lateness, in ms."""
