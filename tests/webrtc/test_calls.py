@@ -164,6 +164,10 @@ async def test_call_opens_and_delete_frees_it(server: LiveServer) -> None:
             assert other.status_code == 401
             gone = await http.delete(location, headers=auth())
             assert gone.status_code == 204
+            # The session's end is told on the channel before the call closes.
+            while (ended := await peer.next_event())["type"] != "voxserve.session.ended":
+                pass
+            assert "packets_lost" in ended and "concealed_ms" in ended
             async with asyncio.timeout(10):
                 await peer.closed.wait()
             again = await http.delete(location, headers=auth())

@@ -21,8 +21,9 @@ import contextlib
 import importlib
 import logging
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,14 +44,18 @@ from voxserve.server.realtime_session import (
 )
 from voxserve.server.realtime_update import speaks_beta, update_beta, update_ga
 from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_input import Wire
 from voxserve.server.session_slot import count_refusal
+from voxserve.server.webrtc_link import WEBRTC, WebRtcLink
 from voxserve.server.webrtc_ports import PortRange
 from voxserve.server.webrtc_registry import CallRegistry
 
+if TYPE_CHECKING:  # imports aiortc: loaded by peer_module() when a call comes
+    from aiortc import RTCDataChannel
+
+    from voxserve.server.webrtc_peer import Peer
+
 log = logging.getLogger(__name__)
 
-WEBRTC = Wire("webrtc", in_band_end=True, stalls=False, tasks="voxserve-webrtc")
 SDP_TYPE = "application/sdp"
 FORM_TYPE = "multipart/form-data"
 MAX_BODY = 256 * 1024  # an offer (a few kB) and a session object
@@ -60,8 +65,8 @@ LINK_END_WAIT_S = 5.0  # after the peer is gone, the link's goodbye gets this lo
 
 
 def peer_module() -> ModuleType:
-    """voxserve.server.webrtc_peer (which imports aiortc); `webrtc_unavailable` without
-    the extra."""
+    """voxserve.server.webrtc_peer (which imports aiortc, and the media modules that do);
+    `webrtc_unavailable` without the extra."""
     try:
         return importlib.import_module("voxserve.server.webrtc_peer")
     except ImportError as exc:
@@ -70,23 +75,6 @@ def peer_module() -> ModuleType:
             f"WebRTC needs the webrtc extra (aiortc), which is not installed: "
             f"pip install 'voxserve[webrtc]' ({exc.name or 'aiortc'} missing)",
         ) from None
-
-
-def _optional(module: str, name: str) -> Any:
-    """SEAM (i22-media, i22-link): the real class once its branch is merged."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def media_classes() -> tuple[Any, Any, Any]:
-    """(InboundAudio, OutboundTrack, WebRtcLink), or the seams' stand-ins."""
-    seams = importlib.import_module("voxserve.server.webrtc_seams")
-    inbound = _optional("voxserve.server.webrtc_inbound", "InboundAudio") or seams.SeamInbound
-    outbound = _optional("voxserve.server.webrtc_outbound", "OutboundTrack") or seams.SeamOutbound
-    link = _optional("voxserve.server.webrtc_link", "WebRtcLink") or seams.SeamLink
-    return inbound, outbound, link
 
 
 def call_principal(keys: KeyRing, token: str | None) -> tuple[str, dict[str, Any] | None]:
@@ -172,17 +160,15 @@ class Call:
         service: CallService,
         driver: SessionDriver,
         wire: RealtimeWire,
-        peer: Any,
-        outbound: Any,
+        peer: Peer,
     ) -> None:
         self.service = service
         self.driver = driver
         self.wire = wire
         self.peer = peer
-        self.outbound = outbound
         self.call_id = CALL_PREFIX + driver.id
         self.owner = driver.owner or ANONYMOUS
-        self.link: Any = None
+        self.link: WebRtcLink | None = None
         self.task: asyncio.Task[None] | None = None
         self._hung_up = False
         self._ended = asyncio.Event()
@@ -222,18 +208,22 @@ class Call:
         return bool(waiting.result())
 
     async def _serve(self) -> None:
-        inbound_cls, _, link_cls = media_classes()
         peer = self.peer
-        inbound = inbound_cls(peer.remote_track)
+        inbound, channel = peer.inbound, peer.channel
+        assert channel is not None  # connected(): the channel is open
         runtime = self.service.runtime
-        self.link = link = link_cls(
-            self.driver, self.wire, peer.channel, inbound, self.outbound, runtime
+        self.link = link = WebRtcLink(
+            self.driver, self.wire, channel, inbound, peer.outbound, runtime
         )
         if self._hung_up:
             link.hang_up()
         running = asyncio.ensure_future(link.run())
         gone = asyncio.ensure_future(peer.gone.wait())
-        silent = asyncio.ensure_future(peer.watch_media(lambda: inbound.last_packet_at))
+        # No audio track (a listen-only caller): ICE consent alone tells a vanished peer.
+        last_packet = (lambda: inbound.last_packet_at) if inbound is not None else None
+        silent = asyncio.ensure_future(
+            peer.watch_media(last_packet) if last_packet is not None else asyncio.Event().wait()
+        )
         try:
             await asyncio.wait([running, gone, silent], return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
@@ -241,19 +231,34 @@ class Call:
                 log.info("call peer gone", extra={"call_id": self.call_id, "why": why})
                 link.hang_up()
                 await asyncio.wait([running], timeout=LINK_END_WAIT_S)
+                if not peer.lost:
+                    self._goodbye(link, channel)
         finally:
             for task in (running, gone, silent):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
 
+    def _goodbye(self, link: WebRtcLink, channel: RTCDataChannel) -> None:
+        """A call ended from this side (a hang-up, no media): the session's end is told on
+        the channel (`voxserve.session.ended` with the media counters), as a session that
+        ends on its own tells it, before the peer closes (it flushes the channel)."""
+        if channel.readyState != "open":
+            return
+        ended = self.driver.session.ended_event()
+        inbound = self.peer.inbound
+        if inbound is not None:
+            ended = msgspec.structs.replace(
+                ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
+            )
+        with contextlib.suppress(Exception):  # best effort: the caller may be leaving
+            for text in link.encoder.encode(ended):
+                channel.send(text)
+
     async def _free(self) -> None:
         """The peer (its ports), the session, the registry: given back, once."""
         with contextlib.suppress(Exception):
             await self.peer.close()
-        stop = getattr(self.outbound, "stop", None)
-        if stop is not None:
-            stop()
         self.driver.close()
         await self.driver.wait_closed()
         self.service.registry.remove(self)
@@ -308,11 +313,11 @@ class CallService:
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
-        _, outbound_cls, _ = media_classes()
-        outbound = outbound_cls()
-        peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
+        peer: Peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
+        # The reply track's frame lateness as a metric (i22-bench adds the histogram).
+        peer.outbound.lag.sink = getattr(runtime.metrics, "observe_frame_lag", None)
         try:
-            answer = await peer.answer(offer, outbound)
+            answer = await peer.answer(offer)
         except BaseException as exc:
             await peer.close()
             driver.close()
@@ -320,7 +325,7 @@ class CallService:
                 count_refusal(runtime, exc, WEBRTC.name)
             raise
         driver.start()
-        call = Call(self, driver, wire, peer, outbound)
+        call = Call(self, driver, wire, peer)
         self.registry.add(call)
         call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
         headers = {"Location": f"/v1/realtime/calls/{call.call_id}"}
