@@ -5,6 +5,7 @@ store itself (single use, expiry by its clock, the bound, two processes on one f
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 import time
@@ -17,6 +18,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 from pydantic import SecretStr
+from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
@@ -214,6 +216,19 @@ async def test_a_transcription_secret_opens_a_transcription_session(server: Live
     assert created["session"]["audio"]["input"]["turn_detection"] is None
 
 
+async def test_a_browser_offers_the_secret_as_a_subprotocol(server: LiveServer) -> None:
+    minted = await sdk(server).realtime.client_secrets.create(
+        session={"type": "realtime", "instructions": "From a page."}
+    )
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/realtime?model={MODEL}"
+    offered = ["realtime", f"openai-insecure-api-key.{minted.value}"]
+    async with connect(url, subprotocols=offered) as ws:  # type: ignore[arg-type]
+        assert ws.subprotocol == "realtime"
+        created = json.loads(await ws.recv())
+    assert created["type"] == "session.created", created
+    assert created["session"]["instructions"] == "From a page."
+
+
 async def test_minting_needs_an_api_key(server: LiveServer) -> None:
     minted = await sdk(server).realtime.client_secrets.create()  # defaults: 600 s, no session
     assert 590 <= minted.expires_at - time.time() <= 610
@@ -237,6 +252,7 @@ async def test_minting_needs_an_api_key(server: LiveServer) -> None:
         ({"session": {"type": "chat"}}, "session.type"),
         ({"session": {"audio": {"output": {"speed": 9}}}}, "session.audio.output.speed"),
         ({"ttl": 60}, "ttl"),
+        ({"session": {"audio": {"output": {"voice": "nobody"}}}}, "nobody"),
     ],
 )
 def test_bad_requests_name_the_field(server: LiveServer, body: dict[str, Any], named: str) -> None:
@@ -248,7 +264,7 @@ def test_bad_requests_name_the_field(server: LiveServer, body: dict[str, Any], n
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert named in error["message"], error
-    assert error["code"] in ("invalid_parameter", "invalid_message")
+    assert error["code"] in ("invalid_parameter", "invalid_message", "unknown_voice")
 
 
 async def test_a_full_store_refuses_to_mint(tmp_path: Path) -> None:
