@@ -364,3 +364,30 @@ async def test_sigterm_ends_calls_with_server_shutdown(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_client_secret_call(server: LiveServer) -> None:
+    """A browser's way: the page gets a client secret (minted with the key), calls with it;
+    the secret's session applies, then the form's; the secret is spent; the key that minted
+    it owns the call."""
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as http:
+        body = {"session": {"type": "realtime", "instructions": "From the secret."}}
+        minted = await http.post("/v1/realtime/client_secrets", json=body, headers=auth())
+        assert minted.status_code == 200, minted.text
+        secret = minted.json()["value"]
+        async with caller() as peer:
+            offer = await peer.offer()
+            session = json.dumps({"type": "realtime", "audio": {"output": {"speed": 1.25}}})
+            files = {"sdp": (None, offer, "application/sdp"), "session": (None, session)}
+            response = await http.post(CALLS, files=files, headers=auth(secret))
+            assert response.status_code == 201, response.text
+            await peer.answer(response.text)
+            created = await peer.next_event()
+            assert created["session"]["instructions"] == "From the secret."
+            assert created["session"]["audio"]["output"]["speed"] == 1.25
+            again = await post_offer(server, offer, key=secret)
+            assert again.status_code == 401
+            location = response.headers["location"]
+            assert (await http.delete(location, headers=auth(secret))).status_code == 401
+            assert (await http.delete(location, headers=auth())).status_code == 204
+    await eventually(lambda: active_webrtc(server) == 0)

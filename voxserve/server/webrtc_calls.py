@@ -35,14 +35,20 @@ from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token
 from voxserve.server.http_requests import guarded, read_form
 from voxserve.server.json_input import decode_json
+from voxserve.server.realtime_secrets import (
+    apply_session,
+    is_client_secret,
+    realtime_principal,
+    secrets_of,
+    session_kind,
+)
 from voxserve.server.realtime_session import (
     Installed,
-    Kind,
     RealtimeWire,
     initial_wire,
     installed_of,
 )
-from voxserve.server.realtime_update import speaks_beta, update_beta, update_ga
+from voxserve.server.realtime_update import speaks_beta
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_slot import count_refusal
 from voxserve.server.webrtc_link import WEBRTC, WebRtcLink
@@ -75,12 +81,6 @@ def peer_module() -> ModuleType:
             f"WebRTC needs the webrtc extra (aiortc), which is not installed: "
             f"pip install 'voxserve[webrtc]' ({exc.name or 'aiortc'} missing)",
         ) from None
-
-
-def call_principal(keys: KeyRing, token: str | None) -> tuple[str, dict[str, Any] | None]:
-    """(key id, the client secret's session object or None).
-    SEAM (i22-secrets): realtime_secrets.realtime_principal once merged (client secrets)."""
-    return keys.authenticate(token), None
 
 
 async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dict[str, Any]]:
@@ -135,20 +135,18 @@ def _text(raw: bytes, what: str) -> str:
         raise VoxError(ErrorCode.INVALID_SDP, f"{what} is not UTF-8 text") from None
 
 
-def call_wire(installed: Installed, *sessions: dict[str, Any]) -> RealtimeWire:
-    """The Realtime state a call opens with: track media, and the session objects (a client
-    secret's, then the request's; GA or beta names) applied in turn as the first settings."""
-    given = [session for session in sessions if session]
-    first = given[0] if given else {}
-    kind: Kind = "transcription" if first.get("type") == "transcription" else "realtime"
-    model = next((s["model"] for s in reversed(given) if isinstance(s.get("model"), str)), "")
-    wire = initial_wire(
-        installed, model=model, kind=kind, beta=any(map(speaks_beta, given)), media="track"
-    )
-    for session in given:
-        update = update_beta if speaks_beta(session) else update_ga
-        wire.settings = update(wire.settings, session)
-    wire.config()  # checked now (a voice that is not installed...): a 400, not a dead call
+def call_wire(
+    installed: Installed, secret_session: dict[str, Any] | None, session: dict[str, Any]
+) -> RealtimeWire:
+    """The Realtime state a call opens with: track media, then the session objects (a client
+    secret's, then the request's `session` field; GA or beta names) applied in turn as the
+    first settings, each checked in full (a 400 now, not a dead call later)."""
+    given = [s for s in (secret_session, session) if s]
+    kind = session_kind(secret_session, session_kind(session or None, "realtime"))
+    beta = any(speaks_beta(s) for s in given)
+    wire = initial_wire(installed, model="", kind=kind, beta=beta, media="track")
+    for each in given:
+        apply_session(wire, each)
     return wire
 
 
@@ -288,27 +286,30 @@ class CallService:
         """Shutdown: every call hung up and freed."""
         await self.registry.close_all(HANG_UP_WAIT_S)
 
-    def _caller(self, request: Request) -> tuple[str, dict[str, Any] | None]:
-        return call_principal(self.keys, bearer_token(request.headers.get("authorization")))
-
     async def create(self, request: Request, trace_id: str) -> Response:
         runtime = self.runtime
         peer_mod = peer_module()
-        key_id, secret_session = self._caller(request)
+        token = bearer_token(request.headers.get("authorization"))
+        if not is_client_secret(token):
+            self.keys.authenticate(token)  # a wrong key is told before the body is read
         limits = runtime.settings.limits
         offer, session = await read_offer(request, MAX_BODY, limits.max_json_depth)
         peer_mod.check_offer(offer)
+        # A client secret is used up here (after the checks above, which cost it nothing);
+        # the session object it carries applies first.
+        key_id, secret_session = realtime_principal(self.keys, secrets_of(runtime), token)
+        principal = key_id or ANONYMOUS
         try:
             admit(runtime)
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
         installed = installed_of(runtime.engines, runtime.settings.vad)
-        wire = call_wire(installed, secret_session or {}, session)
+        wire = call_wire(installed, secret_session, session)
         config = wire.config()
         try:
             driver = SessionDriver.open(
-                runtime, lambda: config, wire=WEBRTC, principal=key_id, owner=key_id
+                runtime, lambda: config, wire=WEBRTC, principal=principal, owner=principal
             )
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
@@ -332,7 +333,8 @@ class CallService:
         return Response(answer, status_code=201, media_type=SDP_TYPE, headers=headers)
 
     async def _hang_up(self, request: Request) -> None:
-        key_id, _ = self._caller(request)
+        # Only the key that made the call (a client secret is spent once the call is made).
+        key_id = self.keys.authenticate(bearer_token(request.headers.get("authorization")))
         call = self.registry.find(request.path_params["call_id"], key_id)
         call.hang_up()
         with contextlib.suppress(TimeoutError):
