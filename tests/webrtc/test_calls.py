@@ -391,3 +391,14 @@ async def test_client_secret_call(server: LiveServer) -> None:
             assert (await http.delete(location, headers=auth(secret))).status_code == 401
             assert (await http.delete(location, headers=auth())).status_code == 204
     await eventually(lambda: active_webrtc(server) == 0)
+
+
+async def test_caller_closing_its_peer_connection_frees_the_call(server: LiveServer) -> None:
+    """What a page does to end a call: close its RTCPeerConnection. The server sees the
+    channel and the connection close: freed at once, not after a timeout."""
+    async with caller() as peer:
+        response = await post_offer(server, await peer.offer())
+        await peer.answer(response.text)
+        assert (await peer.next_event())["type"] == "session.created"
+        await peer.close()
+        await eventually(lambda: active_webrtc(server) == 0, timeout_s=MEDIA_TIMEOUT_S - 0.5)
