@@ -41,7 +41,14 @@ from starlette.testclient import TestClient
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from tests.helpers import eventually, wait_ready
-from voxserve.config import IceServer, WebRtcConfig, load_settings
+from voxserve.config import (
+    IceServer,
+    LimitsConfig,
+    QuotaLimits,
+    QuotasConfig,
+    WebRtcConfig,
+    load_settings,
+)
 from voxserve.server.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -454,4 +461,33 @@ async def test_stun_reflexive_candidates_on_the_port_range() -> None:
             assert int(port) == int(related) + 1  # what our STUN server answered
     finally:
         transport.close()
+        await asyncio.to_thread(stop_server, live)
+
+
+async def test_admission_and_quota_refusals_are_http_errors() -> None:
+    """The global rule (limits.max_sessions) and the key's quota (its sessions) refuse at
+    POST time, with Retry-After, before any answer or port."""
+    quotas = QuotasConfig(default=QuotaLimits(max_sessions=1))
+    settings = load_settings(
+        port=free_port(),
+        log_level="warning",
+        api_keys=[SecretStr(KEY), SecretStr("second-key")],
+        quotas=quotas,
+        limits=LimitsConfig(max_sessions=2),
+    )
+    live = await asyncio.to_thread(start_server, settings, fake_runtime(settings))
+    try:
+        async with caller() as first, caller() as second, caller() as third:
+            assert (await post_offer(live, await first.offer())).status_code == 201
+            over_quota = await post_offer(live, await second.offer())
+            assert over_quota.status_code == 429, over_quota.text
+            assert over_quota.json()["error"]["code"] == "quota_exceeded"
+            assert "Retry-After" in over_quota.headers
+            other = await post_offer(live, await second.offer(), key="second-key")
+            assert other.status_code == 201
+            full = await post_offer(live, await third.offer(), key="second-key")
+            assert full.status_code == 503, full.text
+            assert full.json()["error"]["code"] == "overloaded"
+            assert "Retry-After" in full.headers
+    finally:
         await asyncio.to_thread(stop_server, live)
