@@ -212,7 +212,13 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
         response = await post_offer(server, bad)
         assert response.status_code == 400, (bad[:40], response.text)
         assert response.json()["error"]["code"] == "invalid_sdp"
-    no_audio = re.sub(r"m=audio.*?(?=m=application)", "", offer, flags=re.S)
+    audio = re.search(r"m=audio.*?(?=m=application)", offer, flags=re.S)
+    assert audio is not None
+    many = offer + audio.group(0) * 4  # m-lines past the bound (each would take ports)
+    response = await post_offer(server, many)
+    assert response.status_code == 400
+    assert "m-lines" in response.json()["error"]["message"]
+    no_audio = offer.replace(audio.group(0), "")
     response = await post_offer(server, no_audio)
     assert response.status_code == 400
     assert "audio" in response.json()["error"]["message"]
