@@ -208,7 +208,10 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
     wrong = await post_offer(server, offer, key="wrong")
     assert wrong.status_code == 401
     assert wrong.json()["error"]["code"] == "unauthorized"
-    for bad in ("", "hello", "v=0\r\nm=audio x\r\n", offer.replace("m=application", "m=text")):
+    no_ice = re.sub(r"a=ice-(ufrag|pwd):.*\r\n", "", offer)  # parses; aiortc refuses it
+    bad_rtp = re.sub(r"a=rtpmap:(\d+) opus", r"a=rtpmap:\1 opus/x", offer)
+    broken = ("", "hello", "v=0\r\nm=audio x\r\n", offer.replace("m=application", "m=text"))
+    for bad in (*broken, no_ice, bad_rtp, offer.replace("a=setup:", "a=setup:sideways")):
         response = await post_offer(server, bad)
         assert response.status_code == 400, (bad[:40], response.text)
         assert response.json()["error"]["code"] == "invalid_sdp"
