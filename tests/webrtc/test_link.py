@@ -485,3 +485,44 @@ async def test_a_spoken_turn_over_real_media_is_answered_on_the_track() -> None:
         await driver.wait_closed()
         await caller.close()
         await server.close()
+
+
+async def test_messages_sent_as_the_channel_opens_are_not_lost() -> None:
+    """A client may send at once in `onopen`: what came before the link is handed to it
+    (`pending`), what comes before run() is queued; session.created still comes first."""
+    runtime = fake_runtime(settings())
+    caller, server, client, channel = await channel_pair()
+    early: list[str | bytes] = []
+    channel.on("message", early.append)  # the call's listener until the link exists
+    events: list[dict[str, Any]] = []
+    client.on("message", lambda text: events.append(json.loads(text)))
+
+    def update(instructions: str) -> None:
+        session = {"type": "realtime", "instructions": instructions}
+        client.send(json.dumps({"type": "session.update", "session": session}))
+
+    update("first")
+    await eventually(lambda: early)
+    channel.remove_listener("message", early.append)
+    wire = initial_wire(
+        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
+    )
+    config = wire.config()
+    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    driver.start()
+    link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=early)
+    update("second")
+    await asyncio.sleep(0.1)  # arrives before run()
+    task = asyncio.get_running_loop().create_task(link.run())
+    try:
+        await eventually(lambda: len([e for e in events if e["type"] == "session.updated"]) == 2)
+        assert events[0]["type"] == "session.created"
+        said = [e["session"]["instructions"] for e in events if e["type"] == "session.updated"]
+        assert said == ["first", "second"]
+    finally:
+        link.hang_up()
+        await asyncio.wait_for(task, 5)
+        driver.close()
+        await driver.wait_closed()
+        await caller.close()
+        await server.close()
