@@ -2,8 +2,10 @@
 engines and a real aiortc data channel (two peer connections over localhost, in process):
 the Realtime events on `oai-events`, the reply audio on the outgoing track (no audio
 deltas), the track's started/stopped/cleared events, a barge-in's truncation at what the
-caller heard, and the way in's bounds. The tracks are stand-ins with the media module's
-interface (server/webrtc_inbound.py, webrtc_outbound.py): what they do is tested there."""
+caller heard, and the way in's bounds. Most tests use stand-in tracks with the media
+module's interface (exact control of what "played"); one runs the real InboundAudio and
+OutboundTrack through Opus on localhost (server/webrtc_inbound.py, webrtc_outbound.py are
+tested on their own in tests/webrtc/test_inbound.py, test_outbound.py)."""
 
 from __future__ import annotations
 
