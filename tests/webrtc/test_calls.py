@@ -191,11 +191,17 @@ async def test_sdk_create_with_session_and_hangup(server: LiveServer) -> None:
         answer = await client.realtime.calls.create(sdp=await peer.offer(), session=session)
         sdp = answer.text
         call_id = answer.response.headers["location"].rsplit("/", 1)[1]
+        # OpenAI's browser sample sends session.update the moment the channel opens.
+        early = {"type": "session.update", "session": {"type": "realtime", "instructions": "Hi"}}
+        peer.channel.on("open", lambda: peer.channel.send(json.dumps(early)))
         await peer.answer(sdp)
         created = await peer.next_event()
         assert created["type"] == "session.created"
         assert created["session"]["instructions"] == "Be brief."
         assert created["session"]["model"] == "gpt-realtime"
+        updated = await peer.next_event()
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["instructions"] == "Hi"
         await client.realtime.calls.hangup(call_id)
         async with asyncio.timeout(10):
             await peer.closed.wait()
@@ -385,8 +391,8 @@ async def test_sigterm_ends_calls_with_server_shutdown(tmp_path: Path) -> None:
 
 async def test_client_secret_call(server: LiveServer) -> None:
     """A browser's way: the page gets a client secret (minted with the key), calls with it;
-    the secret's session applies, then the form's; the secret is spent; the key that minted
-    it owns the call."""
+    the secret's session applies, then the form's; the secret is spent, and yet hangs up
+    the call it made."""
     async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as http:
         body = {"session": {"type": "realtime", "instructions": "From the secret."}}
         minted = await http.post("/v1/realtime/client_secrets", json=body, headers=auth())
@@ -405,8 +411,9 @@ async def test_client_secret_call(server: LiveServer) -> None:
             again = await post_offer(server, offer, key=secret)
             assert again.status_code == 401
             location = response.headers["location"]
-            assert (await http.delete(location, headers=auth(secret))).status_code == 401
-            assert (await http.delete(location, headers=auth())).status_code == 204
+            # The page hangs up with the secret it called with (spent, yet its call's).
+            assert (await http.delete(location, headers=auth("ek_other"))).status_code == 404
+            assert (await http.delete(location, headers=auth(secret))).status_code == 204
     await eventually(lambda: active_webrtc(server) == 0)
 
 
