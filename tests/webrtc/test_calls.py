@@ -50,6 +50,8 @@ from voxserve.config import (
     load_settings,
 )
 from voxserve.server.app import create_app
+from voxserve.server.webrtc_peer import Peer
+from voxserve.server.webrtc_ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -334,6 +336,8 @@ def test_without_aiortc_the_route_answers_501() -> None:
         from tests.fakes import fake_runtime
         from voxserve.config import load_settings
         from voxserve.server.app import create_app
+from voxserve.server.webrtc_peer import Peer
+from voxserve.server.webrtc_ports import PortRange
         settings = load_settings(log_level="warning")
         client = TestClient(create_app(fake_runtime(settings)))
         r = client.post("/v1/realtime/calls", content="v=0",
@@ -507,3 +511,23 @@ async def test_admission_and_quota_refusals_are_http_errors() -> None:
             assert "Retry-After" in full.headers
     finally:
         await asyncio.to_thread(stop_server, live)
+
+
+async def test_messages_before_the_link_are_held() -> None:
+    """A client event sent as the channel opens (before the call's link exists: a browser
+    sends right after its DCEP OPEN) is held by the peer and handed over once; the peer
+    holds nothing after."""
+    server = Peer(WebRtcConfig(), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            early = json.dumps({"type": "session.update", "session": {"instructions": "Hi"}})
+            peer.channel.on("open", lambda: peer.channel.send(early))
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            await eventually(lambda: len(server.early) == 1)
+            assert server.take_early() == [early]
+            peer.channel.send("later")
+            await asyncio.sleep(0.2)
+            assert server.take_early() == []  # the link's from now on
+        finally:
+            await server.close()
