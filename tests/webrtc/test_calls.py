@@ -336,8 +336,6 @@ def test_without_aiortc_the_route_answers_501() -> None:
         from tests.fakes import fake_runtime
         from voxserve.config import load_settings
         from voxserve.server.app import create_app
-from voxserve.server.webrtc_peer import Peer
-from voxserve.server.webrtc_ports import PortRange
         settings = load_settings(log_level="warning")
         client = TestClient(create_app(fake_runtime(settings)))
         r = client.post("/v1/realtime/calls", content="v=0",
