@@ -354,7 +354,12 @@ def test_without_aiortc_the_route_answers_501() -> None:
 
 def serve(port: int, log: Path) -> subprocess.Popen[bytes]:
     """`voxserve serve` on the load engines (a drain deadline of 2 s)."""
-    env = {**os.environ, "VOXSERVE_LIMITS__DRAIN_TIMEOUT_S": "2", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "VOXSERVE_LIMITS__DRAIN_TIMEOUT_S": "2",
+        "VOXSERVE_CACHE__ENABLED": "false",
+        "PYTHONPATH": str(ROOT),
+    }
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "voxserve", "serve", "--config", "bench/load-engines.toml",
