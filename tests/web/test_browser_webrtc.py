@@ -14,7 +14,6 @@ import os
 import re
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import httpx
