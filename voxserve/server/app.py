@@ -23,6 +23,7 @@ from voxserve.server import (
     http_debug,
     http_engines,
     http_memory,
+    realtime_client_secrets,
     realtime_stream,
     web,
     ws_stream,
@@ -69,6 +70,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
         *ws_stream.routes(runtime),
         *realtime_stream.routes(runtime),  # the OpenAI Realtime API over WebSocket
+        *realtime_client_secrets.routes(runtime),  # its short-lived single-use keys
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
     middleware = [*cors_middleware(runtime), *guard_middleware(runtime)]
