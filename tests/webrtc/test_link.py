@@ -309,10 +309,18 @@ async def test_bad_messages_are_refused_and_the_session_goes_on() -> None:
         c.send("session.update", session={"type": "realtime", "instructions": "x" * 5000})
         c.client.send(b"\x00\x01")
         c.send("response.cancel", event_id="evt_cancel")
-        await c.until("error", 3)
+        c.send("input_audio_buffer.append", audio="AAAA", event_id="evt_append")
+        await c.until("error", 4)
         codes = [e["error"]["code"] for e in c.of("error")]
-        assert codes == ["message_too_large", "invalid_message", "response_cancel_not_active"]
+        assert codes == [
+            "message_too_large",
+            "invalid_message",  # binary
+            "response_cancel_not_active",
+            "invalid_message",  # audio comes on the track
+        ]
         assert c.of("error")[2]["error"]["event_id"] == "evt_cancel"
+        assert c.of("error")[3]["error"]["event_id"] == "evt_append"
+        assert c.driver.session.rejected == 1
         c.send("session.update", session={"type": "realtime", "instructions": "be brief"})
         updated = await c.until("session.updated")
         assert updated["session"]["instructions"] == "be brief"
@@ -437,7 +445,10 @@ async def test_a_spoken_turn_over_real_media_is_answered_on_the_track() -> None:
         mic.write(np.concatenate([tone(440, 0.6, 48_000), silence(1.0, 48_000)]).tobytes(), 1)
         mic.finish(1)
         heard = await asyncio.wait_for(caller_heard, 5)
-        types = lambda: [e["type"] for e in events]  # noqa: E731
+
+        def types() -> list[str]:
+            return [e["type"] for e in events]
+
         await eventually(lambda: "output_audio_buffer.stopped" in types(), 10)
         transcript = next(
             e for e in events if e["type"].endswith("input_audio_transcription.completed")
@@ -449,7 +460,7 @@ async def test_a_spoken_turn_over_real_media_is_answered_on_the_track() -> None:
         )
         reply = [e for e in events if e["type"] == "response.output_audio.done"]
         assert len(reply) == 1
-        frames = []
+        frames: list[bytes] = []
         while len(frames) < 150:  # 3 s of what the caller received, the reply in it
             frame = await asyncio.wait_for(heard.read(), 2)
             assert frame is not None

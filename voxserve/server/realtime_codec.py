@@ -190,6 +190,9 @@ class RealtimeDecoder:
 
     def _audio(self, payload: bytes) -> Frames:
         """Decoded audio of an append -> frames of the input format."""
+        if self.wire.media == "track":  # the session takes the track's rate, not the format's
+            message = "on a WebRTC call the audio comes on the call's track, not in events"
+            raise BadAudio(VoxError(ErrorCode.INVALID_MESSAGE, message))
         if not payload:
             raise BadAudio(VoxError(ErrorCode.EMPTY_AUDIO, "audio carries no samples"))
         fmt = self.wire.latest.input_format
