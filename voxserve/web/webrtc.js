@@ -77,7 +77,6 @@ export class Call {
     pc.ontrack = (e) => this.play(e.streams[0] || new MediaStream([e.track]));
     pc.onconnectionstatechange = () => this.onConnectionState();
     const channel = (this.channel = pc.createDataChannel("oai-events"));
-    channel.onopen = () => this.onOpen();
     channel.onmessage = (e) => this.onMessage(e.data);
     channel.onclose = () => this.lost(this.ended ? null : "the server closed the data channel");
 
@@ -177,9 +176,10 @@ export class Call {
 
   // ------------------------------------------------------------ connection
 
-  onOpen() {
+  // The page's choices, sent once the session is there (session.created): the call starts
+  // with the server's defaults.
+  applySettings() {
     const { mode, voice, language } = this.settings;
-    // The page's choices, applied at once (the call starts with the server's defaults).
     this.send({
       type: "session.update",
       session: {
@@ -234,7 +234,10 @@ export class Call {
           (hangover != null ? ` (speech_stopped comes after ${hangover} ms of silence).` : ".");
         const voice = s.audio && s.audio.output ? s.audio.output.voice : "?";
         const language = input.transcription ? input.transcription.language : "?";
-        if (ev.type === "session.created") showAlert("");
+        if (ev.type === "session.created") {
+          showAlert("");
+          this.applySettings();
+        }
         setState("connected");
         setStatus(`Listening (WebRTC, ${this.settings.mode}, voice ${voice}, language ${language}). Speak now.`);
         break;
