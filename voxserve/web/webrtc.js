@@ -111,7 +111,10 @@ export class Call {
     }
     this.location = r.headers.get("Location");
     const answer = await r.text();
-    if (this.over) return this.deleteCall();
+    if (this.over) {
+      this.deleteCall();
+      return;
+    }
     await pc.setRemoteDescription({ type: "answer", sdp: answer });
     this.timers.push(setTimeout(() => {
       if (channel.readyState !== "open") this.lost(`not connected after ${CONNECT_MS / 1000} s (ICE ${pc.iceConnectionState})`);
@@ -344,39 +347,47 @@ export class Call {
   // The call ended without hangUp(): reason null when the server ended the session.
   lost(reason) {
     if (this.over) return;
-    this.close();
-    this.deleteCall();
+    this.hangUp();
     this.onEnd({ lost: reason !== null, message: reason });
   }
 
+  // Hang up: DELETE the call's Location (the server frees it now, not at its ICE timeout),
+  // then close the peer connection. In that order, so that the DELETE finds the call rather
+  // than racing the server noticing the closed connection; the microphone stops at once.
   hangUp() {
     if (this.over) return;
-    this.close();
-    this.deleteCall();
+    const deleted = this.deleteCall();
+    const pc = this.pc;
+    this.close(false);
+    const timeout = new Promise((done) => setTimeout(done, 2000));
+    Promise.race([deleted, timeout]).finally(() => pc && pc.close());
   }
 
-  close() {
+  // Everything of the call but (closePc false) its peer connection.
+  close(closePc = true) {
     this.over = true;
     for (const t of this.timers) clearTimeout(t);
     clearInterval(this.meter);
     clearInterval(this.statsTimer);
     if (this.channel) {
       this.channel.onclose = null;
-      this.channel.close();
+      this.channel.onmessage = null;
     }
-    if (this.pc) this.pc.close();
+    if (this.pc) {
+      this.pc.onconnectionstatechange = null;
+      if (closePc) this.pc.close();
+    }
     this.pc = null;
     if (this.mic) for (const track of this.mic.getTracks()) track.stop();
     this.mic = null;
     $("reply-audio").srcObject = null;
   }
 
-  // DELETE the call's Location: the server frees it now rather than at its ICE timeout.
-  // keepalive: it still goes out when the page is being closed.
+  // keepalive: the DELETE still goes out when the page is being closed.
   deleteCall() {
     const url = this.location;
     this.location = null;
-    if (!url) return;
-    fetch(url, { method: "DELETE", headers: bearer(this.settings.key), keepalive: true }).catch(() => {});
+    if (!url) return Promise.resolve();
+    return fetch(url, { method: "DELETE", headers: bearer(this.settings.key), keepalive: true }).catch(() => {});
   }
 }
