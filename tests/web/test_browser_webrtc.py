@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from tests.conftest import LiveServer
 from tests.web.browser import open_page
@@ -37,6 +38,11 @@ def test_talk_to_the_page_over_webrtc(
         page.on("request", lambda r: posts.append(r) if r.method == "POST" else None)
         page.on("response", lambda r: deletes.append(r) if r.request.method == "DELETE" else None)
         assert page.input_value("#transport") == "webrtc"  # the default in a WebRTC browser
+        # What a deployed page holds: a client secret its backend minted, not the key.
+        minted = httpx.post(f"{live_server.http_url}/v1/realtime/client_secrets", json={})
+        secret = minted.json()["value"]
+        assert secret.startswith("ek_")
+        page.fill("#api-key", secret)
         page.click("#start")
 
         # The words (from the data channel) and reply audio heard on the reply's track.
@@ -70,6 +76,7 @@ def test_talk_to_the_page_over_webrtc(
         calls = [r for r in posts if r.url.endswith(CALL_PATH)]
         assert len(calls) == 1, [r.url for r in posts]
         assert calls[0].headers["content-type"] == "application/sdp"
+        assert calls[0].headers["authorization"] == f"Bearer {secret}"
         offer = calls[0].post_data or ""
         assert "m=audio" in offer and "opus/48000" in offer and "m=application" in offer
 
@@ -112,3 +119,25 @@ def _active_sessions(live_server: LiveServer) -> float:
         for line in text.splitlines()
         if line.startswith("voxserve_sessions_active{")
     )
+
+
+def test_page_retries_a_refused_call(
+    live_server: LiveServer, chromium: None, mic_wav: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the session limit POST /v1/realtime/calls answers 503 `overloaded`: the page says
+    so and calls again after Retry-After; once there is room the call connects."""
+    monkeypatch.setattr(live_server.runtime.settings.limits, "max_sessions", 0)
+    with open_page(live_server, mic_wav) as (page, errors):
+        page.click("#start")
+        page.wait_for_selector("#alert:not([hidden])", timeout=10_000)
+        alert = page.inner_text("#alert")
+        assert "HTTP 503" in alert and "overloaded" in alert and "Retrying" in alert, alert
+        assert page.get_attribute("#app", "data-state") == "connecting"
+        monkeypatch.undo()
+        page.wait_for_selector("main[data-state=connected]", timeout=10_000)
+        assert page.get_attribute("#app", "data-transport") == "webrtc"
+        assert page.is_hidden("#alert")
+        page.click("#stop")
+        page.wait_for_selector("main[data-state=idle]", timeout=5_000)
+        # The refusal is the only console error (Chromium logs a failed fetch itself).
+        assert all("503" in e for e in errors), errors
