@@ -306,6 +306,13 @@ export class Call {
       case "response.done": {
         this.responding = false;
         const r = ev.response || {};
+        if (r.status === "cancelled") {
+          // Barge-in or the Interrupt button: the line keeps what was spoken, marked as cut.
+          for (const item of r.output || []) {
+            const line = this.replyLines.get(item.id);
+            if (line) line.after(" (interrupted)");
+          }
+        }
         if (r.status === "failed") {
           const err = (r.status_details && r.status_details.error) || {};
           showAlert(`The reply failed (${err.code || "error"}: ${err.message || "no reason given"}).`);
