@@ -141,3 +141,26 @@ def test_page_retries_a_refused_call(
         page.wait_for_selector("main[data-state=idle]", timeout=5_000)
         # The refusal is the only console error (Chromium logs a failed fetch itself).
         assert all("503" in e for e in errors), errors
+
+
+def test_page_falls_back_to_the_websocket(
+    live_server: LiveServer, chromium: None, mic_wav: Path
+) -> None:
+    """A server installed without the `webrtc` extra answers the offer 501
+    `webrtc_unavailable` (tests/webrtc hold the server to that); the page says so and talks
+    over /v1/stream instead. The browser answers that one POST itself: this server has aiortc."""
+    body = {"error": {"code": "webrtc_unavailable", "message": "WebRTC needs the webrtc extra"}}
+    with open_page(live_server, mic_wav) as (page, _errors):
+        page.route(
+            f"**{CALL_PATH}",
+            lambda route: route.fulfill(status=501, json=body, headers={"X-Test": "no-aiortc"}),
+        )
+        page.click("#start")
+        page.wait_for_selector("main[data-state=connected]", timeout=10_000)
+        assert page.get_attribute("#app", "data-transport") == "websocket"
+        assert page.input_value("#transport") == "websocket"
+        status = page.inner_text("#status")
+        assert status.startswith("Listening"), status
+        assert "Over the WebSocket: This server takes no WebRTC calls" in status, status
+        assert "webrtc_unavailable" in status, status
+        assert page.is_hidden("#alert")

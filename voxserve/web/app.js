@@ -16,6 +16,7 @@ let mic = null; // MediaStream
 let worklet = null;
 let ws = null;
 let call = null; // the WebRTC mode's Call
+let fellBack = null; // why this session uses the WebSocket though WebRTC was chosen
 let running = false; // the user pressed Start and not Stop
 let retries = 0;
 let retryTimer = null;
@@ -254,9 +255,10 @@ function onEvent(ev) {
       showAlert("");
       setState("connected");
       $("say").hidden = session.mode !== "tts";
-      setStatus(session.mode === "tts"
+      setStatus((session.mode === "tts"
         ? `Connected (voice ${ev.voice}). Type a sentence and press Speak.`
-        : `Listening (${ev.mode}, voice ${ev.voice}, language ${ev.language}). Speak now.`);
+        : `Listening (${ev.mode}, voice ${ev.voice}, language ${ev.language}). Speak now.`) +
+        (fellBack ? ` Over the WebSocket: ${fellBack}` : ""));
       break;
     case "vad.start":
       session.vadStart.set(ev.segment, mapAudioMs(ev.start_ms));
@@ -362,7 +364,8 @@ async function fallBack(reason) {
   $("transport").value = "websocket";
   applyTransport();
   app.dataset.transport = "websocket";
-  showAlert(`${reason} Using the WebSocket instead.`);
+  fellBack = reason; // said in the status once the session is there
+  setStatus(`${reason} Using the WebSocket instead.`);
   try {
     if ($("mode").value !== "tts" && !mic) await openMic();
   } catch (err) {
@@ -387,6 +390,7 @@ async function start() {
   running = true;
   setState("connecting");
   const transport = (app.dataset.transport = $("transport").value);
+  fellBack = null;
   try {
     ctx = ctx || new AudioContext();
     await ctx.resume(); // inside the click: browsers allow audio to start here
