@@ -143,7 +143,8 @@ export class Call {
     const el = $("reply-audio");
     el.srcObject = stream;
     el.play().catch(() => { /* autoplay refused: the Start click normally allows it */ });
-    // How much of the reply had sound, measured on the track itself (the element plays it).
+    // How much of the reply had sound, measured on the track itself (the element plays it):
+    // every METER_MS, the last ~20 ms of the track's samples.
     const source = this.ctx.createMediaStreamSource(stream);
     const analyser = this.ctx.createAnalyser();
     analyser.fftSize = 1024;
@@ -161,9 +162,14 @@ export class Call {
     this.statsTimer = setInterval(() => this.readStats(), 1000);
   }
 
+  // The reply's packets the network lost and the audio the browser made up for them.
   async readStats() {
-    if (!this.pc) return;
-    const stats = await this.pc.getStats();
+    let stats;
+    try {
+      stats = await this.pc.getStats();
+    } catch {
+      return; // closed meanwhile
+    }
     for (const s of stats.values()) {
       if (s.type === "inbound-rtp" && s.kind === "audio") {
         const concealedMs = Math.round(((s.concealedSamples || 0) - (s.silentConcealedSamples || 0)) / 48);
