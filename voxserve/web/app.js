@@ -353,7 +353,7 @@ function callEnded(c, { lost, message }) {
   if (c !== call) return;
   call = null;
   if (!running) return;
-  if (!lost) return finish("Session ended.");
+  if (!lost) return finish(message || "Session ended.");
   const wait = backoffMs();
   showAlert(`The call was lost (${message}). Calling again in ${Math.round(wait / 1000)} s with a new session.`);
   scheduleReconnect(wait);

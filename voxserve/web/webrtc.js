@@ -67,7 +67,7 @@ export class Call {
     this.replies = 0;
     this.heardMs = 0;
     this.lossText = "0";
-    this.ended = null; // voxserve.session.ended, when it came
+    this.ended = null; // what voxserve.session.ended said, when it came
   }
 
   async start() {
@@ -334,8 +334,8 @@ export class Call {
         break;
       }
       case "voxserve.session.ended":
-        this.ended = ev;
-        setStatus(`Session ended: ${ev.received} frames received, ${ev.segments} segments, ${ev.replies} replies.`);
+        this.ended = `Session ended (${ev.reason}): ${ev.received} frames received, ${ev.segments} segments, ${ev.replies} replies.`;
+        setStatus(this.ended);
         break;
     }
   }
@@ -361,7 +361,7 @@ export class Call {
   lost(reason) {
     if (this.over) return;
     this.hangUp();
-    this.onEnd({ lost: reason !== null, message: reason });
+    this.onEnd({ lost: reason !== null, message: reason ?? this.ended });
   }
 
   // Hang up: DELETE the call's Location (the server frees it now, not at its ICE timeout),
