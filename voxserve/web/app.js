@@ -378,7 +378,11 @@ async function fallBack(reason) {
 // WebRTC carries the microphone and replies; the page's text-to-speech mode needs the WebSocket.
 function applyTransport() {
   const webrtc = $("transport").value === "webrtc";
-  for (const o of $("mode").options) if (o.value === "tts") o.disabled = webrtc;
+  for (const o of $("mode").options) {
+    if (o.value !== "tts") continue;
+    o.disabled = webrtc;
+    o.textContent = webrtc ? "tts (WebSocket only)" : "tts";
+  }
   if (webrtc && $("mode").value === "tts") $("mode").value = "assistant";
   $("lat-note").textContent = webrtc ? "" : "WebSocket: timed from when the page sent the audio of the start and end of speech.";
 }
