@@ -6,6 +6,10 @@ serve` refusing a table that names a voice that is not installed."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +20,7 @@ import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeVad
-from tests.test_cli import assert_one_error_line, run_cli
+from tests.test_cli import assert_one_error_line, clean_env, run_cli
 from voxserve.audio.wav import read_wav
 from voxserve.config import CacheConfig, TtsConfig, load_settings
 from voxserve.engines.espeak_tts import EspeakTts
@@ -110,6 +114,13 @@ def test_voice_as_a_custom_voice_object(table_server: LiveServer) -> None:
         json={"model": "tts-1", "voice": {"id": "espeak-en"}, "input": TEXT},
     )
     assert reply.status_code == 200 and reply.headers["X-Voxserve-Voice"] == "espeak-en"
+    for bad in ({}, {"id": 5}, 5):
+        reply = httpx.post(
+            table_server.http_url + "/v1/audio/speech",
+            json={"model": "tts-1", "voice": bad, "input": TEXT},
+        )
+        assert reply.status_code == 400, bad
+        assert reply.json()["error"]["code"] == ErrorCode.INVALID_PARAMETER.value
 
 
 def test_voices_list_the_openai_aliases(live_server: LiveServer, table_server: LiveServer) -> None:
@@ -137,7 +148,8 @@ def test_an_unknown_voice_is_a_400_listing_the_valid_names(table_server: LiveSer
 
 def test_the_realtime_api_maps_through_the_same_table(table_server: LiveServer) -> None:
     runtime = table_server.runtime
-    installed = installed_of(runtime.engines, runtime.settings.vad, TABLE)
+    table = runtime.settings.tts.openai_voices  # as the Realtime routes pass it
+    installed = installed_of(runtime.engines, runtime.settings.vad, table)
     assert voice_id("alloy", installed) == "espeak-en"
     assert voice_id("nova", installed) == "joe"
     assert voice_id("espeak-cmn", installed) == "espeak-cmn"
@@ -161,3 +173,38 @@ def test_serve_refuses_a_table_naming_no_voice(
     assert proc.returncode == 2
     assert_one_error_line(proc, *needles)
     assert "http://" not in proc.stdout  # stopped before saying where to connect
+
+
+def test_serve_with_a_table_speaks_the_voices_it_names(tmp_path: Path) -> None:
+    """The CLI path: the TTS engines built for the check are the ones the server uses."""
+    config = tmp_path / "voxserve.json"
+    config.write_text(json.dumps({"tts": {"openai_voices": TABLE}}))
+    port = free_port()
+    args = ["serve", "--config", str(config), "--port", str(port), "--grpc-port", "0"]
+    err_path = tmp_path / "stderr"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "voxserve", *args, "--wyoming-port", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=clean_env(),
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        with openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0) as client:
+            assert spoken(client, "alloy")[0] == "espeak-en", err_path.read_text()
+            assert spoken(client, "nova")[0] == "joe"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -119,8 +119,9 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
 def _voice_field(value: object) -> str | None:
     """OpenAI's `voice`: a name, or a custom voice object `{"id": ...}` (an installed id)."""
     if isinstance(value, dict):
-        value = value.get("id")
-    if value is None or isinstance(value, str):
+        if isinstance(value.get("id"), str):
+            return str(value["id"])
+    elif value is None or isinstance(value, str):
         return value
     raise VoxError(ErrorCode.INVALID_PARAMETER, 'voice must be a string or {"id": string}')
 
