@@ -20,11 +20,11 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
+from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
 from voxserve.server.json_input import as_float
 from voxserve.server.openai_models import OPENAI_TTS_MODELS
-from voxserve.server.openai_voices import openai_voice
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -81,7 +81,7 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
     model = _str_field(body.get("model"), "model")
-    named = openai_voice(engines, _voice_field(body.get("voice")), settings.tts.openai_voices)
+    named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
     voice = _speech_voice(engines, model, named)
     response_format = _speech_format(body)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
@@ -114,16 +114,6 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
         ErrorCode.UNKNOWN_VOICE,
         f"voice {quoted(voice_id)} is not a {model} voice; valid voices: {valid}",
     )
-
-
-def _voice_field(value: object) -> str | None:
-    """OpenAI's `voice`: a name, or a custom voice object `{"id": ...}` (an installed id)."""
-    if isinstance(value, dict):
-        if isinstance(value.get("id"), str):
-            return str(value["id"])
-    elif value is None or isinstance(value, str):
-        return value
-    raise VoxError(ErrorCode.INVALID_PARAMETER, 'voice must be a string or {"id": string}')
 
 
 def _speech_format(body: dict[str, Any]) -> str:

@@ -75,6 +75,16 @@ def openai_voice(engines: Engines, name: str | None, table: Mapping[str, str]) -
     return voice
 
 
+def requested(engines: Engines, value: object, table: Mapping[str, str]) -> str | None:
+    """The installed voice a speech request's `voice` selects: a name, or OpenAI's custom
+    voice object `{"id": ...}` (taken as a name); None when absent (the default voice)."""
+    if isinstance(value, dict) and isinstance(value.get("id"), str):
+        value = value["id"]
+    if value is None or isinstance(value, str):
+        return openai_voice(engines, value, table)
+    raise VoxError(ErrorCode.INVALID_PARAMETER, 'voice must be a string or {"id": string}')
+
+
 def unknown_voice(name: str, voices: Iterable[Voice]) -> VoxError:
     """The 400 for a name that selects no voice: what would have been valid."""
     installed = ", ".join(sorted(v.id for v in voices)) or "none"
