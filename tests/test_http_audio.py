@@ -242,7 +242,8 @@ def test_voices(live_server: LiveServer) -> None:
     assert body["default"] == "joe" and "joe" in ids
     assert {v["engine"] for v in body["voices"]} >= {"piper", "espeak"}
     for voice in body["voices"]:
-        assert set(voice) == {"id", "engine", "language", "sample_rate", "description", "aliases"}
+        fields = {"id", "engine", "language", "sample_rate", "description", "aliases"}
+        assert set(voice) == fields | {"openai_aliases"}
         assert voice["sample_rate"] > 0
     joe = next(v for v in body["voices"] if v["id"] == "joe")
     assert joe["aliases"] == ["en_US-joe-medium"]

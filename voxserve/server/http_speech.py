@@ -20,6 +20,7 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
+from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import log, one_of, read_json
 from voxserve.server.json_input import as_float
@@ -80,7 +81,8 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
     model = _str_field(body.get("model"), "model")
-    voice = _speech_voice(engines, model, _str_field(body.get("voice"), "voice"))
+    named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
+    voice = _speech_voice(engines, model, named)
     response_format = _speech_format(body)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
     default_rate = OPENAI_PCM_RATE if response_format == "pcm" else settings.tts.output_sample_rate

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ConversationConfig, ResponseOptions, StreamConfig, ToolSpec
 from voxserve.events import TurnDetection as TurnDetection
-from voxserve.server.openai_voices import installed_voice
+from voxserve.server.openai_voices import OPENAI_VOICES, installed_voice, voice_names
 from voxserve.server.ws_protocol import parse_start
 
 Format = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -67,19 +68,22 @@ class Installed:
     vad_threshold: float = 0.5  # settings.vad: what a turn_detection None field means
     vad_prefix_padding_ms: int = 200
     vad_silence_duration_ms: int = 500
+    openai_voices: tuple[tuple[str, str], ...] = ()  # settings.tts.openai_voices
 
 
-def installed_of(engines: Engines, vad: VadConfig) -> Installed:
-    """What a server's loaded engines and VAD settings give the Realtime session object."""
-    ids = [voice.id for voice in engines.voices()]
-    ids += [alias for voice in engines.voices() for alias in voice.aliases]
+def installed_of(
+    engines: Engines, vad: VadConfig, openai_voices: Mapping[str, str] | None = None
+) -> Installed:
+    """What a server's loaded engines, VAD settings and OpenAI voice table
+    (settings.tts.openai_voices) give the Realtime session object."""
     return Installed(
-        voices=tuple(ids),
+        voices=voice_names(engines.voices()),
         default_voice=engines.default_voice,
         asr_model=engines.asr.info.model or engines.asr.info.name,
         vad_threshold=vad.threshold,
         vad_prefix_padding_ms=vad.pad_ms,
         vad_silence_duration_ms=vad.hangover_ms,
+        openai_voices=tuple((openai_voices or {}).items()),
     )
 
 
@@ -175,11 +179,14 @@ def voice_id(name: str, installed: Installed) -> str:
     """The installed voice `name` selects (server/openai_voices.py); `unknown_voice` for a
     name that selects none (checked here so that a refused session.update never reaches
     the session; the session checks again)."""
-    voice = installed_voice(name, installed.voices, installed.default_voice)
+    table = dict(installed.openai_voices)
+    voice = installed_voice(name, installed.voices, installed.default_voice, table)
     if installed.voices and voice not in installed.voices:
         valid = ", ".join(sorted(installed.voices))
         raise VoxError(
-            ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(name)}; valid voices: {valid}"
+            ErrorCode.UNKNOWN_VOICE,
+            f"unknown voice {quoted(name)}; valid voices: {valid}; "
+            f"OpenAI names: {', '.join(OPENAI_VOICES)}",
         )
     return voice
 
