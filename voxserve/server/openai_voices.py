@@ -8,7 +8,8 @@ its TTS engines have. A name is looked up in this order:
 2. an OpenAI name in the table `tts.openai_voices` (config) speaks the voice it names;
 3. any other OpenAI name picks an installed voice, the same one every time for the same
    installed set: `alloy` (the first name) is the server's default voice, the next names
-   go round the others in sorted order;
+   go round the other voices of the default voice's language in sorted order (an English
+   server's `onyx` is never its Mandarin voice; all voices when none other shares it);
 4. anything else selects no voice: `unknown_voice`, listing the installed ids and OpenAI's
    names.
 The table is checked against the installed voices when `voxserve serve` starts
@@ -50,17 +51,37 @@ def voice_names(voices: Iterable[Voice]) -> tuple[str, ...]:
     return (*(v.id for v in listed), *(alias for v in listed for alias in v.aliases))
 
 
-def installed_voice(
-    name: str, installed: Collection[str], default: str, table: Mapping[str, str] | None = None
-) -> str:
-    """The installed voice `name` selects (the order in the module docstring), else `name`
-    itself (not a voice: the caller says so)."""
+def openai_picks(
+    ids: Sequence[str],
+    default: str,
+    languages: Mapping[str, str] | None = None,
+    table: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Each OpenAI name -> the installed voice it speaks (steps 2 and 3 of the module
+    docstring); `languages`: voice id -> language (none known: every voice is kin)."""
+    language_of = languages or {}
+    language = language_of.get(default)
+    kin = sorted(v for v in ids if v != default and language_of.get(v) == language)
+    others = kin or sorted(v for v in ids if v != default)
+    choices = [default, *others]
+    picks = {name: choices[i % len(choices)] for i, name in enumerate(OPENAI_VOICES)}
+    return picks | dict(table or {})
+
+
+def picks_of(
+    voices: Sequence[Voice], default: str, table: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """openai_picks for installed voices (their ids and languages)."""
+    languages = {v.id: v.language for v in voices}
+    return openai_picks([v.id for v in voices], default, languages, table)
+
+
+def installed_voice(name: str, installed: Collection[str], picks: Mapping[str, str]) -> str:
+    """The installed voice `name` selects (the order in the module docstring; `picks` from
+    openai_picks), else `name` itself (not a voice: the caller says so)."""
     if name in installed or name not in OPENAI_VOICES:
         return name
-    if table and name in table:
-        return table[name]
-    choices = [default, *sorted(v for v in installed if v != default)]
-    return choices[OPENAI_VOICES.index(name) % len(choices)]
+    return picks.get(name, name)
 
 
 def openai_voice(engines: Engines, name: str | None, table: Mapping[str, str]) -> str | None:
@@ -68,8 +89,9 @@ def openai_voice(engines: Engines, name: str | None, table: Mapping[str, str]) -
     Raises `unknown_voice` for a name that selects none."""
     if not name:
         return name
-    names = voice_names(engines.voices())
-    voice = installed_voice(name, names, engines.default_voice, table)
+    voices = engines.voices()
+    names = voice_names(voices)
+    voice = installed_voice(name, names, picks_of(voices, engines.default_voice, table))
     if voice not in names:
         raise unknown_voice(name, engines.voices())
     return voice
@@ -101,12 +123,13 @@ def openai_aliases(
     """Installed voice id -> the OpenAI names that speak it (for /v1/voices). A name that is
     itself an installed voice id is that voice, not an alias."""
     names = voice_names(voices)
+    picks = picks_of(voices, default, table)
     owner = {v.id: v.id for v in voices} | {a: v.id for v in voices for a in v.aliases}
     aliases: dict[str, list[str]] = {v.id: [] for v in voices}
     for name in OPENAI_VOICES:
         if name in owner:
             continue
-        voice = owner.get(installed_voice(name, names, default, table))
+        voice = owner.get(installed_voice(name, names, picks))
         if voice is not None:
             aliases[voice].append(name)
     return aliases

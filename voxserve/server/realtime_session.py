@@ -22,7 +22,13 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ConversationConfig, ResponseOptions, StreamConfig, ToolSpec
 from voxserve.events import TurnDetection as TurnDetection
-from voxserve.server.openai_voices import OPENAI_VOICES, installed_voice, voice_names
+from voxserve.server.openai_voices import (
+    OPENAI_VOICES,
+    installed_voice,
+    openai_picks,
+    picks_of,
+    voice_names,
+)
 from voxserve.server.ws_protocol import parse_start
 
 Format = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -68,7 +74,8 @@ class Installed:
     vad_threshold: float = 0.5  # settings.vad: what a turn_detection None field means
     vad_prefix_padding_ms: int = 200
     vad_silence_duration_ms: int = 500
-    openai_voices: tuple[tuple[str, str], ...] = ()  # settings.tts.openai_voices
+    # OpenAI name -> installed voice (openai_voices.openai_picks, with settings.tts.openai_voices)
+    openai_voices: tuple[tuple[str, str], ...] = ()
 
 
 def installed_of(
@@ -83,7 +90,9 @@ def installed_of(
         vad_threshold=vad.threshold,
         vad_prefix_padding_ms=vad.pad_ms,
         vad_silence_duration_ms=vad.hangover_ms,
-        openai_voices=tuple((openai_voices or {}).items()),
+        openai_voices=tuple(
+            picks_of(engines.voices(), engines.default_voice, openai_voices).items()
+        ),
     )
 
 
@@ -179,8 +188,9 @@ def voice_id(name: str, installed: Installed) -> str:
     """The installed voice `name` selects (server/openai_voices.py); `unknown_voice` for a
     name that selects none (checked here so that a refused session.update never reaches
     the session; the session checks again)."""
-    table = dict(installed.openai_voices)
-    voice = installed_voice(name, installed.voices, installed.default_voice, table)
+    # An Installed made without picks (tests, tools): the rule over its names alone.
+    picks = dict(installed.openai_voices) or openai_picks(installed.voices, installed.default_voice)
+    voice = installed_voice(name, installed.voices, picks)
     if installed.voices and voice not in installed.voices:
         valid = ", ".join(sorted(installed.voices))
         raise VoxError(
