@@ -15,6 +15,7 @@ thread when a chunk is large (server/http_speech.py).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,12 +53,18 @@ _IO_BUFFER = 4096  # FFmpeg's write buffer; flushed after every packet in any ca
 
 
 class Encoder(Protocol):
+    raw: bool  # no codec: cheap enough to run anywhere
+
     def encode(self, samples: Int16Array) -> bytes:
         """The container bytes made from these samples (may be empty: encoder delay)."""
         ...
 
     def finish(self) -> bytes:
         """Flush the encoder and close the container: the last bytes."""
+        ...
+
+    def close(self) -> None:
+        """Release the codec without flushing (a stream abandoned mid-way); idempotent."""
         ...
 
 
@@ -73,6 +80,8 @@ def open_encoder(response_format: str, sample_rate: int) -> Encoder:
 class _RawEncoder:
     """Little-endian PCM16, behind an optional header written with the first bytes."""
 
+    raw = True
+
     def __init__(self, header: bytes) -> None:
         self._header = header
 
@@ -84,6 +93,9 @@ class _RawEncoder:
     def finish(self) -> bytes:
         data, self._header = self._header, b""
         return data
+
+    def close(self) -> None:
+        pass
 
 
 class _Sink:
@@ -105,6 +117,8 @@ class _Sink:
 
 
 class _AvEncoder:
+    raw = False
+
     def __init__(self, codec: Codec, sample_rate: int) -> None:
         assert codec.container is not None and codec.encoder is not None
         self._rate = sample_rate
@@ -124,8 +138,17 @@ class _AvEncoder:
         self._stream = stream
         self._pts = 0
         self._closed = False
+        # close() may come from the event loop while a worker thread is in encode(): it
+        # waits for that call rather than freeing the codec under it.
+        self._lock = threading.Lock()
 
     def encode(self, samples: Int16Array) -> bytes:
+        with self._lock:
+            if self._closed:
+                return b""
+            return self._encode(samples)
+
+    def _encode(self, samples: Int16Array) -> bytes:
         if samples.size:
             pcm = np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1)
             frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
@@ -136,14 +159,15 @@ class _AvEncoder:
         return self._sink.take()
 
     def finish(self) -> bytes:
-        if not self._closed:
-            self._closed = True
-            self._container.mux(self._stream.encode(None))
-            self._container.close()
-        return self._sink.take()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._container.mux(self._stream.encode(None))
+                self._container.close()
+            return self._sink.take()
 
     def close(self) -> None:
-        """Release FFmpeg's state without flushing (a stream abandoned mid-way)."""
-        if not self._closed:
-            self._closed = True
-            self._container.close()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._container.close()
