@@ -34,6 +34,7 @@ class Codec:
     encoder: str | None
     bit_rate: int | None = None
     rates: tuple[int, ...] | None = None  # rates the encoder takes; None: any
+    options: tuple[tuple[str, str], ...] = ()  # FFmpeg encoder options
 
 
 # Opus: libopus, not FFmpeg's native `opus` encoder (experimental, and slower and larger
@@ -74,7 +75,7 @@ def open_encoder(response_format: str, sample_rate: int) -> Encoder:
     codec = CODECS[response_format]
     if codec.encoder is None or codec.container is None:
         return _RawEncoder(wav_header(sample_rate) if response_format == "wav" else b"")
-    return _AvEncoder(codec, sample_rate)
+    return AvEncoder(codec, sample_rate)
 
 
 class _RawEncoder:
@@ -116,7 +117,9 @@ class _Sink:
         return data
 
 
-class _AvEncoder:
+class AvEncoder:
+    """A PyAV (FFmpeg) encoder and muxer writing into a `_Sink`."""
+
     raw = False
 
     def __init__(self, codec: Codec, sample_rate: int) -> None:
@@ -131,7 +134,9 @@ class _AvEncoder:
             container_options=options,
             buffer_size=_IO_BUFFER,
         )
-        stream: Any = self._container.add_stream(codec.encoder, rate=sample_rate)
+        stream: Any = self._container.add_stream(
+            codec.encoder, rate=sample_rate, options=dict(codec.options)
+        )
         stream.layout = "mono"
         if codec.bit_rate is not None:
             stream.bit_rate = codec.bit_rate
