@@ -134,8 +134,9 @@ def test_speech_bad_sample_rate(http: httpx.Client) -> None:
     assert_error(speech(http, sample_rate="fast"), ErrorCode.INVALID_PARAMETER)
 
 
-def test_speech_sse_stream_format(http: httpx.Client) -> None:
-    assert_error(speech(http, stream_format="sse"), ErrorCode.INVALID_PARAMETER)
+@pytest.mark.parametrize("value", ["SSE", "ndjson", 1])
+def test_speech_bad_stream_format(http: httpx.Client, value: object) -> None:
+    assert_error(speech(http, stream_format=value), ErrorCode.INVALID_PARAMETER, "stream_format")
 
 
 # --- transcriptions -------------------------------------------------------------------------
