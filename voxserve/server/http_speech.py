@@ -55,8 +55,8 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
         bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
     )
     # Waiting for the first chunk before answering keeps a failing engine (or a text the
-    # voice says nothing for) a JSON error, and the first byte the client sees is real audio
-    # (time-to-first-audio = the engine's).
+    # voice says nothing for) a JSON error, and the answer starts with real audio
+    # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
     first = await first_audio(chunks)
     return _AudioStream(
         speech_body(plan.output, chunks, first, plan.text, trace_id),
