@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from voxserve.audio.resample import check_rate
 from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
@@ -24,7 +23,7 @@ from voxserve.server.http_requests import one_of, read_json
 from voxserve.server.json_input import as_float
 from voxserve.server.openai_models import OPENAI_TTS_MODELS
 from voxserve.server.speech_output import OutputPlan, output_plan, speech_body
-from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
+from voxserve.types import Voice
 
 RATE_HEADER = "X-Voxserve-Sample-Rate"
 
@@ -77,7 +76,6 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
     model = _str_field(body.get("model"), "model")
     voice = _speech_voice(engines, model, _str_field(body.get("voice"), "voice"))
     output = output_plan(body, settings.tts.output_sample_rate)
-    check_rate(output.sample_rate, SUPPORTED_OUTPUT_RATES)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
     # `instructions` (style prompts for gpt-4o-mini-tts) is accepted and ignored: the
     # engines have no style control (docs/protocol.md). Only its type is checked.

@@ -15,9 +15,11 @@ from typing import Any
 
 from voxserve.audio.encode import CODECS, FORMATS, Encoder, open_encoder
 from voxserve.audio.pcm import Int16Array
+from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
 from voxserve.server.http_requests import log
+from voxserve.types import SUPPORTED_OUTPUT_RATES
 
 # Content types as api.openai.com sends them (its OpenAPI spec says only
 # application/octet-stream; openai/openai-openapi#141 reports the real headers, audio/mpeg
@@ -62,7 +64,7 @@ class OutputPlan:
 
 def output_plan(body: dict[str, Any], default_wav_rate: int) -> OutputPlan:
     """`response_format` (mp3 when omitted, as OpenAI), `stream_format` and the voxserve
-    extension `sample_rate` (checked against the supported list by the caller)."""
+    extension `sample_rate` (a supported output rate the format takes)."""
     fmt = _str_field(body.get("response_format"), "response_format") or DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise VoxError(
@@ -81,6 +83,7 @@ def output_plan(body: dict[str, Any], default_wav_rate: int) -> OutputPlan:
         rate = defaults.get(fmt, OPENAI_RATE)
     elif not isinstance(rate, int) or isinstance(rate, bool):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "sample_rate must be an integer (Hz)")
+    rate = check_rate(rate, SUPPORTED_OUTPUT_RATES)
     takes = CODECS[fmt].rates
     if takes is not None and rate not in takes:
         raise VoxError(
