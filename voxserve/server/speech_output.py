@@ -21,10 +21,11 @@ from voxserve.pipeline.streams import aclose
 from voxserve.server.http_requests import log
 from voxserve.types import SUPPORTED_OUTPUT_RATES
 
-# Content types as api.openai.com sends them (its OpenAPI spec says only
-# application/octet-stream; openai/openai-openapi#141 reports the real headers, audio/mpeg
-# and audio/aac; OpenAI-compatible servers that mirror it, e.g. Kokoro-FastAPI, send
-# audio/opus for Ogg Opus, and audio/flac, audio/wav, audio/pcm).
+# Content types as api.openai.com sends them. Its OpenAPI spec says only
+# application/octet-stream; openai/openai-openapi#141 reports the real headers (audio/mpeg,
+# audio/aac, ...). For opus, audio/opus is what OpenAI-compatible servers that mirror it send
+# (e.g. Kokoro-FastAPI); not checked against api.openai.com from here (RFC 7845 would say
+# audio/ogg for an Ogg Opus file). Clients of this route read the bytes, not the type.
 MEDIA_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/opus",
