@@ -102,10 +102,10 @@ def test_speech_voice_of_another_engine(http: httpx.Client) -> None:
     assert_error(speech(http, model="espeak", voice="joe"), ErrorCode.UNKNOWN_VOICE, "espeak")
 
 
-@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+@pytest.mark.parametrize("fmt", ["ogg", "m4a", "MP3", "wave"])
 def test_speech_unsupported_format(http: httpx.Client, fmt: str) -> None:
     error = assert_error(speech(http, response_format=fmt), ErrorCode.UNSUPPORTED_ENCODING)
-    assert "wav" in error["message"] and "pcm" in error["message"]
+    assert all(name in error["message"] for name in ("mp3", "opus", "aac", "flac", "wav", "pcm"))
 
 
 @pytest.mark.parametrize("speed", [0.1, 4.5, "fast", True])
@@ -134,8 +134,9 @@ def test_speech_bad_sample_rate(http: httpx.Client) -> None:
     assert_error(speech(http, sample_rate="fast"), ErrorCode.INVALID_PARAMETER)
 
 
-def test_speech_sse_stream_format(http: httpx.Client) -> None:
-    assert_error(speech(http, stream_format="sse"), ErrorCode.INVALID_PARAMETER)
+@pytest.mark.parametrize("value", ["SSE", "ndjson", 1])
+def test_speech_bad_stream_format(http: httpx.Client, value: object) -> None:
+    assert_error(speech(http, stream_format=value), ErrorCode.INVALID_PARAMETER, "stream_format")
 
 
 # --- transcriptions -------------------------------------------------------------------------
