@@ -37,7 +37,7 @@ from faster_whisper.transcribe import get_suppressed_tokens
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
 from voxserve.engines.blas import limit_blas_threads
-from voxserve.types import SAMPLE_RATE, AsrResult, EngineInfo, Segment
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, AsrTask, EngineInfo, Segment
 
 FULL_WINDOW_S = 30
 FRAMES_PER_S = 100  # 10 ms mel hop
@@ -123,6 +123,10 @@ class WhisperAsr:
         self._silence_rms = float(10.0 ** (silence_dbfs / 20.0))
         self._redo_late_end = redo_late_end
         self.parallel_calls = num_workers  # CTranslate2 runs this many calls at once
+        # English-only models (tiny.en) have no translate task token.
+        self.tasks: tuple[AsrTask, ...] = (
+            ("transcribe", "translate") if self._ct2.is_multilingual else ("transcribe",)
+        )
         self.info = EngineInfo(
             kind="asr",
             name="whisper",
@@ -143,13 +147,23 @@ class WhisperAsr:
         return FULL_WINDOW_S
 
     def transcribe(
-        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+        self,
+        audio: Float32Array,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         """Blocking; safe to call from several threads at once."""
-        return self.transcribe_many([audio], language=language, partial=partial)[0]
+        return self.transcribe_many([audio], language=language, partial=partial, options=options)[0]
 
     def transcribe_many(
-        self, audios: Sequence[Float32Array], *, language: str | None = None, partial: bool = False
+        self,
+        audios: Sequence[Float32Array],
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> list[AsrResult]:
         """Blocking: several utterances, those sharing an encoder window run as one batch.
 
@@ -160,6 +174,8 @@ class WhisperAsr:
         is redone alone, so every result is what `transcribe` gives for that audio alone."""
         if language is not None and language not in self.languages:
             raise ValueError(f"unsupported language {language!r}; supported: en")
+        if options is not None and options.task not in self.tasks:
+            raise ValueError(f"model {self.info.model} cannot {options.task}")
         results: list[AsrResult | None] = [None] * len(audios)
         groups: dict[int, list[tuple[int, npt.NDArray[np.float32], float]]] = {}
         for i, audio in enumerate(audios):

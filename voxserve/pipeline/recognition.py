@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Any
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
@@ -26,16 +27,22 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.windows import cut_windows
-from voxserve.types import SAMPLE_RATE, AsrResult, Segment
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
 
 async def transcribe(
-    ctx: EngineContext, samples: Int16Array, sample_rate: int, *, language: str | None = None
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
+    options: AsrOptions | None = None,
 ) -> AsrResult:
-    """Recognise a whole recording, window by window (module docstring)."""
+    """Recognise a whole recording, window by window (module docstring). `options` (prompt,
+    temperature, word timestamps, task) go to every window's call; None asks nothing."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
@@ -61,6 +68,8 @@ async def transcribe(
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
+    # only when asked: an engine written before `options` still serves plain uploads
+    asr_kwargs: dict[str, Any] = {"options": options} if options is not None else {}
     results: list[tuple[int, int, AsrResult]] = []
     for start, end in windows:
         left = began + budget - time.monotonic()
@@ -70,7 +79,7 @@ async def transcribe(
             )
         window: Float32Array = audio[start:end]
         result: AsrResult = await stage.run(
-            partial(engines.asr.transcribe, window, language=language),
+            partial(engines.asr.transcribe, window, language=language, **asr_kwargs),
             timeout_s=left,
             deadline=due(end),
             priority=PRIORITY_BULK,
@@ -95,7 +104,7 @@ def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
         language = language or result.language
         offset = start * 1000 // SAMPLE_RATE
         own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
-        segments.extend(Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in own)
+        segments.extend(s.shifted(offset) for s in own)
     text = " ".join(texts)
     if language is None:
         return AsrResult(text=text)
