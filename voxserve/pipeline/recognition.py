@@ -18,6 +18,7 @@ refused at once (`overloaded`, retry hint) instead of answering 504 after the wa
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -33,6 +34,10 @@ MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
 
+WindowResult = tuple[int, int, AsrResult]
+"""A window's sample range (16 kHz, in the recording) and the engine's result for it."""
+
+
 async def transcribe(
     ctx: EngineContext,
     samples: Int16Array,
@@ -43,6 +48,20 @@ async def transcribe(
 ) -> AsrResult:
     """Recognise a whole recording, window by window (module docstring). `options` (prompt,
     temperature, word timestamps, task) go to every window's call; None asks nothing."""
+    windows = transcribe_windows(ctx, samples, sample_rate, language=language, options=options)
+    return join_windows([window async for window in windows])
+
+
+async def transcribe_windows(
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
+    options: AsrOptions | None = None,
+) -> AsyncIterator[WindowResult]:
+    """`transcribe`, one window's result at a time in audio order, as each is decoded
+    (stream=true uploads). Refusals (bad rate, language, overloaded) come at the first step."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
@@ -70,7 +89,6 @@ async def transcribe(
         )
     # only when asked: an engine written before `options` still serves plain uploads
     asr_kwargs: dict[str, Any] = {"options": options} if options is not None else {}
-    results: list[tuple[int, int, AsrResult]] = []
     for start, end in windows:
         left = began + budget - time.monotonic()
         if left <= 0:
@@ -84,11 +102,10 @@ async def transcribe(
             deadline=due(end),
             priority=PRIORITY_BULK,
         )
-        results.append((start, end, result))
-    return join_windows(results)
+        yield start, end, result
 
 
-def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
+def join_windows(results: list[WindowResult]) -> AsrResult:
     """One result from windows' results (each with its sample range): texts joined,
     segments moved onto the recording's time line (a window without segments is one)."""
     if len(results) == 1 and results[0][0] == 0:
