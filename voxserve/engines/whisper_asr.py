@@ -11,6 +11,11 @@ common on short windows and almost always harmless (the segment end is clipped):
 those doubled the cost per utterance for ~0.2 points of WER, so it is an option
 (`redo_late_end`, off; docs/engines.md).
 
+Request options (AsrOptions, uploads): a prompt goes before the transcript as previous text
+(`<|startofprev|>`), a temperature above 0 samples, word timestamps come from CTranslate2's
+alignment of the decoded text (engines/whisper_words.py) and `translate` is offered only by
+multilingual models (`tasks`). Without options every call decodes as before.
+
 Thread safety: one CTranslate2 model serves all calls (it queues them to `num_workers`
 replicas); features come from our own FeatureExtractor, called without `chunk_length`, the
 argument that makes faster-whisper's extractor mutate itself.
