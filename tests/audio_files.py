@@ -19,8 +19,9 @@ CONTAINERS: dict[str, tuple[str, str, int, str]] = {
 }
 
 
-def encode(samples: np.ndarray, container: str, rate: int = 16_000) -> bytes:
-    """`samples` (mono int16 at `rate`) as a complete file of `container`."""
+def encode(samples: np.ndarray, container: str, rate: int = 16_000, repeat: int = 1) -> bytes:
+    """`samples` (mono int16 at `rate`), `repeat` times over, as a complete file of
+    `container` (repeating keeps a long file's memory small)."""
     muxer, codec, codec_rate, _ = CONTAINERS[container]
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=muxer) as out:
@@ -38,7 +39,13 @@ def encode(samples: np.ndarray, container: str, rate: int = 16_000) -> bytes:
             rate=codec_rate,
             frame_size=ctx.frame_size or None,
         )
-        for piece in [*resampler.resample(frame), *resampler.resample(None)]:
+        pieces = resampler.resample(frame)
+        for _ in range(repeat):
+            for piece in pieces:
+                piece.pts = None  # the encoder numbers them
+                for packet in stream.encode(piece):
+                    out.mux(packet)
+        for piece in resampler.resample(None):
             for packet in stream.encode(piece):
                 out.mux(packet)
         for packet in stream.encode(None):
