@@ -48,7 +48,7 @@ async def transcribe(
 ) -> AsrResult:
     """Recognise a whole recording, window by window (module docstring). `options` (prompt,
     temperature, word timestamps, task) go to every window's call; None asks nothing."""
-    windows = transcribe_windows(ctx, samples, sample_rate, language=language, options=options)
+    windows = _windows(ctx, samples, sample_rate, language=language, options=options)
     return join_windows([window async for window in windows])
 
 
@@ -59,9 +59,22 @@ async def transcribe_windows(
     *,
     language: str | None = None,
     options: AsrOptions | None = None,
+) -> AsyncIterator[AsrResult]:
+    """`transcribe`, one window's result at a time in audio order as each is decoded
+    (stream=true uploads), its times on the recording's time line. Refusals (bad rate,
+    language, overloaded) come at the first step."""
+    async for window in _windows(ctx, samples, sample_rate, language=language, options=options):
+        yield join_windows([window])
+
+
+async def _windows(
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None,
+    options: AsrOptions | None,
 ) -> AsyncIterator[WindowResult]:
-    """`transcribe`, one window's result at a time in audio order, as each is decoded
-    (stream=true uploads). Refusals (bad rate, language, overloaded) come at the first step."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,

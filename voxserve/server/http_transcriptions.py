@@ -17,11 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from voxserve.audio.decode import decode_audio
-from voxserve.audio.pcm import Int16Array
 from voxserve.engines.base import asr_tasks
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.recognition import WindowResult, join_windows, transcribe_windows
+from voxserve.pipeline.recognition import transcribe, transcribe_windows
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.errors import error_body
@@ -29,7 +28,7 @@ from voxserve.server.http_requests import one_of, read_form
 from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
 from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, Task, transcript_response
-from voxserve.types import SAMPLE_RATE, AsrOptions
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
 
 FORM_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and the small text fields sent beside the uploaded file."""
@@ -78,43 +77,39 @@ async def _recognise(runtime: Runtime, request: Request, task: Task) -> Response
     # The key's audio minute pays for the whole upload before any model work (429 if not).
     principal = getattr(request.state, "principal", ANONYMOUS)
     quotas_of(runtime).spend_audio(principal, duration_s)
-    windows = _windows(runtime, samples, plan)
+    options = plan.options if plan.options != AsrOptions() else None
+    if not plan.stream:
+        result = await transcribe(
+            runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+        )
+        return transcript_response(
+            result,
+            plan.response_format,
+            duration_s,
+            task=plan.task,
+            words=plan.words,
+            segments=plan.segments,
+        )
+    windows = transcribe_windows(
+        runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+    )
     first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
     if first is None:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
-    if plan.stream:
-        return StreamingResponse(
-            _events(first, windows),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    results = [first, *[window async for window in windows]]
-    return transcript_response(
-        join_windows(results),
-        plan.response_format,
-        duration_s,
-        task=plan.task,
-        words=plan.words,
-        segments=plan.segments,
+    return StreamingResponse(
+        _events(first, windows),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )
 
 
-def _windows(
-    runtime: Runtime, samples: Int16Array, plan: TranscriptionPlan
-) -> AsyncIterator[WindowResult]:
-    options = plan.options if plan.options != AsrOptions() else None
-    return transcribe_windows(
-        runtime, samples, SAMPLE_RATE, language=plan.language, options=options
-    )
-
-
-async def _events(first: WindowResult, rest: AsyncIterator[WindowResult]) -> AsyncIterator[bytes]:
+async def _events(first: AsrResult, rest: AsyncIterator[AsrResult]) -> AsyncIterator[bytes]:
     """`transcript.text.delta` per window with text, then `transcript.text.done` with the
     whole text; a failure after the first window is an `error` event (the SDK raises it)."""
     texts: list[str] = []
 
-    def delta(window: WindowResult) -> bytes | None:
-        text = window[2].text.strip()
+    def delta(window: AsrResult) -> bytes | None:
+        text = window.text.strip()
         if not text:
             return None
         piece = (" " if texts else "") + text
