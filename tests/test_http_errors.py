@@ -219,9 +219,22 @@ def test_transcription_unsupported_format(http: httpx.Client, fmt: str) -> None:
     assert_error(response, ErrorCode.UNSUPPORTED_ENCODING, "verbose_json")
 
 
-def test_transcription_streaming_refused(http: httpx.Client) -> None:
-    response = upload(http, FIXTURE.read_bytes(), stream="true")
-    assert_error(response, ErrorCode.INVALID_PARAMETER, "/v1/stream")
+def test_transcription_streaming_needs_a_text_format(http: httpx.Client) -> None:
+    response = upload(http, FIXTURE.read_bytes(), stream="true", response_format="srt")
+    assert_error(response, ErrorCode.INVALID_PARAMETER, "json or text")
+    assert_error(upload(http, FIXTURE.read_bytes(), stream="yes"), ErrorCode.INVALID_PARAMETER)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"temperature": "2"}, "temperature"),
+        ({"temperature": "warm"}, "temperature"),
+        ({"timestamp_granularities[]": "sentence"}, "timestamp granularity"),
+    ],
+)
+def test_transcription_bad_fields(http: httpx.Client, fields: dict[str, str], named: str) -> None:
+    assert_error(upload(http, FIXTURE.read_bytes(), **fields), ErrorCode.INVALID_PARAMETER, named)
 
 
 # --- the same errors as the official SDK reports them ---------------------------------------

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP audio: speech, transcriptions, voices and models under /v1.
+"""OpenAI-compatible HTTP audio: speech, transcriptions, translations, voices and models
+under /v1.
 
 The shapes follow OpenAI's audio API closely enough that the official `openai` SDK works
 unchanged against ``base_url=http://host:port/v1``. Every request is validated in full before
@@ -50,6 +51,10 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         admit_request(runtime)
         return await http_transcriptions.transcriptions(runtime, request)
 
+    async def translations(request: Request, trace_id: str) -> Response:
+        admit_request(runtime)
+        return await http_transcriptions.translations(runtime, request)
+
     async def voices(request: Request, trace_id: str) -> Response:
         return _voices(runtime.engines, runtime.settings.tts.openai_voices)
 
@@ -59,6 +64,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     return [
         Route("/v1/audio/speech", guarded(authed(speech)), methods=["POST"]),
         Route("/v1/audio/transcriptions", guarded(authed(transcriptions)), methods=["POST"]),
+        Route("/v1/audio/translations", guarded(authed(translations)), methods=["POST"]),
         Route("/v1/voices", guarded(authed(voices)), methods=["GET"]),
         Route("/v1/models", guarded(authed(models)), methods=["GET"]),
     ]
