@@ -50,7 +50,7 @@ from voxserve.config import (
     load_settings,
 )
 from voxserve.server.app import create_app
-from voxserve.server.webrtc_peer import Peer
+from voxserve.server.webrtc_peer import MAX_EARLY, Peer
 from voxserve.server.webrtc_ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -532,5 +532,28 @@ async def test_messages_before_the_link_are_held() -> None:
             peer.channel.send("later")
             await asyncio.sleep(0.2)
             assert server.take_early() == []  # the link's from now on
+            assert server.early_dropped == 0
+        finally:
+            await server.close()
+
+
+async def test_a_flood_before_the_link_is_bounded_and_counted() -> None:
+    """Past MAX_EARLY held messages the peer keeps only a count (handed to the link, which
+    tells the caller): a flood as the channel opens costs no memory and is never silent."""
+    server = Peer(WebRtcConfig(), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            flood = MAX_EARLY + 6
+
+            def send_all() -> None:
+                for i in range(flood):
+                    peer.channel.send(json.dumps({"type": "input_audio_buffer.clear", "n": i}))
+
+            peer.channel.on("open", send_all)
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            await eventually(lambda: len(server.early) + server.early_dropped == flood)
+            assert len(server.take_early()) == MAX_EARLY
+            assert server.early_dropped == 6
         finally:
             await server.close()

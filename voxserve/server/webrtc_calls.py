@@ -222,6 +222,7 @@ class Call:
             peer.outbound,
             runtime,
             pending=peer.take_early(),
+            dropped=peer.early_dropped,
         )
         if self._hung_up:
             link.hang_up()

@@ -155,12 +155,19 @@ class Inbox:
         if isinstance(data, str) and size * 4 > self.max_message_bytes:
             size = len(data.encode("utf-8", "surrogatepass"))
         if self.messages >= MAX_QUEUED_MESSAGES:
-            if not self.dropped:
-                self._push(Dropped())
-            self.dropped += 1
+            self.drop(1)
             return
         self.messages += 1
         self._push(TooLarge(size) if size > self.max_message_bytes else data)
+
+    def drop(self, count: int) -> None:
+        """`count` messages dropped (here, or by the call before the link): one `Dropped`
+        tells them all, so a flood is never dropped unsaid."""
+        if count <= 0 or self.ended:
+            return
+        if not self.dropped:
+            self._push(Dropped())
+        self.dropped += count
 
     def internal(self, message: TruncateItem) -> None:
         """The link's own message (one per cut reply: bounded by the replies)."""
@@ -230,6 +237,7 @@ class WebRtcLink:
         runtime: Runtime,
         *,
         pending: Sequence[str | bytes] = (),
+        dropped: int = 0,
     ) -> None:
         if wire.media != "track":
             raise ValueError("a WebRTC call's wire has media 'track'")
@@ -259,9 +267,11 @@ class WebRtcLink:
         self._changed = asyncio.Event()  # the channel opened, drained, or closed
         self._listeners: list[tuple[str, Callable[..., Any]]] = []
         # The way in from now on: a client may send as the channel opens (OpenAI's browser
-        # sample sends session.update in `onopen`); `pending`: what came before the link.
+        # sample sends session.update in `onopen`); `pending`: what came before the link,
+        # `dropped`: how many more the call could not hold (told as this link's own).
         for data in pending:
             self.inbox.message(data)
+        self.inbox.drop(dropped)
         for event, listener in (
             ("message", self.received),
             ("open", self._changed.set),

@@ -45,8 +45,9 @@ MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
 MAX_MEDIA = 4
 GONE_STATES = ("failed", "closed")
 # Client events sent as the channel opens (OpenAI's browser sample sends session.update in
-# `onopen`), held until the link takes over; past this many the call's link will not see
-# them (a flood before session.created is no client's).
+# `onopen`), held until the link takes over; past this many they are counted, not kept (the
+# link tells the caller how many were dropped: a flood before session.created is no
+# client's).
 MAX_EARLY = 64
 FLUSH_S = 1.0  # at close, the channel's last events (session.ended) get this long to go out
 
@@ -111,6 +112,7 @@ class Peer:
         self.lost = False  # the peer itself is gone (not a hang-up): nothing to flush
         self._channel_open = asyncio.Event()
         self.early: list[str | bytes] = []  # channel messages before the link took over
+        self.early_dropped = 0  # ... and those past MAX_EARLY, only counted
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_state)
@@ -137,6 +139,8 @@ class Peer:
     def _early(self, data: str | bytes) -> None:
         if len(self.early) < MAX_EARLY:
             self.early.append(data)
+        else:
+            self.early_dropped += 1
 
     def take_early(self) -> list[str | bytes]:
         """The messages that came before the link, no longer held here: the link takes
