@@ -180,6 +180,8 @@ async def test_call_opens_and_delete_frees_it(server: LiveServer) -> None:
             assert "packets_lost" in ended and "concealed_ms" in ended
             async with asyncio.timeout(10):
                 await peer.closed.wait()
+            after = [peer.events.get_nowait()["type"] for _ in range(peer.events.qsize())]
+            assert "voxserve.session.ended" not in after  # told once
             again = await http.delete(location, headers=auth())
             assert again.status_code == 404
             assert again.json()["error"]["code"] == "call_not_found"

@@ -24,7 +24,6 @@ import logging
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -57,8 +56,6 @@ from voxserve.server.webrtc_ports import PortRange
 from voxserve.server.webrtc_registry import CallRegistry, LiveCall
 
 if TYPE_CHECKING:  # imports aiortc: loaded by peer_module() when a call comes
-    from aiortc import RTCDataChannel
-
     from voxserve.server.webrtc_peer import Peer
 
 log = logging.getLogger(__name__)
@@ -240,29 +237,13 @@ class Call:
                 log.info("call peer gone", extra={"call_id": self.call_id, "why": why})
                 link.hang_up()
                 await asyncio.wait([running], timeout=LINK_END_WAIT_S)
-                if not peer.lost:
-                    self._goodbye(link, channel)
+                if not peer.lost:  # ended from this side: the caller is told, as a
+                    link.say_ended()  # session that ends on its own tells it
         finally:
             for task in (running, gone, silent):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
-
-    def _goodbye(self, link: WebRtcLink, channel: RTCDataChannel) -> None:
-        """A call ended from this side (a hang-up, no media): the session's end is told on
-        the channel (`voxserve.session.ended` with the media counters), as a session that
-        ends on its own tells it, before the peer closes (it flushes the channel)."""
-        if channel.readyState != "open":
-            return
-        ended = self.driver.session.ended_event()
-        inbound = self.peer.inbound
-        if inbound is not None:
-            ended = msgspec.structs.replace(
-                ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
-            )
-        with contextlib.suppress(Exception):  # best effort: the caller may be leaving
-            for text in link.encoder.encode(ended):
-                channel.send(text)
 
     async def _free(self) -> None:
         """The peer (its ports), the session, the registry: given back, once."""
@@ -301,7 +282,7 @@ class CallService:
         runtime = self.runtime
         peer_mod = peer_module()
         token = bearer_token(request.headers.get("authorization"))
-        if not is_client_secret(token):
+        if not is_client_secret(token, self.keys):
             self.keys.authenticate(token)  # a wrong key is told before the body is read
         limits = runtime.settings.limits
         offer, session = await read_offer(request, MAX_BODY, limits.max_json_depth)
@@ -340,7 +321,7 @@ class CallService:
             raise
         driver.start()
         call = Call(self, driver, wire, peer)
-        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+        if is_client_secret(token, self.keys):
             call.secret_digest = digest(token)  # the page hangs up with the secret it used
         self.registry.add(call)
         call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
@@ -353,7 +334,7 @@ class CallService:
         ends its call with the bearer it made it with). `call_not_found` otherwise."""
         token = bearer_token(request.headers.get("authorization"))
         call_id = request.path_params["call_id"]
-        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+        if is_client_secret(token, self.keys):
             call = self.registry.get(call_id)
             made_with = call.secret_digest
             if made_with is None or not hmac.compare_digest(made_with, digest(token)):

@@ -116,6 +116,16 @@ class Outbound(Protocol):
     def played_ms(self, reply: int) -> int: ...
 
 
+def with_media(ended: SessionEnded, inbound: Inbound | None) -> SessionEnded:
+    """`ended` with the call's media counters (the caller's audio lost on the network and
+    the milliseconds filled in), as `voxserve.session.ended` reports them on a call."""
+    if inbound is None:
+        return ended
+    return msgspec.structs.replace(
+        ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TooLarge:
     """A data channel message over limits.max_message_bytes (not kept: only its size)."""
@@ -321,6 +331,15 @@ class WebRtcLink:
         self.inbox.end()
         self._changed.set()
 
+    def say_ended(self) -> None:
+        """Tell the session's end on the channel (`voxserve.session.ended` with the media
+        counters) when the call, not the session, ended it (a hang-up, no media): the
+        sender has stopped by then. Best effort: the caller may be leaving."""
+        if self.channel.readyState != "open":
+            return
+        with contextlib.suppress(TypeError, ValueError):
+            self._write(self.encoder.encode(with_media(self.session.ended_event(), self.inbound)))
+
     def _count_media(self) -> None:
         inbound = self.inbound
         if inbound is None:
@@ -470,11 +489,8 @@ class WebRtcLink:
         if isinstance(item, bytes):
             return self.encoder.encode_audio(item)  # its message announced, if not yet
         self.origins.taken += 1
-        if isinstance(item, SessionEnded) and self.inbound is not None:
-            inbound = self.inbound
-            item = msgspec.structs.replace(
-                item, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
-            )
+        if isinstance(item, SessionEnded):
+            item = with_media(item, self.inbound)
         texts = self.encoder.encode(item)
         if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
             texts = [with_event_id(text, event_id) for text in texts]

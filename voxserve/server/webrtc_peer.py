@@ -31,6 +31,7 @@ from aiortc import sdp as aiortc_sdp
 from voxserve.config import WebRtcConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.webrtc_inbound import InboundAudio
+from voxserve.server.webrtc_link import LABEL
 from voxserve.server.webrtc_outbound import OutboundTrack
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 # its warnings are enough in a server's log.
 logging.getLogger("aioice").setLevel(logging.WARNING)
 
-CHANNEL_LABEL = "oai-events"  # the Realtime events' data channel (OpenAI's name)
+CHANNEL_LABEL = LABEL  # the Realtime events' data channel (OpenAI's name)
 MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
 # Without BUNDLE each m-line takes its own ports: a bound, so one offer cannot take a range.
 MAX_MEDIA = 4
