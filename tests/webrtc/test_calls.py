@@ -559,3 +559,22 @@ async def test_a_flood_before_the_link_is_bounded_and_counted() -> None:
             assert server.early_dropped == 6
         finally:
             await server.close()
+
+
+async def test_a_session_slow_to_read_is_not_a_silent_caller() -> None:
+    """The media watch counts from the caller's last packet off the network, not from the
+    last one the session read: a session that reads nothing for longer than
+    media_timeout_s (its input waiting) keeps a caller who is talking; the caller's
+    silence ends the watch."""
+    server = Peer(WebRtcConfig(media_timeout_s=1.0), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            assert server.inbound is not None  # and nobody reads it
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(server.watch_media(), 2.5)
+            await peer.close()  # the caller stops sending
+            await asyncio.wait_for(server.watch_media(), 5)
+        finally:
+            await server.close()

@@ -225,11 +225,7 @@ class Call:
             link.hang_up()
         running = asyncio.ensure_future(link.run())
         gone = asyncio.ensure_future(peer.gone.wait())
-        # No audio track (a listen-only caller): ICE consent alone tells a vanished peer.
-        last_packet = (lambda: inbound.last_packet_at) if inbound is not None else None
-        silent = asyncio.ensure_future(
-            peer.watch_media(last_packet) if last_packet is not None else asyncio.Event().wait()
-        )
+        silent = asyncio.ensure_future(peer.watch_media())
         try:
             await asyncio.wait([running, gone, silent], return_when=asyncio.FIRST_COMPLETED)
             if not running.done():

@@ -101,6 +101,15 @@ class InboundAudio:
         self._ended = False
 
     @property
+    def last_heard_at(self) -> float:
+        """time.monotonic() of the caller's last packet as it came off the network (its
+        jitter buffer's, when installed), not as read(): a session slow to read is not a
+        silent caller. `last_packet_at` without the buffer."""
+        if self.jitter is None:
+            return self.last_packet_at
+        return max(self.jitter.last_packet_at, self.last_packet_at)
+
+    @property
     def ended(self) -> bool:
         return self._ended and len(self._pending) == 0
 

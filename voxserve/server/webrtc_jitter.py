@@ -13,6 +13,8 @@ skipped hole leaves behind is at most REORDER packets (60 ms).
 
 from __future__ import annotations
 
+import time
+
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
@@ -35,9 +37,13 @@ class AudioJitterBuffer:
         self._next: int | None = None  # extended sequence number handed on next
         self._max = 0  # highest extended sequence number received
         self._packets: dict[int, RtpPacket] = {}
+        # time.monotonic() of the last packet that came in (read or not: the call's media
+        # watch must not take a session slow to read for a caller gone silent)
+        self.last_packet_at = time.monotonic()
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """Store a packet; return the next frame in sequence when there is one (never PLI)."""
+        self.last_packet_at = time.monotonic()
         seq = self._extend(packet.sequence_number)
         if self._next is None or abs(seq - self._next) > MAX_MISORDER:
             if self._next is not None:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 from aiortc import (
     MediaStreamTrack,
@@ -206,18 +205,20 @@ class Peer:
             gone.cancel()
         return self._channel_open.is_set() and not self.gone.is_set()
 
-    async def watch_media(self, last_packet_at: Callable[[], float]) -> None:
-        """Return when the peer has sent no RTP for `media_timeout_s` (`last_packet_at`:
-        time.monotonic() of its last packet, 0 before the first: the wait then counts from
-        now)."""
+    async def watch_media(self) -> None:
+        """Return when the peer has sent no RTP for `media_timeout_s`, counted from its last
+        packet off the network (InboundAudio.last_heard_at), or from now before the first.
+        Never returns without a caller's track (a listen-only caller: ICE consent alone
+        tells a vanished peer)."""
         timeout = self.config.media_timeout_s
         started = time.monotonic()
         while True:
-            last = max(last_packet_at(), started)
+            inbound = self.inbound
+            last = started if inbound is None else max(inbound.last_heard_at, started)
             left = last + timeout - time.monotonic()
-            if left <= 0:
+            if left <= 0 and inbound is not None:
                 return
-            await asyncio.sleep(min(left, 1.0))
+            await asyncio.sleep(min(left, 1.0) if left > 0 else 1.0)
 
     async def close(self) -> None:
         """Close the connection: its sockets (the ports) are given back. The channel's
