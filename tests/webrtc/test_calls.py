@@ -50,7 +50,7 @@ from voxserve.config import (
     load_settings,
 )
 from voxserve.server.app import create_app
-from voxserve.server.webrtc_peer import MAX_EARLY, Peer
+from voxserve.server.webrtc_peer import MAX_CANDIDATES, MAX_EARLY, Peer
 from voxserve.server.webrtc_ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,6 +231,11 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
     response = await post_offer(server, many)
     assert response.status_code == 400
     assert "m-lines" in response.json()["error"]["message"]
+    candidate = "a=candidate:1 1 udp 2130706431 192.0.2.9 {port} typ host\r\n"
+    spray = "".join(candidate.format(port=9000 + i) for i in range(MAX_CANDIDATES + 1))
+    response = await post_offer(server, offer.replace("a=end-of-candidates", spray, 1))
+    assert response.status_code == 400  # the server would send STUN checks to each
+    assert "ICE candidates" in response.json()["error"]["message"]
     no_audio = offer.replace(audio.group(0), "")
     response = await post_offer(server, no_audio)
     assert response.status_code == 400

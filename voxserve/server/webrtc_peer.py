@@ -43,6 +43,9 @@ CHANNEL_LABEL = LABEL  # the Realtime events' data channel (OpenAI's name)
 MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
 # Without BUNDLE each m-line takes its own ports: a bound, so one offer cannot take a range.
 MAX_MEDIA = 4
+# ICE checks every remote candidate (STUN requests, retransmitted): an offer naming hundreds
+# of addresses would have the server send to each. A browser lists a few per interface.
+MAX_CANDIDATES = 50  # per m-line
 GONE_STATES = ("failed", "closed")
 # Client events sent as the channel opens (OpenAI's browser sample sends session.update in
 # `onopen`), held until the link takes over; past this many they are counted, not kept (the
@@ -87,6 +90,12 @@ def check_offer(text: str) -> None:
             f"the SDP offer has {len(parsed.media)} m-lines; a call takes at most {MAX_MEDIA} "
             "(one audio track and the data channel)"
         )
+    for media in parsed.media:
+        if len(media.ice_candidates) > MAX_CANDIDATES:
+            raise invalid_sdp(
+                f"the SDP offer's {media.kind} m-line has {len(media.ice_candidates)} ICE "
+                f"candidates; at most {MAX_CANDIDATES} are taken"
+            )
     kinds = {media.kind for media in parsed.media}
     if "audio" not in kinds:
         raise invalid_sdp("the SDP offer has no audio m-line: add a microphone track")
