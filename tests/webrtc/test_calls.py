@@ -250,6 +250,10 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
         voice = await http.post(CALLS, files=files, headers=auth())
         assert voice.status_code == 400
         assert voice.json()["error"]["code"] == "unknown_voice"
+        files = {"sdp": (None, offer), "session": ("session.json", b"\xff{}", "text/plain")}
+        binary = await http.post(CALLS, files=files, headers=auth())
+        assert binary.status_code == 400
+        assert binary.json()["error"]["code"] == "invalid_parameter"  # the session, not the SDP
         unknown = await http.post(f"{CALLS}/rtc_nothing/hangup", headers=auth())
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "call_not_found"

@@ -88,7 +88,7 @@ async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dic
     media_type = declared.partition(";")[0].strip().lower()
     if media_type == SDP_TYPE:
         body = await _read_capped(request, limit)
-        return _text(body, "the SDP offer"), {}
+        return _text(body, "the SDP offer", ErrorCode.INVALID_SDP), {}
     if media_type != FORM_TYPE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
@@ -96,10 +96,12 @@ async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dic
             f"sdp and session, not {quoted(declared)}",
         )
     form = await read_form(request, limit, max_files=2)
-    sdp = await _field(form.get("sdp"))
+    sdp = await _field(form.get("sdp"), "the form's sdp", ErrorCode.INVALID_SDP)
     if sdp is None:
         raise VoxError(ErrorCode.INVALID_SDP, "the form has no sdp field (the SDP offer)")
-    raw_session = await _field(form.get("session"))
+    raw_session = await _field(
+        form.get("session"), "the form's session", ErrorCode.INVALID_PARAMETER
+    )
     if raw_session is None:
         return sdp, {}
     session = decode_json(raw_session, max_bytes=limit, max_depth=depth, what="session")
@@ -120,17 +122,19 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _field(value: str | UploadFile | None) -> str | None:
+async def _field(value: str | UploadFile | None, what: str, code: ErrorCode) -> str | None:
+    """A form field's text; `code` when a file part is not UTF-8 (its client-chosen
+    filename is not echoed)."""
     if value is None or isinstance(value, str):
         return value
-    return _text(await value.read(), value.filename or "a form part")
+    return _text(await value.read(), what, code)
 
 
-def _text(raw: bytes, what: str) -> str:
+def _text(raw: bytes, what: str, code: ErrorCode) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise VoxError(ErrorCode.INVALID_SDP, f"{what} is not UTF-8 text") from None
+        raise VoxError(code, f"{what} is not UTF-8 text") from None
 
 
 def call_wire(
