@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,3 +21,17 @@ def test_a_small_file_that_decodes_to_hours_is_refused_as_it_decodes() -> None:
         decode_audio(bomb, max_seconds=60)
     assert caught.value.code is ErrorCode.MESSAGE_TOO_LARGE and "60 s" in caught.value.message
     assert decode_audio(bomb, max_seconds=400).size == 300 * 16_000
+
+
+def test_a_playlist_naming_a_local_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ffconcat list names a file beside the server's working directory: FFmpeg would
+    open and decode it (the upload would transcribe a server file). Refused, nothing read."""
+    monkeypatch.chdir(tmp_path)
+    speechlike = (np.sin(np.arange(16_000) / 5) * 10_000).astype(np.int16)
+    with open("secret.wav", "wb") as out:
+        out.write(encode(speechlike, "wav"))
+    with pytest.raises(VoxError) as caught:
+        decode_audio(b"ffconcat version 1.0\nfile secret.wav\n", max_seconds=60)
+    assert caught.value.code is ErrorCode.INVALID_AUDIO

@@ -12,6 +12,11 @@ declares (MP3's Xing/Info header, MP4's sample table, FLAC's STREAMINFO, WebM's 
 WAV's data size, Ogg's last page): one missing more than a few frames is refused as
 truncated rather than transcribed in part. Formats that declare no length (raw ADTS AAC,
 MP3 without a header) cannot be told from a shorter file and are decoded as they are.
+
+Nothing but the upload is read: some demuxers open other files named inside the one they
+read (an ffconcat list `file secret.wav` reads a file beside the server's working
+directory, an HLS playlist fetches URLs), so FFmpeg is opened with no protocol allowed and
+such a list is refused as undecodable.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from voxserve.types import SAMPLE_RATE
 
 TRUNCATION_SLACK_S = 0.25  # encoder delay, padding and priming differ by a few frames
 TRUNCATION_SLACK = 0.02  # ...and by a small share of a long file
+NO_PROTOCOLS = {"protocol_whitelist": "none"}  # no nested file or network opens (docstring)
 WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0xFFFFFFFF - 36, 0x7FFFFFFF)  # streamed WAV headers
 OGG_EOS = 0x04
 
@@ -42,7 +48,9 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
     chunks: list[Int16Array] = []
     total = 0
     try:
-        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+        with av.open(
+            io.BytesIO(data), mode="r", options=NO_PROTOCOLS, metadata_errors="ignore"
+        ) as container:
             if not container.streams.audio:
                 raise VoxError(ErrorCode.INVALID_AUDIO, "the file holds no audio stream")
             stream = container.streams.audio[0]
