@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
 from tests.audio_files import encode
 from voxserve.audio.decode import decode_audio
+from voxserve.audio.encode import open_encoder
 from voxserve.errors import ErrorCode, VoxError
 
 
@@ -35,3 +37,48 @@ def test_a_playlist_naming_a_local_file_is_refused(
     with pytest.raises(VoxError) as caught:
         decode_audio(b"ffconcat version 1.0\nfile secret.wav\n", max_seconds=60)
     assert caught.value.code is ErrorCode.INVALID_AUDIO
+
+
+class _Unseekable:
+    """A write-only sink: FFmpeg streams into it, as a live encoder does (no Xing header)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, chunk: bytes) -> int:
+        self.data += bytes(chunk)
+        return len(chunk)
+
+
+def _quiet_then_loud(rate: int) -> np.ndarray:
+    noise = np.random.default_rng(0).normal(0, 8_000, rate * 3).clip(-32_000, 32_000)
+    return np.concatenate([np.zeros(rate * 2), noise]).astype(np.int16)
+
+
+def test_files_that_declare_no_length_are_decoded_whole() -> None:
+    """ADTS AAC (what /v1/audio/speech sends for aac) and a variable-rate MP3 written as a
+    stream declare no length; FFmpeg guesses one from the quiet start's low bit rate,
+    several times the real length. Not a truncated file: both decode in full."""
+    aac = open_encoder("aac", 24_000)
+    adts = aac.encode(_quiet_then_loud(24_000)) + aac.finish()
+    assert decode_audio(adts, max_seconds=60).size / 16_000 == pytest.approx(5.0, abs=0.1)
+
+    sink = _Unseekable()
+    with av.open(sink, "w", format="mp3") as out:
+        stream = out.add_stream("libmp3lame", rate=16_000, layout="mono")
+        stream.codec_context.qscale = 2  # variable bit rate
+        stream.codec_context.flags |= av.codec.context.Flags.qscale
+        frame = av.AudioFrame.from_ndarray(
+            _quiet_then_loud(16_000).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = 16_000
+        resampler = av.AudioResampler(
+            format=stream.codec_context.format.name, layout="mono", rate=16_000, frame_size=1152
+        )
+        for piece in [*resampler.resample(frame), *resampler.resample(None)]:
+            piece.pts = None
+            out.mux(stream.encode(piece))
+        out.mux(stream.encode(None))
+    vbr = bytes(sink.data)
+    assert b"Xing" not in vbr[:2000] and b"Info" not in vbr[:2000]
+    assert decode_audio(vbr, max_seconds=60).size / 16_000 == pytest.approx(5.0, abs=0.1)

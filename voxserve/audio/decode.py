@@ -11,7 +11,9 @@ cut short often still decodes, so the decoded length is compared with the length
 declares (MP3's Xing/Info header, MP4's sample table, FLAC's STREAMINFO, WebM's Duration,
 WAV's data size, Ogg's last page): one missing more than a few frames is refused as
 truncated rather than transcribed in part. Formats that declare no length (raw ADTS AAC,
-MP3 without a header) cannot be told from a shorter file and are decoded as they are.
+MP3 without a Xing/Info/VBRI header) cannot be told from a shorter file and are decoded as
+they are: FFmpeg still reports a length for them, guessed from the file size and the first
+frames' bit rate, which for a variable rate (a quiet start) is many times the real one.
 
 Nothing but the upload is read: some demuxers open other files named inside the one they
 read (an ffconcat list `file secret.wav` reads a file beside the server's working
@@ -38,6 +40,7 @@ TRUNCATION_SLACK = 0.02  # ...and by a small share of a long file
 NO_PROTOCOLS = {"protocol_whitelist": "none"}  # no nested file or network opens (docstring)
 WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0xFFFFFFFF - 36, 0x7FFFFFFF)  # streamed WAV headers
 OGG_EOS = 0x04
+MP3_HEADER_SPAN = 64  # a Xing/Info tag sits after the side info, VBRI at byte 36
 
 
 def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) -> Int16Array:
@@ -55,6 +58,8 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
                 raise VoxError(ErrorCode.INVALID_AUDIO, "the file holds no audio stream")
             stream = container.streams.audio[0]
             declared = _declared_seconds(container.duration, stream.duration, stream.time_base)
+            if _length_is_a_guess(container.format.name, data):
+                declared = None
             kind = f"{container.format.name}/{stream.codec_context.name}"
             resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
             for frame in container.decode(stream):
@@ -112,6 +117,20 @@ def _declared_seconds(
     if container_us:
         return container_us / 1_000_000
     return None
+
+
+def _length_is_a_guess(format_name: str, data: bytes) -> bool:
+    """FFmpeg's length of a file whose header states none is a bit-rate guess (docstring)."""
+    if format_name == "aac":  # raw ADTS: no length anywhere
+        return True
+    if format_name == "mp3":
+        start = 0
+        if data[:3] == b"ID3" and len(data) >= 10:  # ID3v2: a 4-byte syncsafe size
+            size = data[6] << 21 | data[7] << 14 | data[8] << 7 | data[9]
+            start = 10 + size + (10 if data[5] & 0x10 else 0)  # + footer, if flagged
+        first_frame = data[start : start + MP3_HEADER_SPAN]
+        return not any(tag in first_frame for tag in (b"Xing", b"Info", b"VBRI"))
+    return False
 
 
 def _own_declared_seconds(data: bytes) -> float | None:
