@@ -21,7 +21,7 @@ from voxserve.runtime import Runtime
 from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.http_requests import one_of, read_json
-from voxserve.server.json_input import as_float
+from voxserve.server.json_input import as_float, optional_str
 from voxserve.server.openai_models import OPENAI_TTS_MODELS
 from voxserve.server.speech_output import OutputPlan, output_plan, speech_body
 from voxserve.types import Voice
@@ -74,14 +74,14 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
     if not isinstance(text, str):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
-    model = _str_field(body.get("model"), "model")
+    model = optional_str(body.get("model"), "model")
     named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
     voice = _speech_voice(engines, model, named)
     output = output_plan(body, settings.tts.output_sample_rate)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
     # `instructions` (style prompts for gpt-4o-mini-tts) is accepted and ignored: the
     # engines have no style control (docs/protocol.md). Only its type is checked.
-    _str_field(body.get("instructions"), "instructions")
+    optional_str(body.get("instructions"), "instructions")
     return SpeechPlan(text, voice, speed, output)
 
 
@@ -105,12 +105,6 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
         ErrorCode.UNKNOWN_VOICE,
         f"voice {quoted(voice_id)} is not a {model} voice; valid voices: {valid}",
     )
-
-
-def _str_field(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a string")
 
 
 def _number(value: object, name: str) -> float:
