@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from voxserve.audio.decode import decode_audio
 from voxserve.engines.base import asr_tasks
@@ -23,6 +23,7 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import transcribe, transcribe_windows
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
+from voxserve.server.closing_stream import ClosingStream
 from voxserve.server.errors import error_body
 from voxserve.server.http_requests import one_of, read_form
 from voxserve.server.openai_models import OPENAI_ASR_MODELS
@@ -96,10 +97,11 @@ async def _recognise(runtime: Runtime, request: Request, task: Task) -> Response
     first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
     if first is None:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
-    return StreamingResponse(
+    return ClosingStream(
         _events(first, windows),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
+        sources=(windows,),  # a client gone: no more windows transcribed for it
     )
 
 
