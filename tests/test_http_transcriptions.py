@@ -142,3 +142,14 @@ def test_damaged_files_of_every_container_are_400s(live_server: LiveServer) -> N
     assert all(answer == (400, "invalid_audio") for answer in answers.values()), json.dumps(
         answers, indent=1
     )
+
+
+def test_silence_has_no_segments_or_cues(client: openai.OpenAI) -> None:
+    """Nothing said: empty text, no segment (not one empty span with placeholder scores)."""
+    quiet = ("quiet.wav", encode(np.zeros(16_000, dtype=np.int16), "wav"), "audio/wav")
+    verbose = client.audio.transcriptions.create(
+        model="whisper-1", file=quiet, response_format="verbose_json"
+    )
+    assert verbose.text == "" and verbose.segments == []
+    srt = client.audio.transcriptions.create(model="whisper-1", file=quiet, response_format="srt")
+    assert str(srt).strip() == ""

@@ -29,7 +29,9 @@ def transcript_response(
         return PlainTextResponse(text + "\n")
     if fmt == "json":
         return JSONResponse({"text": text})
-    spans = result.segments or (Segment(text, 0, round(duration_s * 1000)),)
+    # An engine without segments: the whole text is one. No text (silence): no segment, as
+    # OpenAI's `segments: []`, not one empty span with made-up scores.
+    spans = result.segments or ((Segment(text, 0, round(duration_s * 1000)),) if text else ())
     if fmt == "srt":
         return PlainTextResponse(_srt(spans))
     if fmt == "vtt":
