@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import av
@@ -82,3 +83,33 @@ def test_files_that_declare_no_length_are_decoded_whole() -> None:
     vbr = bytes(sink.data)
     assert b"Xing" not in vbr[:2000] and b"Info" not in vbr[:2000]
     assert decode_audio(vbr, max_seconds=60).size / 16_000 == pytest.approx(5.0, abs=0.1)
+
+
+def _adts(rate: int, layout: str) -> bytes:
+    """Two seconds of a tone as ADTS AAC at `rate` in `layout` (mono or stereo)."""
+    tone = (np.sin(np.arange(rate * 2) / 5) * 8_000).astype(np.int16)
+    channels = 2 if layout == "stereo" else 1
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="adts") as out:
+        stream = out.add_stream("aac", rate=rate, layout=layout)
+        frame = av.AudioFrame.from_ndarray(
+            np.repeat(tone, channels).reshape(1, -1), format="s16", layout=layout
+        )
+        frame.sample_rate = rate
+        resampler = av.AudioResampler(
+            format=stream.codec_context.format.name, layout=layout, rate=rate, frame_size=1024
+        )
+        for piece in [*resampler.resample(frame), *resampler.resample(None)]:
+            piece.pts = None
+            out.mux(stream.encode(piece))
+        out.mux(stream.encode(None))
+    return buffer.getvalue()
+
+
+def test_a_stream_whose_rate_and_channels_change_midway_decodes_whole() -> None:
+    """Joined ADTS files (24 kHz mono, then 16 kHz stereo): FFmpeg decodes both parts; the
+    resampler follows the change instead of refusing the file as damaged."""
+    joined = _adts(24_000, "mono") + _adts(16_000, "stereo")
+    assert decode_audio(joined, max_seconds=60).size / 16_000 == pytest.approx(
+        4.0, abs=0.25
+    )  # + AAC priming

@@ -61,7 +61,7 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
             if _length_is_a_guess(container.format.name, data):
                 declared = None
             kind = f"{container.format.name}/{stream.codec_context.name}"
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+            resampler = _Resampler(rate)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunk = out.to_ndarray().reshape(-1).astype(np.int16, copy=True)
@@ -69,7 +69,7 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
                     if total > limit:
                         raise _too_long(max_seconds)
                     chunks.append(chunk)
-            for out in resampler.resample(None):
+            for out in resampler.flush():
                 chunks.append(out.to_ndarray().reshape(-1).astype(np.int16, copy=True))
     except VoxError:
         raise
@@ -91,6 +91,30 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
             f"but only {decoded:.2f} s could be decoded",
         )
     return samples
+
+
+class _Resampler:
+    """PyAV's AudioResampler is set up by the first frame and refuses a frame of another
+    rate, channel layout or sample format; a stream may change them mid-way (joined ADTS or
+    MP3 files, a chained Ogg stream), which FFmpeg decodes. On a change the resampler so far
+    is flushed and a new one follows."""
+
+    def __init__(self, rate: int) -> None:
+        self._rate = rate
+        self._source: tuple[str, str, int] | None = None
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+
+    def resample(self, frame: av.AudioFrame) -> list[av.AudioFrame]:
+        source = (frame.format.name, frame.layout.name, frame.sample_rate)
+        flushed: list[av.AudioFrame] = []
+        if self._source is not None and source != self._source:
+            flushed = self.flush()
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=self._rate)
+        self._source = source
+        return flushed + self._resampler.resample(frame)
+
+    def flush(self) -> list[av.AudioFrame]:
+        return self._resampler.resample(None) if self._source is not None else []
 
 
 def _too_long(max_seconds: float) -> VoxError:
