@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.audio_files import encode
+from tests.rss import MB, RssPeak
 from voxserve.audio.decode import decode_audio
 from voxserve.audio.encode import open_encoder
 from voxserve.errors import ErrorCode, VoxError
@@ -113,3 +114,31 @@ def test_a_stream_whose_rate_and_channels_change_midway_decodes_whole() -> None:
     assert decode_audio(joined, max_seconds=60).size / 16_000 == pytest.approx(
         4.0, abs=0.25
     )  # + AAC priming
+
+
+def test_a_huge_picture_beside_the_audio_is_not_decoded() -> None:
+    """An upload with a video stream whose one frame is a 10000x10000 PNG (~150 KB in the
+    file, 100 MB decoded): FFmpeg would decode it while probing. Only the audio is."""
+    side = 10_000
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mov") as out:
+        audio = out.add_stream("pcm_s16le", rate=16_000, layout="mono")
+        video = out.add_stream("png", rate=1)
+        video.width = video.height = side
+        video.pix_fmt = "gray"
+        picture = av.VideoFrame.from_ndarray(np.zeros((side, side), np.uint8), format="gray")
+        picture.pts = 0
+        out.mux(video.encode(picture))
+        out.mux(video.encode(None))
+        tone = (np.sin(np.arange(16_000) / 5) * 8_000).astype(np.int16).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(tone, format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 16_000, 0
+        out.mux(audio.encode(frame))
+        out.mux(audio.encode(None))
+    upload = buffer.getvalue()
+    del picture, buffer
+    assert len(upload) < 500_000
+    with RssPeak() as peak:
+        samples = decode_audio(upload, max_seconds=60)
+    assert samples.size == 16_000
+    assert peak.growth < 40 * MB, peak.growth

@@ -18,7 +18,10 @@ frames' bit rate, which for a variable rate (a quiet start) is many times the re
 Nothing but the upload is read: some demuxers open other files named inside the one they
 read (an ffconcat list `file secret.wav` reads a file beside the server's working
 directory, an HLS playlist fetches URLs), so FFmpeg is opened with no protocol allowed and
-such a list is refused as undecodable.
+such a list is refused as undecodable. Only audio decoders may be opened: FFmpeg decodes a
+first frame of every stream to learn its format, and a video stream's one frame can be an
+image of gigabytes in a file of kilobytes (a PNG of one colour); an upload's video (an mp4
+or webm with a picture) is skipped without being decoded.
 """
 
 from __future__ import annotations
@@ -37,7 +40,24 @@ from voxserve.types import SAMPLE_RATE
 
 TRUNCATION_SLACK_S = 0.25  # encoder delay, padding and priming differ by a few frames
 TRUNCATION_SLACK = 0.02  # ...and by a small share of a long file
-NO_PROTOCOLS = {"protocol_whitelist": "none"}  # no nested file or network opens (docstring)
+
+
+def _audio_decoders() -> str:
+    names = []
+    for name in av.codecs_available:
+        try:
+            codec = av.Codec(name, "r")
+        except Exception:  # an encoder only
+            continue
+        if codec.type == "audio":
+            names.append(name)
+    return ",".join(sorted(names))
+
+
+OPEN_OPTIONS = {  # (module docstring)
+    "protocol_whitelist": "none",  # no nested file or network opens
+    "codec_whitelist": _audio_decoders(),  # no video frame decoded while probing
+}
 WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0xFFFFFFFF - 36, 0x7FFFFFFF)  # streamed WAV headers
 OGG_EOS = 0x04
 MP3_HEADER_SPAN = 64  # a Xing/Info tag sits after the side info, VBRI at byte 36
@@ -52,7 +72,7 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
     total = 0
     try:
         with av.open(
-            io.BytesIO(data), mode="r", options=NO_PROTOCOLS, metadata_errors="ignore"
+            io.BytesIO(data), mode="r", options=OPEN_OPTIONS, metadata_errors="ignore"
         ) as container:
             if not container.streams.audio:
                 raise VoxError(ErrorCode.INVALID_AUDIO, "the file holds no audio stream")
