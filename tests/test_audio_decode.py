@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import av
@@ -142,3 +143,19 @@ def test_a_huge_picture_beside_the_audio_is_not_decoded() -> None:
         samples = decode_audio(upload, max_seconds=60)
     assert samples.size == 16_000
     assert peak.growth < 40 * MB, peak.growth
+
+
+def test_channels_without_positions_are_mixed_down() -> None:
+    """A WAV of 9 channels without a channel mask (a microphone array): FFmpeg reads it but
+    its resampler has no mix for unnamed channels; the channels are averaged instead of the
+    file being refused as damaged."""
+    channels, rate = 9, 16_000
+    tone = (np.sin(np.arange(rate) / 5) * 8_000).astype("<i2")
+    data = np.repeat(tone, channels).tobytes()
+    block = 2 * channels
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * block, block, 16)
+    wav = (
+        b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<I", 16) + fmt
+    ) + (b"data" + struct.pack("<I", len(data)) + data)
+    samples = decode_audio(wav, max_seconds=60)
+    assert samples.size == rate and int(np.abs(samples.astype(np.int32) - tone).max()) <= 1

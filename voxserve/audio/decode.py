@@ -125,6 +125,8 @@ class _Resampler:
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
 
     def resample(self, frame: av.AudioFrame) -> list[av.AudioFrame]:
+        if frame.layout.name.endswith(" channels"):
+            frame = _mixed_down(frame)
         source = (frame.format.name, frame.layout.name, frame.sample_rate)
         flushed: list[av.AudioFrame] = []
         if self._source is not None and source != self._source:
@@ -135,6 +137,25 @@ class _Resampler:
 
     def flush(self) -> list[av.AudioFrame]:
         return self._resampler.resample(None) if self._source is not None else []
+
+
+_FULL_SCALE = {"u8": 128.0, "s16": 32768.0, "s32": 2.0**31, "s64": 2.0**63}
+
+
+def _mixed_down(frame: av.AudioFrame) -> av.AudioFrame:
+    """A frame of channels without named positions ("9 channels": a WAV without a channel
+    mask, a microphone array), averaged to one here: FFmpeg's resampler has no mix for such
+    a layout and refuses it (and PyAV crashes converting one)."""
+    kind = frame.format.name.rstrip("p")
+    data = frame.to_ndarray().astype(np.float64)
+    channels = len(frame.layout.channels)
+    planes = data if frame.format.is_planar else data.reshape(-1, channels).T
+    if kind == "u8":
+        planes = planes - 128.0
+    mono = (planes.mean(axis=0) / _FULL_SCALE.get(kind, 1.0)).astype(np.float32)
+    out = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
+    out.sample_rate = frame.sample_rate
+    return out
 
 
 def _too_long(max_seconds: float) -> VoxError:
