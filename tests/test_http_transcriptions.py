@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import typing
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import openai
 import pytest
+from openai.types import AudioModel
 
 from tests.audio_files import CONTAINERS, encode
 from tests.conftest import LiveServer
@@ -142,3 +144,29 @@ def test_damaged_files_of_every_container_are_400s(live_server: LiveServer) -> N
     assert all(answer == (400, "invalid_audio") for answer in answers.values()), json.dumps(
         answers, indent=1
     )
+
+
+def test_silence_has_no_segments_or_cues(client: openai.OpenAI) -> None:
+    """Nothing said: empty text, no segment (not one empty span with placeholder scores)."""
+    quiet = ("quiet.wav", encode(np.zeros(16_000, dtype=np.int16), "wav"), "audio/wav")
+    verbose = client.audio.transcriptions.create(
+        model="whisper-1", file=quiet, response_format="verbose_json"
+    )
+    assert verbose.text == "" and verbose.segments == []
+    srt = client.audio.transcriptions.create(model="whisper-1", file=quiet, response_format="srt")
+    assert str(srt).strip() == ""
+
+
+def test_every_transcription_model_of_the_sdk_is_served(client: openai.OpenAI) -> None:
+    """The SDK's AudioModel names (its newest default first among them): each transcribes;
+    only the diarizing model, whose speakers the engines cannot tell, is refused."""
+    names = typing.get_args(AudioModel)
+    file = upload("command.wav", "wav")
+    for name in names:
+        if name == "gpt-4o-transcribe-diarize":
+            with pytest.raises(openai.BadRequestError):
+                client.audio.transcriptions.create(model=name, file=file)
+            continue
+        text = client.audio.transcriptions.create(model=name, file=file).text
+        assert wer(fixture_texts()["command.wav"], text) <= 0.15, (name, text)
+    assert "gpt-transcribe" in names

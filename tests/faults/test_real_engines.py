@@ -115,5 +115,7 @@ def test_real_malformed_uploads_and_huge_text(real_server: LiveServer) -> None:
     assert wer(fixture_texts()["lights.wav"], text) <= 0.25, text
     huge = httpx.post(url + "/speech", json={"input": "word " * 1000, "voice": "joe"})
     assert (huge.status_code, huge.json()["error"]["code"]) == (400, "text_too_long")
-    speech = httpx.post(url + "/speech", json={"input": "Still speaking.", "voice": "joe"})
+    speech = httpx.post(
+        url + "/speech", json={"input": "Still speaking.", "voice": "joe", "response_format": "wav"}
+    )
     assert speech.status_code == 200 and len(speech.content) > 16_000

@@ -144,7 +144,9 @@ def test_the_openai_sdk_is_unaffected(server: LiveServer) -> None:
     """It sends application/json and multipart forms, and no Origin."""
     client = openai.OpenAI(base_url=server.http_url + "/v1", api_key=KEY, max_retries=0)
     with client:
-        speech = client.audio.speech.create(model="tts-1", voice="fake", input="hello there")
+        speech = client.audio.speech.create(
+            model="tts-1", voice="fake", input="hello there", response_format="wav"
+        )
         assert speech.content.startswith(b"RIFF")
         text = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", _wav()))
         assert isinstance(text.text, str)

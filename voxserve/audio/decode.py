@@ -11,7 +11,17 @@ cut short often still decodes, so the decoded length is compared with the length
 declares (MP3's Xing/Info header, MP4's sample table, FLAC's STREAMINFO, WebM's Duration,
 WAV's data size, Ogg's last page): one missing more than a few frames is refused as
 truncated rather than transcribed in part. Formats that declare no length (raw ADTS AAC,
-MP3 without a header) cannot be told from a shorter file and are decoded as they are.
+MP3 without a Xing/Info/VBRI header) cannot be told from a shorter file and are decoded as
+they are: FFmpeg still reports a length for them, guessed from the file size and the first
+frames' bit rate, which for a variable rate (a quiet start) is many times the real one.
+
+Nothing but the upload is read: some demuxers open other files named inside the one they
+read (an ffconcat list `file secret.wav` reads a file beside the server's working
+directory, an HLS playlist fetches URLs), so FFmpeg is opened with no protocol allowed and
+such a list is refused as undecodable. Only audio decoders may be opened: FFmpeg decodes a
+first frame of every stream to learn its format, and a video stream's one frame can be an
+image of gigabytes in a file of kilobytes (a PNG of one colour); an upload's video (an mp4
+or webm with a picture) is skipped without being decoded.
 """
 
 from __future__ import annotations
@@ -30,8 +40,27 @@ from voxserve.types import SAMPLE_RATE
 
 TRUNCATION_SLACK_S = 0.25  # encoder delay, padding and priming differ by a few frames
 TRUNCATION_SLACK = 0.02  # ...and by a small share of a long file
+
+
+def _audio_decoders() -> str:
+    names = []
+    for name in av.codecs_available:
+        try:
+            codec = av.Codec(name, "r")
+        except Exception:  # an encoder only
+            continue
+        if codec.type == "audio":
+            names.append(name)
+    return ",".join(sorted(names))
+
+
+OPEN_OPTIONS = {  # (module docstring)
+    "protocol_whitelist": "none",  # no nested file or network opens
+    "codec_whitelist": _audio_decoders(),  # no video frame decoded while probing
+}
 WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0xFFFFFFFF - 36, 0x7FFFFFFF)  # streamed WAV headers
 OGG_EOS = 0x04
+MP3_HEADER_SPAN = 64  # a Xing/Info tag sits after the side info, VBRI at byte 36
 
 
 def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) -> Int16Array:
@@ -42,13 +71,17 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
     chunks: list[Int16Array] = []
     total = 0
     try:
-        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+        with av.open(
+            io.BytesIO(data), mode="r", options=OPEN_OPTIONS, metadata_errors="ignore"
+        ) as container:
             if not container.streams.audio:
                 raise VoxError(ErrorCode.INVALID_AUDIO, "the file holds no audio stream")
             stream = container.streams.audio[0]
             declared = _declared_seconds(container.duration, stream.duration, stream.time_base)
+            if _length_is_a_guess(container.format.name, data):
+                declared = None
             kind = f"{container.format.name}/{stream.codec_context.name}"
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+            resampler = _Resampler(rate)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunk = out.to_ndarray().reshape(-1).astype(np.int16, copy=True)
@@ -56,7 +89,7 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
                     if total > limit:
                         raise _too_long(max_seconds)
                     chunks.append(chunk)
-            for out in resampler.resample(None):
+            for out in resampler.flush():
                 chunks.append(out.to_ndarray().reshape(-1).astype(np.int16, copy=True))
     except VoxError:
         raise
@@ -78,6 +111,51 @@ def decode_audio(data: bytes, *, max_seconds: float, rate: int = SAMPLE_RATE) ->
             f"but only {decoded:.2f} s could be decoded",
         )
     return samples
+
+
+class _Resampler:
+    """PyAV's AudioResampler is set up by the first frame and refuses a frame of another
+    rate, channel layout or sample format; a stream may change them mid-way (joined ADTS or
+    MP3 files, a chained Ogg stream), which FFmpeg decodes. On a change the resampler so far
+    is flushed and a new one follows."""
+
+    def __init__(self, rate: int) -> None:
+        self._rate = rate
+        self._source: tuple[str, str, int] | None = None
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+
+    def resample(self, frame: av.AudioFrame) -> list[av.AudioFrame]:
+        if frame.layout.name.endswith(" channels"):
+            frame = _mixed_down(frame)
+        source = (frame.format.name, frame.layout.name, frame.sample_rate)
+        flushed: list[av.AudioFrame] = []
+        if self._source is not None and source != self._source:
+            flushed = self.flush()
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=self._rate)
+        self._source = source
+        return flushed + self._resampler.resample(frame)
+
+    def flush(self) -> list[av.AudioFrame]:
+        return self._resampler.resample(None) if self._source is not None else []
+
+
+_FULL_SCALE = {"u8": 128.0, "s16": 32768.0, "s32": 2.0**31, "s64": 2.0**63}
+
+
+def _mixed_down(frame: av.AudioFrame) -> av.AudioFrame:
+    """A frame of channels without named positions ("9 channels": a WAV without a channel
+    mask, a microphone array), averaged to one here: FFmpeg's resampler has no mix for such
+    a layout and refuses it (and PyAV crashes converting one)."""
+    kind = frame.format.name.rstrip("p")
+    data = frame.to_ndarray().astype(np.float64)
+    channels = len(frame.layout.channels)
+    planes = data if frame.format.is_planar else data.reshape(-1, channels).T
+    if kind == "u8":
+        planes = planes - 128.0
+    mono = (planes.mean(axis=0) / _FULL_SCALE.get(kind, 1.0)).astype(np.float32)
+    out = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
+    out.sample_rate = frame.sample_rate
+    return out
 
 
 def _too_long(max_seconds: float) -> VoxError:
@@ -104,6 +182,20 @@ def _declared_seconds(
     if container_us:
         return container_us / 1_000_000
     return None
+
+
+def _length_is_a_guess(format_name: str, data: bytes) -> bool:
+    """FFmpeg's length of a file whose header states none is a bit-rate guess (docstring)."""
+    if format_name == "aac":  # raw ADTS: no length anywhere
+        return True
+    if format_name == "mp3":
+        start = 0
+        if data[:3] == b"ID3" and len(data) >= 10:  # ID3v2: a 4-byte syncsafe size
+            size = data[6] << 21 | data[7] << 14 | data[8] << 7 | data[9]
+            start = 10 + size + (10 if data[5] & 0x10 else 0)  # + footer, if flagged
+        first_frame = data[start : start + MP3_HEADER_SPAN]
+        return not any(tag in first_frame for tag in (b"Xing", b"Info", b"VBRI"))
+    return False
 
 
 def _own_declared_seconds(data: bytes) -> float | None:

@@ -10,7 +10,7 @@ streaming player reads. WAV (a header of unknown length, as before) and raw PCM 
 codec and are written directly.
 
 Encoders are blocking C calls; callers with an event loop run `encode`/`finish` on a worker
-thread when a chunk is large (server/http_speech.py).
+thread when a chunk is large (server/speech_output.py), and `close` never blocks on one.
 """
 
 from __future__ import annotations
@@ -143,15 +143,18 @@ class AvEncoder:
         self._stream = stream
         self._pts = 0
         self._closed = False
-        # close() may come from the event loop while a worker thread is in encode(): it
-        # waits for that call rather than freeing the codec under it.
+        # close() may come from the event loop (a client gone) while a worker thread is in
+        # encode(). The codec must not be freed under that call, and the loop must not wait
+        # for it: close() then only asks, and the worker closes when its call is done.
         self._lock = threading.Lock()
+        self._close_asked = False
 
     def encode(self, samples: Int16Array) -> bytes:
         with self._lock:
-            if self._closed:
-                return b""
-            return self._encode(samples)
+            data = b"" if self._closed else self._encode(samples)
+        if self._close_asked:  # read after the lock is free: close() could not take it
+            self.close()
+        return data
 
     def _encode(self, samples: Int16Array) -> bytes:
         if samples.size:
@@ -172,7 +175,13 @@ class AvEncoder:
             return self._sink.take()
 
     def close(self) -> None:
-        with self._lock:
+        """Never waits for an encode() in another thread: that call closes when it ends."""
+        self._close_asked = True
+        if not self._lock.acquire(blocking=False):
+            return  # encode() holds it and reads _close_asked once it lets go
+        try:
             if not self._closed:
                 self._closed = True
                 self._container.close()
+        finally:
+            self._lock.release()

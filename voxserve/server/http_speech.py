@@ -4,24 +4,22 @@ server/speech_output.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
+from voxserve.server.closing_stream import ClosingStream
 from voxserve.server.http_requests import one_of, read_json
-from voxserve.server.json_input import as_float
+from voxserve.server.json_input import as_float, optional_str
 from voxserve.server.openai_models import OPENAI_TTS_MODELS
 from voxserve.server.speech_output import OutputPlan, output_plan, speech_body
 from voxserve.types import Voice
@@ -58,7 +56,7 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     # voice says nothing for) a JSON error, and the answer starts with real audio
     # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
     first = await first_audio(chunks)
-    return _AudioStream(
+    return ClosingStream(
         speech_body(plan.output, chunks, first, plan.text, trace_id),
         media_type=plan.output.media_type,
         headers={
@@ -66,6 +64,7 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
             "X-Voxserve-Voice": plan.voice.id,
             "Cache-Control": "no-store",
         },
+        sources=(chunks,),  # also when the body never started
     )
 
 
@@ -74,14 +73,14 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
     if not isinstance(text, str):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
-    model = _str_field(body.get("model"), "model")
+    model = optional_str(body.get("model"), "model")
     named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
     voice = _speech_voice(engines, model, named)
     output = output_plan(body, settings.tts.output_sample_rate)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
     # `instructions` (style prompts for gpt-4o-mini-tts) is accepted and ignored: the
     # engines have no style control (docs/protocol.md). Only its type is checked.
-    _str_field(body.get("instructions"), "instructions")
+    optional_str(body.get("instructions"), "instructions")
     return SpeechPlan(text, voice, speed, output)
 
 
@@ -107,31 +106,7 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
     )
 
 
-def _str_field(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a string")
-
-
 def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a number")
     return as_float(value, name)
-
-
-class _AudioStream(StreamingResponse):
-    """A streaming response that always closes its body generator when it ends: on a client
-    disconnect, Starlette may abandon the iterator suspended at a `yield`, and closing it
-    is what stops the synthesis between chunks rather than whenever it is garbage collected."""
-
-    def __init__(
-        self, content: AsyncIterator[bytes], *, media_type: str, headers: dict[str, str]
-    ) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self._source = content
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await aclose(self._source)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from voxserve.audio.decode import decode_audio
 from voxserve.engines.base import asr_tasks
@@ -23,12 +23,13 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import transcribe, transcribe_windows
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
+from voxserve.server.closing_stream import ClosingStream
 from voxserve.server.errors import error_body
 from voxserve.server.http_requests import one_of, read_form
 from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
-from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, Task, transcript_response
-from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
+from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, transcript_response
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, AsrTask
 
 FORM_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and the small text fields sent beside the uploaded file."""
@@ -43,7 +44,7 @@ STREAM_FORMATS = ("json", "text")
 class TranscriptionPlan:
     """A validated request (the audio is read separately)."""
 
-    task: Task
+    task: AsrTask
     language: str | None
     response_format: str
     options: AsrOptions
@@ -60,7 +61,7 @@ async def translations(runtime: Runtime, request: Request) -> Response:
     return await _recognise(runtime, request, "translate")
 
 
-async def _recognise(runtime: Runtime, request: Request, task: Task) -> Response:
+async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Response:
     engines = runtime.engines
     max_upload = runtime.settings.limits.max_upload_bytes
     form = await read_form(request, max_upload + FORM_OVERHEAD_BYTES)
@@ -96,10 +97,11 @@ async def _recognise(runtime: Runtime, request: Request, task: Task) -> Response
     first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
     if first is None:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
-    return StreamingResponse(
+    return ClosingStream(
         _events(first, windows),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
+        sources=(windows,),  # a client gone: no more windows transcribed for it
     )
 
 
@@ -134,7 +136,9 @@ def _sse(event: dict[str, object]) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-def _plan(form: FormData, engines: Engines, task: Task, max_prompt_chars: int) -> TranscriptionPlan:
+def _plan(
+    form: FormData, engines: Engines, task: AsrTask, max_prompt_chars: int
+) -> TranscriptionPlan:
     models = (*OPENAI_ASR_MODELS, engines.asr.info.name, "whisper")
     model = one_of(_form_text(form, "model"), models, "model")
     if task not in asr_tasks(engines.asr):

@@ -104,6 +104,14 @@ def as_float(value: int | float, name: str) -> float:
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} is out of range") from None
 
 
+def optional_str(value: object, name: str) -> str | None:
+    """A JSON body's optional string field: absent (None) or a string, else
+    `invalid_parameter` naming the field."""
+    if value is None or isinstance(value, str):
+        return value
+    raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a string")
+
+
 def check_encodable(value: Any, what: str) -> None:
     """Every string in a decoded value (keys too) can be encoded to UTF-8: no lone
     surrogates, which a reply, a cache key or an event writer could not encode later.

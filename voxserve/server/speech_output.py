@@ -19,6 +19,7 @@ from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
 from voxserve.server.http_requests import log
+from voxserve.server.json_input import optional_str
 from voxserve.types import SUPPORTED_OUTPUT_RATES
 
 # Content types as api.openai.com sends them. Its OpenAPI spec says only
@@ -66,13 +67,13 @@ class OutputPlan:
 def output_plan(body: dict[str, Any], default_wav_rate: int) -> OutputPlan:
     """`response_format` (mp3 when omitted, as OpenAI), `stream_format` and the voxserve
     extension `sample_rate` (a supported output rate the format takes)."""
-    fmt = _str_field(body.get("response_format"), "response_format") or DEFAULT_FORMAT
+    fmt = optional_str(body.get("response_format"), "response_format") or DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise VoxError(
             ErrorCode.UNSUPPORTED_ENCODING,
             f"response_format {quoted(fmt)} is not supported; use one of {', '.join(FORMATS)}",
         )
-    stream_format = _str_field(body.get("stream_format"), "stream_format") or "audio"
+    stream_format = optional_str(body.get("stream_format"), "stream_format") or "audio"
     if stream_format not in STREAM_FORMATS:
         raise VoxError(
             ErrorCode.INVALID_PARAMETER,
@@ -93,12 +94,6 @@ def output_plan(body: dict[str, Any], default_wav_rate: int) -> OutputPlan:
             + ", ".join(str(r) for r in takes),
         )
     return OutputPlan(fmt, stream_format, rate)
-
-
-def _str_field(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a string")
 
 
 async def speech_body(

@@ -5,15 +5,13 @@ asked for), for /v1/audio/transcriptions and /v1/audio/translations alike."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from voxserve.server.language_names import language_name
-from voxserve.types import AsrResult, Segment, Word
+from voxserve.types import AsrResult, AsrTask, Segment, Word
 
 TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-Task = Literal["transcribe", "translate"]
 
 
 def transcript_response(
@@ -21,7 +19,7 @@ def transcript_response(
     fmt: str,
     duration_s: float,
     *,
-    task: Task = "transcribe",
+    task: AsrTask = "transcribe",
     words: bool = False,
     segments: bool = True,
 ) -> Response:
@@ -31,7 +29,9 @@ def transcript_response(
         return PlainTextResponse(text + "\n")
     if fmt == "json":
         return JSONResponse({"text": text})
-    spans = result.segments or (Segment(text, 0, round(duration_s * 1000)),)
+    # An engine without segments: the whole text is one. No text (silence): no segment, as
+    # OpenAI's `segments: []`, not one empty span with made-up scores.
+    spans = result.segments or ((Segment(text, 0, round(duration_s * 1000)),) if text else ())
     if fmt == "srt":
         return PlainTextResponse(_srt(spans))
     if fmt == "vtt":
