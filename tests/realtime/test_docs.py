@@ -14,7 +14,7 @@ from tests.realtime.helpers import CONVERSATION_SAMPLES, codec
 from tests.realtime.test_encoder import STARTED, run, spoken_reply
 from voxserve import events as ev
 from voxserve.server.realtime_codec import REFUSED
-from voxserve.server.realtime_events import BETA, SERVER_EVENTS
+from voxserve.server.realtime_events import BETA, SERVER_EVENTS, TRACK_EVENTS
 from voxserve.server.realtime_update import IGNORED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "realtime.md"
@@ -82,6 +82,10 @@ def test_what_each_voxserve_event_becomes() -> None:
         assert emitted <= set(_NAME.findall(cell)), ev.event_type(sample)
         if cell.startswith("none"):
             assert not emitted
+
+
+def test_the_track_events_table_is_what_a_call_sends() -> None:
+    assert first_names(tables(section("WebRTC calls"))[0]) == list(TRACK_EVENTS)
 
 
 def test_fields_accepted_and_not_used() -> None:

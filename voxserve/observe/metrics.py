@@ -80,6 +80,18 @@ class Metrics:
             "websockets' parser (server/ws_fastpath.py); counted when the connection ends",
             registry=r,
         )
+        self.webrtc_packets_lost = Counter(
+            "voxserve_webrtc_packets_lost_total",
+            "RTP packets of WebRTC callers' audio that never came (server/webrtc_inbound.py); "
+            "counted when the call ends",
+            registry=r,
+        )
+        self.webrtc_concealed = Counter(
+            "voxserve_webrtc_concealed_seconds_total",
+            "Audio that stood in for WebRTC callers' lost packets (loss concealment); counted "
+            "when the call ends",
+            registry=r,
+        )
         self.stage_latency = Histogram(
             "voxserve_stage_latency_seconds",
             "Time per engine call, queueing included",

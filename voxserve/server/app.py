@@ -1,5 +1,6 @@
 """The ASGI application: health, OpenAI-compatible HTTP audio, voices, /v1/stream, the
-OpenAI Realtime API (/v1/realtime), and the admin routes of the TTS cache."""
+OpenAI Realtime API (/v1/realtime, and WebRTC calls at /v1/realtime/calls), and the admin
+routes of the TTS cache."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from voxserve.server import (
 from voxserve.server.http_guards import BodyTimeout, OriginGuard
 from voxserve.server.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
+from voxserve.server.webrtc_calls import CallService
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 def create_app(runtime: Runtime) -> Starlette:
     """Build the app. Models load in the background: /healthz answers at once, /readyz
     (and sessions) only once every engine is loaded."""
+
+    calls = CallService(runtime)  # WebRTC: POST /v1/realtime/calls and its live calls
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -51,6 +55,7 @@ def create_app(runtime: Runtime) -> Starlette:
             await transports.start()
             yield
         finally:
+            await calls.aclose()  # every call hung up, its peer and session freed
             await runtime.flow.stop()
             await transports.stop()
             if watchdog is not None:
@@ -69,6 +74,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
         *ws_stream.routes(runtime),
         *realtime_stream.routes(runtime),  # the OpenAI Realtime API over WebSocket
+        *calls.routes(),  # ... and over WebRTC (server/webrtc_calls.py)
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
     middleware = [*cors_middleware(runtime), *guard_middleware(runtime)]
@@ -89,7 +95,7 @@ def cors_middleware(runtime: Runtime) -> list[Middleware]:
             allow_origins=origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["authorization", "content-type"],
-            expose_headers=[TRACE_HEADER, "Retry-After"],
+            expose_headers=[TRACE_HEADER, "Retry-After", "Location"],
             max_age=600,
         )
     ]

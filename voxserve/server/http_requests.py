@@ -112,12 +112,12 @@ async def read_json(
     return body
 
 
-async def read_form(request: Request, limit: int) -> FormData:
-    """The body as a multipart form (one file at most), read under the byte cap."""
+async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:
+    """The body as a multipart form (`max_files` files at most), read under the byte cap."""
     _check_declared_length(request, limit)
     capped = Request(request.scope, _capped(request.receive, limit))
     try:
-        return await capped.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        return await capped.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
     except HTTPException as exc:  # malformed multipart, too many parts
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"bad multipart form: {exc.detail}") from None
 

@@ -47,12 +47,13 @@ Obj = dict[str, Any]
 SEQ_MOD = 1 << 32
 MAX_TRUNCATE_MS = 24 * 3600 * 1000
 
+OUTPUT_CLEAR = "output_audio_buffer.clear"
 REFUSED: dict[str, str] = {
     "conversation.item.retrieve": (
         "conversation.item.retrieve is not supported: voxserve keeps no audio of items"
         " (their text comes in conversation.item.done)"
     ),
-    "output_audio_buffer.clear": (
+    OUTPUT_CLEAR: (
         "output_audio_buffer.clear is for WebRTC and SIP only; over a WebSocket the client"
         " stops playback and sends conversation.item.truncate"
     ),
@@ -76,12 +77,21 @@ _decode_append = msgspec.json.Decoder(_Append).decode
 
 
 class RealtimeDecoder:
-    """One connection's decoder; `wire` is shared with its RealtimeEncoder."""
+    """One connection's decoder; `wire` is shared with its RealtimeEncoder. `output_clear`:
+    what `output_audio_buffer.clear` becomes on a WebRTC call (media "track", where the
+    call's link clears its outgoing track: server/webrtc_link.py); elsewhere the event is
+    refused (REFUSED), as OpenAI refuses it over a WebSocket."""
 
     def __init__(
-        self, wire: RealtimeWire, max_message_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+        self,
+        wire: RealtimeWire,
+        max_message_bytes: int,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        *,
+        output_clear: Callable[[], Decoded] | None = None,
     ) -> None:
         self.wire = wire
+        self.output_clear = output_clear
         self.max_message_bytes = max_message_bytes
         self.max_depth = max_depth
         self.last_event_id: str | None = None
@@ -158,6 +168,8 @@ class RealtimeDecoder:
         if not isinstance(kind, str):
             raise f.invalid("a client event needs a string field 'type'")
         handler = self._handlers.get(kind)
+        if kind == OUTPUT_CLEAR and self.wire.media == "track" and self.output_clear:
+            handler = self._output_clear
         if handler is None:
             raise f.invalid(REFUSED.get(kind) or f"unknown client event type {quoted(kind)}")
         return handler(data)
@@ -178,6 +190,9 @@ class RealtimeDecoder:
 
     def _audio(self, payload: bytes) -> Frames:
         """Decoded audio of an append -> frames of the input format."""
+        if self.wire.media == "track":  # the session takes the track's rate, not the format's
+            message = "on a WebRTC call the audio comes on the call's track, not in events"
+            raise BadAudio(VoxError(ErrorCode.INVALID_MESSAGE, message))
         if not payload:
             raise BadAudio(VoxError(ErrorCode.EMPTY_AUDIO, "audio carries no samples"))
         fmt = self.wire.latest.input_format
@@ -215,6 +230,14 @@ class RealtimeDecoder:
         ]
         self._seq = (seq + len(frames)) % SEQ_MOD
         return frames
+
+    def _output_clear(self, data: Obj) -> Decoded:
+        """A call's `output_audio_buffer.clear` (type and event_id only: as the SDK sends it)."""
+        extra = sorted(set(data) - {"type", "event_id"})
+        if extra:
+            raise f.bad_value(extra[0], "is not a field of output_audio_buffer.clear")
+        assert self.output_clear is not None
+        return self.output_clear()
 
     def _clear(self, _: Obj) -> ClientMessage:
         self._held.clear()

@@ -103,6 +103,13 @@ SERVER_EVENTS = (
     "voxserve.tts.fallback",
 )
 """Every server event type the encoder sends, by GA name (docs/realtime.md's table)."""
+TRACK_EVENTS = (
+    "output_audio_buffer.started",
+    "output_audio_buffer.stopped",
+    "output_audio_buffer.cleared",
+)
+"""A WebRTC call's events about its outgoing track, made by its link (server/webrtc_link.py,
+`RealtimeEncoder.extra`), not from voxserve events; the same names in beta."""
 
 
 def server_event_names(*, beta: bool) -> set[str]:
@@ -136,6 +143,11 @@ class RealtimeEncoder:
 
     def encode_audio(self, pcm: bytes) -> list[str]:
         return [_encode_json(e).decode() for e in self.responses.audio(pcm)]
+
+    def extra(self, kind: str, **fields: Any) -> str:
+        """An event the encoder does not make from voxserve events (TRACK_EVENTS), numbered
+        among the others."""
+        return _encode_json(self._ev(kind, **fields)).decode()
 
     def _ev(self, kind: str, **fields: Any) -> Obj:
         if self.wire.beta:

@@ -271,11 +271,14 @@ class ResponseEvents:
 
     def audio(self, pcm: bytes) -> list[Obj]:
         """Reply audio (PCM16 at the session's output rate) as output_audio.delta events of
-        the reply playing, in the output format."""
+        the reply playing, in the output format; on a WebRTC call (media "track") only the
+        announcement of its message, if it has not been made."""
         r = self._playing or next(reversed(self._responses.values()), None)
         if r is None:
             return []  # audio of no response: a conversation session makes none
         out = self._announce(r)
+        if self.wire.media == "track":
+            return out  # a WebRTC call's audio goes on its track, not in events
         fmt = self.wire.settings.output_format
         if fmt != "audio/pcm":
             data = self._odd + pcm

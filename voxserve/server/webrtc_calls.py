@@ -1,0 +1,343 @@
+"""POST /v1/realtime/calls: a WebRTC call onto a Realtime session, as OpenAI's
+(`client.realtime.calls.create(sdp=..., session=...)`); DELETE /v1/realtime/calls/{id} and
+POST .../{id}/hangup end it.
+
+The offer comes as `Content-Type: application/sdp`, or as a multipart form with `sdp` and
+`session` (a Realtime session object, applied as the first settings: session.created
+already reports them). Everything that may refuse the call happens before the answer, as
+HTTP errors: the key (or a client secret), the offer, the global rule and the key's quotas
+(503/429 with Retry-After), the UDP ports. Then 201 with the SDP answer and
+`Location: /v1/realtime/calls/rtc_<session id>`; the call runs in a task: it waits for
+the `oai-events` channel (webrtc.connect_timeout_s), runs the link (session events on the
+channel, audio on the tracks) until the session ends or the peer is gone (ICE, media
+timeout, a hang-up), and frees everything. aiortc is imported when the first call comes:
+without the `webrtc` extra the route answers 501 webrtc_unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from types import ModuleType
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.runtime import Runtime
+from voxserve.server.admission import admit
+from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token
+from voxserve.server.http_requests import guarded, read_form
+from voxserve.server.json_input import decode_json
+from voxserve.server.realtime_session import (
+    Installed,
+    Kind,
+    RealtimeWire,
+    initial_wire,
+    installed_of,
+)
+from voxserve.server.realtime_update import speaks_beta, update_beta, update_ga
+from voxserve.server.session_driver import SessionDriver
+from voxserve.server.session_input import Wire
+from voxserve.server.session_slot import count_refusal
+from voxserve.server.webrtc_ports import PortRange
+from voxserve.server.webrtc_registry import CallRegistry
+
+log = logging.getLogger(__name__)
+
+WEBRTC = Wire("webrtc", in_band_end=True, stalls=False, tasks="voxserve-webrtc")
+SDP_TYPE = "application/sdp"
+FORM_TYPE = "multipart/form-data"
+MAX_BODY = 256 * 1024  # an offer (a few kB) and a session object
+CALL_PREFIX = "rtc_"
+HANG_UP_WAIT_S = 5.0  # a hang-up answers once the call is freed, or after this long
+LINK_END_WAIT_S = 5.0  # after the peer is gone, the link's goodbye gets this long
+
+
+def peer_module() -> ModuleType:
+    """voxserve.server.webrtc_peer (which imports aiortc); `webrtc_unavailable` without
+    the extra."""
+    try:
+        return importlib.import_module("voxserve.server.webrtc_peer")
+    except ImportError as exc:
+        raise VoxError(
+            ErrorCode.WEBRTC_UNAVAILABLE,
+            f"WebRTC needs the webrtc extra (aiortc), which is not installed: "
+            f"pip install 'voxserve[webrtc]' ({exc.name or 'aiortc'} missing)",
+        ) from None
+
+
+def _optional(module: str, name: str) -> Any:
+    """SEAM (i22-media, i22-link): the real class once its branch is merged."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def media_classes() -> tuple[Any, Any, Any]:
+    """(InboundAudio, OutboundTrack, WebRtcLink), or the seams' stand-ins."""
+    seams = importlib.import_module("voxserve.server.webrtc_seams")
+    inbound = _optional("voxserve.server.webrtc_inbound", "InboundAudio") or seams.SeamInbound
+    outbound = _optional("voxserve.server.webrtc_outbound", "OutboundTrack") or seams.SeamOutbound
+    link = _optional("voxserve.server.webrtc_link", "WebRtcLink") or seams.SeamLink
+    return inbound, outbound, link
+
+
+def call_principal(keys: KeyRing, token: str | None) -> tuple[str, dict[str, Any] | None]:
+    """(key id, the client secret's session object or None).
+    SEAM (i22-secrets): realtime_secrets.realtime_principal once merged (client secrets)."""
+    return keys.authenticate(token), None
+
+
+async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dict[str, Any]]:
+    """(the SDP offer, the session object or {}) of a raw `application/sdp` body or a form
+    with `sdp` and `session` (what the openai SDK sends)."""
+    declared = request.headers.get("content-type", "")
+    media_type = declared.partition(";")[0].strip().lower()
+    if media_type == SDP_TYPE:
+        body = await _read_capped(request, limit)
+        return _text(body, "the SDP offer"), {}
+    if media_type != FORM_TYPE:
+        raise VoxError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"send the SDP offer as Content-Type: {SDP_TYPE}, or a {FORM_TYPE} form with "
+            f"sdp and session, not {quoted(declared)}",
+        )
+    form = await read_form(request, limit, max_files=2)
+    sdp = await _field(form.get("sdp"))
+    if sdp is None:
+        raise VoxError(ErrorCode.INVALID_SDP, "the form has no sdp field (the SDP offer)")
+    raw_session = await _field(form.get("session"))
+    if raw_session is None:
+        return sdp, {}
+    session = decode_json(raw_session, max_bytes=limit, max_depth=depth, what="session")
+    if not isinstance(session, dict):
+        raise VoxError(ErrorCode.INVALID_PARAMETER, "session must be a JSON object")
+    return sdp, session
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise VoxError(
+                ErrorCode.MESSAGE_TOO_LARGE, f"request body is larger than {limit} bytes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _field(value: str | UploadFile | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return _text(await value.read(), value.filename or "a form part")
+
+
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VoxError(ErrorCode.INVALID_SDP, f"{what} is not UTF-8 text") from None
+
+
+def call_wire(installed: Installed, *sessions: dict[str, Any]) -> RealtimeWire:
+    """The Realtime state a call opens with: track media, and the session objects (a client
+    secret's, then the request's; GA or beta names) applied in turn as the first settings."""
+    given = [session for session in sessions if session]
+    first = given[0] if given else {}
+    kind: Kind = "transcription" if first.get("type") == "transcription" else "realtime"
+    model = next((s["model"] for s in reversed(given) if isinstance(s.get("model"), str)), "")
+    wire = initial_wire(
+        installed, model=model, kind=kind, beta=any(map(speaks_beta, given)), media="track"
+    )
+    for session in given:
+        update = update_beta if speaks_beta(session) else update_ga
+        wire.settings = update(wire.settings, session)
+    wire.config()  # checked now (a voice that is not installed...): a 400, not a dead call
+    return wire
+
+
+class Call:
+    """One live call: its peer, its session, the task that runs them (module docstring)."""
+
+    def __init__(
+        self,
+        service: CallService,
+        driver: SessionDriver,
+        wire: RealtimeWire,
+        peer: Any,
+        outbound: Any,
+    ) -> None:
+        self.service = service
+        self.driver = driver
+        self.wire = wire
+        self.peer = peer
+        self.outbound = outbound
+        self.call_id = CALL_PREFIX + driver.id
+        self.owner = driver.owner or ANONYMOUS
+        self.link: Any = None
+        self.task: asyncio.Task[None] | None = None
+        self._hung_up = False
+        self._ended = asyncio.Event()
+
+    def hang_up(self) -> None:
+        """End the call (DELETE, hangup, shutdown): the link's input ends (GONE)."""
+        self._hung_up = True
+        self.peer.gone.set()
+        if self.link is not None:
+            self.link.hang_up()
+
+    async def wait_ended(self) -> None:
+        await self._ended.wait()
+
+    async def run(self) -> None:
+        try:
+            if await self._connected():
+                await self._serve()
+            elif not self._hung_up:
+                log.info("call never connected", extra={"call_id": self.call_id})
+        except Exception:
+            log.exception("call failed")
+        finally:
+            await self._free()
+
+    async def _connected(self) -> bool:
+        """The channel is open within connect_timeout_s (a session that ends first, as in a
+        drain, ends the wait)."""
+        timeout = self.service.runtime.settings.webrtc.connect_timeout_s
+        waiting = asyncio.ensure_future(self.peer.connected(timeout))
+        pipeline = self.driver.pipeline
+        waits: list[asyncio.Future[Any]] = [waiting] if pipeline is None else [waiting, pipeline]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():
+            waiting.cancel()
+            return False
+        return bool(waiting.result())
+
+    async def _serve(self) -> None:
+        inbound_cls, _, link_cls = media_classes()
+        peer = self.peer
+        inbound = inbound_cls(peer.remote_track)
+        runtime = self.service.runtime
+        self.link = link = link_cls(
+            self.driver, self.wire, peer.channel, inbound, self.outbound, runtime
+        )
+        if self._hung_up:
+            link.hang_up()
+        running = asyncio.ensure_future(link.run())
+        gone = asyncio.ensure_future(peer.gone.wait())
+        silent = asyncio.ensure_future(peer.watch_media(lambda: inbound.last_packet_at))
+        try:
+            await asyncio.wait([running, gone, silent], return_when=asyncio.FIRST_COMPLETED)
+            if not running.done():
+                why = "hang-up" if self._hung_up else "gone" if gone.done() else "no media"
+                log.info("call peer gone", extra={"call_id": self.call_id, "why": why})
+                link.hang_up()
+                await asyncio.wait([running], timeout=LINK_END_WAIT_S)
+        finally:
+            for task in (running, gone, silent):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+    async def _free(self) -> None:
+        """The peer (its ports), the session, the registry: given back, once."""
+        with contextlib.suppress(Exception):
+            await self.peer.close()
+        stop = getattr(self.outbound, "stop", None)
+        if stop is not None:
+            stop()
+        self.driver.close()
+        await self.driver.wait_closed()
+        self.service.registry.remove(self)
+        self._ended.set()
+
+
+class CallService:
+    """The call routes of one app, its live calls and its port range."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.keys = KeyRing.from_settings(runtime.settings)
+        self.registry = CallRegistry()
+        config = runtime.settings.webrtc
+        self.ports = PortRange(config.port_min, config.port_max)
+
+    def routes(self) -> list[BaseRoute]:
+        if not self.runtime.settings.webrtc.enabled:
+            return []  # 404, as an unknown path
+        return [
+            Route("/v1/realtime/calls", guarded(self.create), methods=["POST"]),
+            Route("/v1/realtime/calls/{call_id}", guarded(self.delete), methods=["DELETE"]),
+            Route("/v1/realtime/calls/{call_id}/hangup", guarded(self.hangup), methods=["POST"]),
+        ]
+
+    async def aclose(self) -> None:
+        """Shutdown: every call hung up and freed."""
+        await self.registry.close_all(HANG_UP_WAIT_S)
+
+    def _caller(self, request: Request) -> tuple[str, dict[str, Any] | None]:
+        return call_principal(self.keys, bearer_token(request.headers.get("authorization")))
+
+    async def create(self, request: Request, trace_id: str) -> Response:
+        runtime = self.runtime
+        peer_mod = peer_module()
+        key_id, secret_session = self._caller(request)
+        limits = runtime.settings.limits
+        offer, session = await read_offer(request, MAX_BODY, limits.max_json_depth)
+        peer_mod.check_offer(offer)
+        try:
+            admit(runtime)
+        except VoxError as exc:
+            count_refusal(runtime, exc, WEBRTC.name)
+            raise
+        installed = installed_of(runtime.engines, runtime.settings.vad)
+        wire = call_wire(installed, secret_session or {}, session)
+        config = wire.config()
+        try:
+            driver = SessionDriver.open(
+                runtime, lambda: config, wire=WEBRTC, principal=key_id, owner=key_id
+            )
+        except VoxError as exc:
+            count_refusal(runtime, exc, WEBRTC.name)
+            raise
+        _, outbound_cls, _ = media_classes()
+        outbound = outbound_cls()
+        peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
+        try:
+            answer = await peer.answer(offer, outbound)
+        except BaseException as exc:
+            await peer.close()
+            driver.close()
+            if isinstance(exc, VoxError) and exc.code is ErrorCode.OVERLOADED:
+                count_refusal(runtime, exc, WEBRTC.name)
+            raise
+        driver.start()
+        call = Call(self, driver, wire, peer, outbound)
+        self.registry.add(call)
+        call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
+        headers = {"Location": f"/v1/realtime/calls/{call.call_id}"}
+        return Response(answer, status_code=201, media_type=SDP_TYPE, headers=headers)
+
+    async def _hang_up(self, request: Request) -> None:
+        key_id, _ = self._caller(request)
+        call = self.registry.find(request.path_params["call_id"], key_id)
+        call.hang_up()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANG_UP_WAIT_S):
+                await call.wait_ended()
+
+    async def delete(self, request: Request, trace_id: str) -> Response:
+        await self._hang_up(request)
+        return Response(status_code=204)
+
+    async def hangup(self, request: Request, trace_id: str) -> Response:
+        await self._hang_up(request)
+        return Response(status_code=200)
