@@ -207,4 +207,17 @@ async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None
 
 def run(spec: StepSpec, start_at: float) -> Raw:
     """Process entry point (picklable): a fresh event loop for the step."""
+    if spec.mode == "webrtc":
+        _warm_webrtc(spec)
     return asyncio.run(drive(spec, start_at))
+
+
+def _warm_webrtc(spec: StepSpec) -> None:
+    """aiortc and av imported and the program resampled to 48 kHz before the clock starts:
+    done in the loop, the first call would stall every stream for a second."""
+    from voxserve.bench import webrtc_client  # noqa: F401
+    from voxserve.bench.webrtc_stream import pcm48
+
+    if spec.program is not None:
+        (script,) = scripts(spec.program, [0])
+        pcm48(script)

@@ -160,6 +160,12 @@ def _ms(value: Any) -> str:
 NAMES = {"stream": "/v1/stream", "realtime": "Realtime (WebSocket)", "webrtc": "WebRTC calls"}
 
 
+def _title(transports: Sequence[str]) -> str:
+    if set(transports) == {"stream", "realtime"}:
+        return "Realtime vs /v1/stream"  # the doorway's comparison, as issue 21 named it
+    return " vs ".join(NAMES[t] for t in transports)
+
+
 def _lag(f: dict[str, Any]) -> str:
     if "frame_lag_p99_ms" not in f:
         return "-"
@@ -171,7 +177,7 @@ def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
     """The comparison as a table, appended to summary.md."""
     lines = [
         "",
-        "## " + " vs ".join(NAMES[t] for t in transports),
+        "## " + _title(transports),
         "",
         "| streams | transport | turns | turn P50 / P90 / P99 (ms) | speech stopped P50 / P99 "
         "| final P50 / P99 | server CPU % | CPU % per stream | server frame lag P50 / P99 "

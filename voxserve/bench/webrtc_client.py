@@ -38,6 +38,7 @@ from aiortc import (
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import is_rtcp
 from av import AudioFrame
@@ -300,6 +301,9 @@ class WebRtcCaller:
 
     def _track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:
+                    _prompt_listener(transceiver.receiver)
             self._tasks.append(asyncio.ensure_future(self._listen(track)))
 
     async def _listen(self, track: MediaStreamTrack) -> None:
@@ -428,6 +432,15 @@ def _ice_transports(pc: RTCPeerConnection) -> list[Any]:
     if sctp is not None and sctp.transport.transport not in seen:
         seen.append(sctp.transport.transport)
     return seen
+
+
+def _prompt_listener(receiver: Any) -> None:
+    """Hear each frame as soon as it is complete (the next packet is in): aiortc's audio
+    receiver holds 4 frames (prefetch) first, 80 ms no browser on a clean network waits,
+    which would count in the reply's first audio. Set before the first packet arrives."""
+    name = "_RTCRtpReceiver__jitter_buffer"
+    if hasattr(receiver, name):
+        setattr(receiver, name, JitterBuffer(capacity=16, prefetch=0))
 
 
 def _mono(frame: AudioFrame) -> npt.NDArray[np.int16]:

@@ -147,6 +147,7 @@ class WebRtcStream:
         finally:
             self.raw.counts["packets_sent"] += caller.loss.sent
             self.raw.counts["packets_dropped"] += caller.loss.dropped
+            self.raw.counts["audio_ms"] += caller.heard.sound_frames * 20  # reply sound heard
             await caller.close()
         if self.failed:
             self.raw.failed_streams += 1
