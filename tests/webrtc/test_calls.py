@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aioice import stun
 from aioice.ice import get_host_addresses
 from aiortc import (
     AudioStreamTrack,
@@ -40,7 +41,7 @@ from starlette.testclient import TestClient
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from tests.helpers import eventually, wait_ready
-from voxserve.config import WebRtcConfig, load_settings
+from voxserve.config import IceServer, WebRtcConfig, load_settings
 from voxserve.server.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +165,10 @@ async def test_call_opens_and_delete_frees_it(server: LiveServer) -> None:
             assert other.status_code == 401
             gone = await http.delete(location, headers=auth())
             assert gone.status_code == 204
+            # The session's end is told on the channel before the call closes.
+            while (ended := await peer.next_event())["type"] != "voxserve.session.ended":
+                pass
+            assert "packets_lost" in ended and "concealed_ms" in ended
             async with asyncio.timeout(10):
                 await peer.closed.wait()
             again = await http.delete(location, headers=auth())
@@ -360,3 +365,93 @@ async def test_sigterm_ends_calls_with_server_shutdown(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_client_secret_call(server: LiveServer) -> None:
+    """A browser's way: the page gets a client secret (minted with the key), calls with it;
+    the secret's session applies, then the form's; the secret is spent; the key that minted
+    it owns the call."""
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as http:
+        body = {"session": {"type": "realtime", "instructions": "From the secret."}}
+        minted = await http.post("/v1/realtime/client_secrets", json=body, headers=auth())
+        assert minted.status_code == 200, minted.text
+        secret = minted.json()["value"]
+        async with caller() as peer:
+            offer = await peer.offer()
+            session = json.dumps({"type": "realtime", "audio": {"output": {"speed": 1.25}}})
+            files = {"sdp": (None, offer, "application/sdp"), "session": (None, session)}
+            response = await http.post(CALLS, files=files, headers=auth(secret))
+            assert response.status_code == 201, response.text
+            await peer.answer(response.text)
+            created = await peer.next_event()
+            assert created["session"]["instructions"] == "From the secret."
+            assert created["session"]["audio"]["output"]["speed"] == 1.25
+            again = await post_offer(server, offer, key=secret)
+            assert again.status_code == 401
+            location = response.headers["location"]
+            assert (await http.delete(location, headers=auth(secret))).status_code == 401
+            assert (await http.delete(location, headers=auth())).status_code == 204
+    await eventually(lambda: active_webrtc(server) == 0)
+
+
+async def test_caller_closing_its_peer_connection_frees_the_call(server: LiveServer) -> None:
+    """What a page does to end a call: close its RTCPeerConnection. The server sees the
+    channel and the connection close: freed at once, not after a timeout."""
+    async with caller() as peer:
+        response = await post_offer(server, await peer.offer())
+        await peer.answer(response.text)
+        assert (await peer.next_event())["type"] == "session.created"
+        await peer.close()
+        await eventually(lambda: active_webrtc(server) == 0, timeout_s=MEDIA_TIMEOUT_S - 0.5)
+
+
+class StunResponder(asyncio.DatagramProtocol):
+    """A minimal STUN server (RFC 5389 binding): answers with the address it saw."""
+
+    transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        request = stun.parse_message(data)
+        response = stun.Message(
+            message_method=stun.Method.BINDING,
+            message_class=stun.Class.RESPONSE,
+            transaction_id=request.transaction_id,
+        )
+        response.attributes["XOR-MAPPED-ADDRESS"] = (addr[0], addr[1] + 1)
+        self.transport.sendto(bytes(response), addr)
+
+
+async def test_stun_reflexive_candidates_on_the_port_range() -> None:
+    """With a STUN server configured, the server-reflexive candidates are asked for on the
+    range's sockets (their related port is in the range), as aioice does on its own."""
+    loop = asyncio.get_running_loop()
+    v4 = [a for a in get_host_addresses(use_ipv4=True, use_ipv6=False)]
+    transport, _ = await loop.create_datagram_endpoint(StunResponder, local_addr=(v4[0], 0))
+    stun_port = transport.get_extra_info("sockname")[1]
+    low = PORT_MAX + 1
+    webrtc = WebRtcConfig(
+        port_min=low,
+        port_max=low + 7,
+        ice_servers=[IceServer(urls=[f"stun:{v4[0]}:{stun_port}"])],
+    )
+    settings = load_settings(port=free_port(), log_level="warning", webrtc=webrtc)
+    live = await asyncio.to_thread(start_server, settings, fake_runtime(settings))
+    try:
+        async with caller() as peer:
+            response = await post_offer(live, await peer.offer())
+        assert response.status_code == 201, response.text
+        reflexive = re.findall(
+            r"^a=candidate:\S+ \d+ udp \d+ \S+ (\d+) typ srflx raddr \S+ rport (\d+)",
+            response.text,
+            re.M | re.I,
+        )
+        assert reflexive, response.text
+        for port, related in reflexive:
+            assert low <= int(related) <= low + 7
+            assert int(port) == int(related) + 1  # what our STUN server answered
+    finally:
+        transport.close()
+        await asyncio.to_thread(stop_server, live)

@@ -24,6 +24,7 @@ from voxserve.server import (
     http_debug,
     http_engines,
     http_memory,
+    realtime_client_secrets,
     realtime_stream,
     web,
     ws_stream,
@@ -74,6 +75,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
         *ws_stream.routes(runtime),
         *realtime_stream.routes(runtime),  # the OpenAI Realtime API over WebSocket
+        *realtime_client_secrets.routes(runtime),  # its short-lived single-use keys
         *calls.routes(),  # ... and over WebRTC (server/webrtc_calls.py)
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]

@@ -1,8 +1,10 @@
 """WebSocket /v1/realtime: the OpenAI Realtime API's doorway onto the session driver.
 
 Accepted, then refused or opened at once: the origin and key (the `Authorization` header,
-or the `openai-insecure-api-key.<key>` subprotocol browsers send), the global rule, the
-key's quotas. Unlike /v1/stream the session opens before the client says anything:
+or the `openai-insecure-api-key.<key>` subprotocol browsers send; the key may be a client
+secret `ek_...`, used up here, whose session object becomes the initial settings:
+server/realtime_secrets.py), the global rule, the key's quotas. Unlike /v1/stream the
+session opens before the client says anything:
 Realtime's first event is the server's `session.created`, and `session.update` changes it
 later (the codec turns it into a `SessionUpdate`). The wire's own parts are the codec's
 (server/realtime_codec.py decodes client events into frames and messages,
@@ -33,6 +35,13 @@ from voxserve.server.realtime_codec import RealtimeDecoder
 from voxserve.server.realtime_events import RealtimeEncoder
 from voxserve.server.realtime_origins import ErrorOrigins, with_event_id
 from voxserve.server.realtime_responses import request_limits
+from voxserve.server.realtime_secrets import (
+    ClientSecrets,
+    apply_session,
+    realtime_principal,
+    secrets_of,
+    session_kind,
+)
 from voxserve.server.realtime_session import (
     FORMAT_RATES,
     Installed,
@@ -79,9 +88,10 @@ def is_append(payload: bytes) -> bool:
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
     keys = KeyRing.from_settings(runtime.settings)
+    secrets = secrets_of(runtime)
 
     async def endpoint(websocket: WebSocket) -> None:
-        await RealtimeConnection(runtime, websocket, keys).serve()
+        await RealtimeConnection(runtime, websocket, keys, secrets).serve()
 
     return [WebSocketRoute("/v1/realtime", endpoint)]
 
@@ -95,10 +105,13 @@ def key_subprotocol(offered: list[str]) -> str | None:
 
 
 class RealtimeConnection:
-    def __init__(self, runtime: Runtime, websocket: WebSocket, keys: KeyRing) -> None:
+    def __init__(
+        self, runtime: Runtime, websocket: WebSocket, keys: KeyRing, secrets: ClientSecrets
+    ) -> None:
         self.runtime = runtime
         self.ws = websocket
         self.keys = keys
+        self.secrets = secrets
         self.limits = runtime.settings.limits
         self.opened_at = time.monotonic()
         self.fast: FastPath | None = fast_path_of(websocket.scope)
@@ -135,8 +148,6 @@ class RealtimeConnection:
         headers = self.ws.headers
         allowed = self.runtime.settings.cors_allowed_origins
         check_origin(headers.get("origin"), headers.get("host", ""), allowed, fatal=True)
-        token = bearer_token(headers.get("authorization")) or key_subprotocol(self.offered)
-        key_id = self.keys.authenticate(token)
         if len(self.model) > MAX_MODEL:
             raise VoxError(
                 ErrorCode.INVALID_PARAMETER,
@@ -149,11 +160,18 @@ class RealtimeConnection:
                 f"intent {quoted(self.intent)} is not known: transcription, or none",
                 fatal=True,
             )
+        # A client secret is used up here (after the checks above, which cost it nothing);
+        # the session object it carries is the settings session.created reports.
+        token = bearer_token(headers.get("authorization")) or key_subprotocol(self.offered)
+        key_id, session = realtime_principal(self.keys, self.secrets, token)
         runtime = self.runtime
         admit(runtime)
-        kind: Kind = "transcription" if self.intent == "transcription" else "realtime"
+        intent: Kind = "transcription" if self.intent == "transcription" else "realtime"
+        kind = session_kind(session, intent)
         present = installed_of(runtime.engines, runtime.settings.vad)
         wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
+        if session is not None:
+            apply_session(wire, session)
         self.wire = wire
         config = wire.config()
         return SessionDriver.open(

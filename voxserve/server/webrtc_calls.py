@@ -21,8 +21,9 @@ import contextlib
 import importlib
 import logging
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,23 +35,33 @@ from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token
 from voxserve.server.http_requests import guarded, read_form
 from voxserve.server.json_input import decode_json
+from voxserve.server.realtime_secrets import (
+    apply_session,
+    is_client_secret,
+    realtime_principal,
+    secrets_of,
+    session_kind,
+)
 from voxserve.server.realtime_session import (
     Installed,
-    Kind,
     RealtimeWire,
     initial_wire,
     installed_of,
 )
-from voxserve.server.realtime_update import speaks_beta, update_beta, update_ga
+from voxserve.server.realtime_update import speaks_beta
 from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_input import Wire
 from voxserve.server.session_slot import count_refusal
+from voxserve.server.webrtc_link import WEBRTC, WebRtcLink
 from voxserve.server.webrtc_ports import PortRange
 from voxserve.server.webrtc_registry import CallRegistry
 
+if TYPE_CHECKING:  # imports aiortc: loaded by peer_module() when a call comes
+    from aiortc import RTCDataChannel
+
+    from voxserve.server.webrtc_peer import Peer
+
 log = logging.getLogger(__name__)
 
-WEBRTC = Wire("webrtc", in_band_end=True, stalls=False, tasks="voxserve-webrtc")
 SDP_TYPE = "application/sdp"
 FORM_TYPE = "multipart/form-data"
 MAX_BODY = 256 * 1024  # an offer (a few kB) and a session object
@@ -60,8 +71,8 @@ LINK_END_WAIT_S = 5.0  # after the peer is gone, the link's goodbye gets this lo
 
 
 def peer_module() -> ModuleType:
-    """voxserve.server.webrtc_peer (which imports aiortc); `webrtc_unavailable` without
-    the extra."""
+    """voxserve.server.webrtc_peer (which imports aiortc, and the media modules that do);
+    `webrtc_unavailable` without the extra."""
     try:
         return importlib.import_module("voxserve.server.webrtc_peer")
     except ImportError as exc:
@@ -70,29 +81,6 @@ def peer_module() -> ModuleType:
             f"WebRTC needs the webrtc extra (aiortc), which is not installed: "
             f"pip install 'voxserve[webrtc]' ({exc.name or 'aiortc'} missing)",
         ) from None
-
-
-def _optional(module: str, name: str) -> Any:
-    """SEAM (i22-media, i22-link): the real class once its branch is merged."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def media_classes() -> tuple[Any, Any, Any]:
-    """(InboundAudio, OutboundTrack, WebRtcLink), or the seams' stand-ins."""
-    seams = importlib.import_module("voxserve.server.webrtc_seams")
-    inbound = _optional("voxserve.server.webrtc_inbound", "InboundAudio") or seams.SeamInbound
-    outbound = _optional("voxserve.server.webrtc_outbound", "OutboundTrack") or seams.SeamOutbound
-    link = _optional("voxserve.server.webrtc_link", "WebRtcLink") or seams.SeamLink
-    return inbound, outbound, link
-
-
-def call_principal(keys: KeyRing, token: str | None) -> tuple[str, dict[str, Any] | None]:
-    """(key id, the client secret's session object or None).
-    SEAM (i22-secrets): realtime_secrets.realtime_principal once merged (client secrets)."""
-    return keys.authenticate(token), None
 
 
 async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dict[str, Any]]:
@@ -147,20 +135,18 @@ def _text(raw: bytes, what: str) -> str:
         raise VoxError(ErrorCode.INVALID_SDP, f"{what} is not UTF-8 text") from None
 
 
-def call_wire(installed: Installed, *sessions: dict[str, Any]) -> RealtimeWire:
-    """The Realtime state a call opens with: track media, and the session objects (a client
-    secret's, then the request's; GA or beta names) applied in turn as the first settings."""
-    given = [session for session in sessions if session]
-    first = given[0] if given else {}
-    kind: Kind = "transcription" if first.get("type") == "transcription" else "realtime"
-    model = next((s["model"] for s in reversed(given) if isinstance(s.get("model"), str)), "")
-    wire = initial_wire(
-        installed, model=model, kind=kind, beta=any(map(speaks_beta, given)), media="track"
-    )
-    for session in given:
-        update = update_beta if speaks_beta(session) else update_ga
-        wire.settings = update(wire.settings, session)
-    wire.config()  # checked now (a voice that is not installed...): a 400, not a dead call
+def call_wire(
+    installed: Installed, secret_session: dict[str, Any] | None, session: dict[str, Any]
+) -> RealtimeWire:
+    """The Realtime state a call opens with: track media, then the session objects (a client
+    secret's, then the request's `session` field; GA or beta names) applied in turn as the
+    first settings, each checked in full (a 400 now, not a dead call later)."""
+    given = [s for s in (secret_session, session) if s]
+    kind = session_kind(secret_session, session_kind(session or None, "realtime"))
+    beta = any(speaks_beta(s) for s in given)
+    wire = initial_wire(installed, model="", kind=kind, beta=beta, media="track")
+    for each in given:
+        apply_session(wire, each)
     return wire
 
 
@@ -172,17 +158,15 @@ class Call:
         service: CallService,
         driver: SessionDriver,
         wire: RealtimeWire,
-        peer: Any,
-        outbound: Any,
+        peer: Peer,
     ) -> None:
         self.service = service
         self.driver = driver
         self.wire = wire
         self.peer = peer
-        self.outbound = outbound
         self.call_id = CALL_PREFIX + driver.id
         self.owner = driver.owner or ANONYMOUS
-        self.link: Any = None
+        self.link: WebRtcLink | None = None
         self.task: asyncio.Task[None] | None = None
         self._hung_up = False
         self._ended = asyncio.Event()
@@ -222,18 +206,22 @@ class Call:
         return bool(waiting.result())
 
     async def _serve(self) -> None:
-        inbound_cls, _, link_cls = media_classes()
         peer = self.peer
-        inbound = inbound_cls(peer.remote_track)
+        inbound, channel = peer.inbound, peer.channel
+        assert channel is not None  # connected(): the channel is open
         runtime = self.service.runtime
-        self.link = link = link_cls(
-            self.driver, self.wire, peer.channel, inbound, self.outbound, runtime
+        self.link = link = WebRtcLink(
+            self.driver, self.wire, channel, inbound, peer.outbound, runtime
         )
         if self._hung_up:
             link.hang_up()
         running = asyncio.ensure_future(link.run())
         gone = asyncio.ensure_future(peer.gone.wait())
-        silent = asyncio.ensure_future(peer.watch_media(lambda: inbound.last_packet_at))
+        # No audio track (a listen-only caller): ICE consent alone tells a vanished peer.
+        last_packet = (lambda: inbound.last_packet_at) if inbound is not None else None
+        silent = asyncio.ensure_future(
+            peer.watch_media(last_packet) if last_packet is not None else asyncio.Event().wait()
+        )
         try:
             await asyncio.wait([running, gone, silent], return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
@@ -241,19 +229,34 @@ class Call:
                 log.info("call peer gone", extra={"call_id": self.call_id, "why": why})
                 link.hang_up()
                 await asyncio.wait([running], timeout=LINK_END_WAIT_S)
+                if not peer.lost:
+                    self._goodbye(link, channel)
         finally:
             for task in (running, gone, silent):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
 
+    def _goodbye(self, link: WebRtcLink, channel: RTCDataChannel) -> None:
+        """A call ended from this side (a hang-up, no media): the session's end is told on
+        the channel (`voxserve.session.ended` with the media counters), as a session that
+        ends on its own tells it, before the peer closes (it flushes the channel)."""
+        if channel.readyState != "open":
+            return
+        ended = self.driver.session.ended_event()
+        inbound = self.peer.inbound
+        if inbound is not None:
+            ended = msgspec.structs.replace(
+                ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
+            )
+        with contextlib.suppress(Exception):  # best effort: the caller may be leaving
+            for text in link.encoder.encode(ended):
+                channel.send(text)
+
     async def _free(self) -> None:
         """The peer (its ports), the session, the registry: given back, once."""
         with contextlib.suppress(Exception):
             await self.peer.close()
-        stop = getattr(self.outbound, "stop", None)
-        if stop is not None:
-            stop()
         self.driver.close()
         await self.driver.wait_closed()
         self.service.registry.remove(self)
@@ -283,36 +286,39 @@ class CallService:
         """Shutdown: every call hung up and freed."""
         await self.registry.close_all(HANG_UP_WAIT_S)
 
-    def _caller(self, request: Request) -> tuple[str, dict[str, Any] | None]:
-        return call_principal(self.keys, bearer_token(request.headers.get("authorization")))
-
     async def create(self, request: Request, trace_id: str) -> Response:
         runtime = self.runtime
         peer_mod = peer_module()
-        key_id, secret_session = self._caller(request)
+        token = bearer_token(request.headers.get("authorization"))
+        if not is_client_secret(token):
+            self.keys.authenticate(token)  # a wrong key is told before the body is read
         limits = runtime.settings.limits
         offer, session = await read_offer(request, MAX_BODY, limits.max_json_depth)
         peer_mod.check_offer(offer)
+        # A client secret is used up here (after the checks above, which cost it nothing);
+        # the session object it carries applies first.
+        key_id, secret_session = realtime_principal(self.keys, secrets_of(runtime), token)
+        principal = key_id or ANONYMOUS
         try:
             admit(runtime)
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
         installed = installed_of(runtime.engines, runtime.settings.vad)
-        wire = call_wire(installed, secret_session or {}, session)
+        wire = call_wire(installed, secret_session, session)
         config = wire.config()
         try:
             driver = SessionDriver.open(
-                runtime, lambda: config, wire=WEBRTC, principal=key_id, owner=key_id
+                runtime, lambda: config, wire=WEBRTC, principal=principal, owner=principal
             )
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
-        _, outbound_cls, _ = media_classes()
-        outbound = outbound_cls()
-        peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
+        peer: Peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
+        # The reply track's frame lateness as a metric (i22-bench adds the histogram).
+        peer.outbound.lag.sink = getattr(runtime.metrics, "observe_frame_lag", None)
         try:
-            answer = await peer.answer(offer, outbound)
+            answer = await peer.answer(offer)
         except BaseException as exc:
             await peer.close()
             driver.close()
@@ -320,14 +326,15 @@ class CallService:
                 count_refusal(runtime, exc, WEBRTC.name)
             raise
         driver.start()
-        call = Call(self, driver, wire, peer, outbound)
+        call = Call(self, driver, wire, peer)
         self.registry.add(call)
         call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
         headers = {"Location": f"/v1/realtime/calls/{call.call_id}"}
         return Response(answer, status_code=201, media_type=SDP_TYPE, headers=headers)
 
     async def _hang_up(self, request: Request) -> None:
-        key_id, _ = self._caller(request)
+        # Only the key that made the call (a client secret is spent once the call is made).
+        key_id = self.keys.authenticate(bearer_token(request.headers.get("authorization")))
         call = self.registry.find(request.path_params["call_id"], key_id)
         call.hang_up()
         with contextlib.suppress(TimeoutError):

@@ -30,6 +30,8 @@ from aiortc import sdp as aiortc_sdp
 
 from voxserve.config import WebRtcConfig
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.server.webrtc_inbound import InboundAudio
+from voxserve.server.webrtc_outbound import OutboundTrack
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
 log = logging.getLogger(__name__)
@@ -84,14 +86,16 @@ def check_offer(text: str) -> None:
 
 
 class Peer:
-    """The peer connection of one call (module docstring)."""
+    """The peer connection of one call (module docstring): `outbound`, the reply's track;
+    `inbound`, the caller's audio (None while it has sent no track: a listen-only offer)."""
 
     def __init__(self, config: WebRtcConfig, ports: PortRange) -> None:
         self.config = config
         self.ports = ports
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(config)))
         self.channel: RTCDataChannel | None = None
-        self.remote_track: MediaStreamTrack | None = None
+        self.inbound: InboundAudio | None = None
+        self.outbound = OutboundTrack()
         self.gone = asyncio.Event()  # ICE/DTLS failed or closed, or the call hangs up
         self.lost = False  # the peer itself is gone (not a hang-up): nothing to flush
         self._channel_open = asyncio.Event()
@@ -101,8 +105,12 @@ class Peer:
         self.pc.on("connectionstatechange", self._on_state)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self.remote_track is None:
-            self.remote_track = track
+        """The caller's audio, read through InboundAudio, which puts its jitter buffer in
+        the receiver now, before media flows."""
+        if track.kind != "audio" or self.inbound is not None:
+            return
+        receiver = next((r for r in self.pc.getReceivers() if r.track is track), None)
+        self.inbound = InboundAudio(track, receiver=receiver)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != CHANNEL_LABEL or self.channel is not None:
@@ -125,9 +133,10 @@ class Peer:
         self.lost = True
         self.gone.set()
 
-    async def answer(self, offer: str, outbound: MediaStreamTrack) -> str:
+    async def answer(self, offer: str) -> str:
         """The SDP answer to `offer` (checked by `check_offer` first), `outbound` on the
         audio transceiver, host candidates on the port range."""
+        outbound = self.outbound
         check_offer(offer)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
@@ -159,8 +168,8 @@ class Peer:
         return found
 
     async def connected(self, timeout_s: float) -> bool:
-        """Whether the data channel opened (ICE, DTLS and SCTP up) and the caller's track
-        came within `timeout_s`; False when it did not, or the peer went first."""
+        """Whether the data channel opened (ICE, DTLS and SCTP up) within `timeout_s`; False
+        when it did not, or the peer went first."""
         opened = asyncio.ensure_future(self._channel_open.wait())
         gone = asyncio.ensure_future(self.gone.wait())
         try:
@@ -168,8 +177,7 @@ class Peer:
         finally:
             opened.cancel()
             gone.cancel()
-        ready = self._channel_open.is_set() and not self.gone.is_set()
-        return ready and self.remote_track is not None
+        return self._channel_open.is_set() and not self.gone.is_set()
 
     async def watch_media(self, last_packet_at: Callable[[], float]) -> None:
         """Return when the peer has sent no RTP for `media_timeout_s` (`last_packet_at`:
@@ -195,6 +203,7 @@ class Peer:
                         await asyncio.sleep(0.01)
         with contextlib.suppress(Exception):
             await self.pc.close()
+        self.outbound.stop()
         self.gone.set()
 
     def _flushed(self) -> bool:
