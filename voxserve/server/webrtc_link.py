@@ -15,8 +15,9 @@ barge-in (the assistant item is then truncated at what the caller heard) or by t
 nothing for `limits.stalled_client_s` ends the session as `client_stalled`.
 
 The call (server/webrtc_calls.py) owns the peer connection and the driver: it starts the
-driver, runs `WebRtcLink(...).run()` once the channel is open, calls `hang_up()` when the
-peer is gone, then closes the driver and the peer connection.
+driver, makes the link once the channel is open (with the messages that came before, as
+`pending`: the link listens from then on), runs `run()`, calls `hang_up()` when the peer is
+gone, then closes the driver and the peer connection.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -227,6 +228,8 @@ class WebRtcLink:
         inbound: Inbound | None,
         outbound: Outbound,
         runtime: Runtime,
+        *,
+        pending: Sequence[str | bytes] = (),
     ) -> None:
         if wire.media != "track":
             raise ValueError("a WebRTC call's wire has media 'track'")
@@ -255,6 +258,18 @@ class WebRtcLink:
         self._busy = True  # the sender holds an item not yet sent (or has not begun)
         self._changed = asyncio.Event()  # the channel opened, drained, or closed
         self._listeners: list[tuple[str, Callable[..., Any]]] = []
+        # The way in from now on: a client may send as the channel opens (OpenAI's browser
+        # sample sends session.update in `onopen`); `pending`: what came before the link.
+        for data in pending:
+            self.inbox.message(data)
+        for event, listener in (
+            ("message", self.received),
+            ("open", self._changed.set),
+            ("bufferedamountlow", self._changed.set),
+            ("close", self.hang_up),
+        ):
+            channel.on(event, listener)
+            self._listeners.append((event, listener))
 
     # -- the call ---------------------------------------------------------------------------
 
@@ -263,14 +278,6 @@ class WebRtcLink:
         driver, channel, outbound = self.driver, self.channel, self.outbound
         driver.announce()
         channel.bufferedAmountLowThreshold = BUFFER_LOW
-        for event, listener in (
-            ("message", self.inbox.message),
-            ("open", self._changed.set),
-            ("bufferedamountlow", self._changed.set),
-            ("close", self.hang_up),
-        ):
-            channel.on(event, listener)
-            self._listeners.append((event, listener))
         outbound.on_started, outbound.on_stopped = self._started, self._stopped
         reader = None
         if self.inbound is not None:
@@ -293,6 +300,10 @@ class WebRtcLink:
             self._count_media()
         if self.session.outbox.stalled:
             driver.end_stalled()
+
+    def received(self, data: str | bytes) -> None:
+        """A data channel message (the channel's "message" listener): queued, never waits."""
+        self.inbox.message(data)
 
     def hang_up(self) -> None:
         """The peer is gone (or the data channel closed): the input ends (InputEnd.GONE),
