@@ -174,6 +174,10 @@ def _cpu() -> float:
 async def drive(spec: StepSpec, start_at: float) -> Raw:
     """Run this process's streams of the step, starting at monotonic time start_at."""
     raw = Raw()
+    if spec.mode == "webrtc":
+        from voxserve.bench.webrtc_client import InlineExecutor
+
+        asyncio.get_running_loop().set_default_executor(InlineExecutor())
     offsets = start_offsets(spec.streams, spec.ramp_s)
     end_at = start_at + spec.ramp_s + spec.duration_s
     watcher = asyncio.create_task(watch(raw, start_at + spec.ramp_s, end_at))

@@ -18,6 +18,7 @@ bench's and the tests' WebRTC code paths.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import random
@@ -77,21 +78,14 @@ def clip_source(pcm48: bytes) -> FrameSource:
 
 class PacedAudio(MediaStreamTrack):
     """The caller's microphone: frame k is handed to the encoder at start + k * 20 ms by the
-    monotonic clock (aiortc's sender pulls recv() in a loop and sends at once), so the wire
-    sees real time. `on_frame(k, t)` is told when each frame went; lateness is recorded."""
+    monotonic clock (aiortc's sender pulls recv() in a loop, encodes in a thread and sends),
+    so the wire sees real time. How late each frame was handed over goes to `lateness`."""
 
     kind = "audio"
 
-    def __init__(
-        self,
-        source: FrameSource,
-        *,
-        on_frame: Callable[[int, float], None] | None = None,
-        lateness: array[float] | None = None,
-    ) -> None:
+    def __init__(self, source: FrameSource, lateness: array[float] | None = None) -> None:
         super().__init__()
         self.source = source
-        self.on_frame = on_frame
         self.lateness = lateness if lateness is not None else array("d")
         self.sent = 0
         self.start: float | None = None
@@ -106,16 +100,13 @@ class PacedAudio(MediaStreamTrack):
         due = self.start + k * FRAME_S
         if (delay := due - time.monotonic()) > 0:
             await asyncio.sleep(delay)
-        now = time.monotonic()
-        self.lateness.append(now - due)
+        self.lateness.append(time.monotonic() - due)
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(self.source(k) or self.silence)
         frame.sample_rate = RATE
         frame.time_base = TIME_BASE
         frame.pts = k * FRAME_SAMPLES
         self.sent += 1
-        if self.on_frame is not None:
-            self.on_frame(k, now)
         return frame
 
 
@@ -180,7 +171,10 @@ class WebRtcCaller:
         on_sound: Callable[[float], None] | None = None,
     ) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only
-        self.track = PacedAudio(source, on_frame=on_frame, lateness=lateness)
+        self.track = PacedAudio(source, lateness)
+        self.on_frame = on_frame
+        self.wire_lateness = array("d")  # frame due -> its RTP packet leaving
+        self._rtp_origin: int | None = None
         self.transceiver: RTCRtpTransceiver = self.pc.addTransceiver(self.track, "sendrecv")
         self.channel: RTCDataChannel = self.pc.createDataChannel(CHANNEL)
         self.loss = Loss(loss, seed)
@@ -265,16 +259,34 @@ class WebRtcCaller:
         return self.location.rsplit("/", 1)[-1] if self.location else None
 
     def _wrap_rtp(self) -> None:
-        """Our audio RTP passes through `loss` (and stops once vanished); RTCP does not."""
+        """Our audio RTP is timed as it leaves (`_on_wire`) and passes through `loss` (none
+        once vanished); RTCP is not touched."""
         dtls = self.transceiver.sender.transport
         send = dtls._send_rtp
 
         async def send_rtp(data: bytes) -> None:
-            if self.vanished or (not is_rtcp(data) and self.loss.drop()):
+            if self.vanished:
                 return
+            if not is_rtcp(data):
+                self._on_wire(data)
+                if self.loss.drop():
+                    return
             await send(data)
 
         dtls._send_rtp = send_rtp  # type: ignore[method-assign]
+
+    def _on_wire(self, packet: bytes) -> None:
+        """Frame k of our track left now (its RTP timestamp says which: 960 a frame): told
+        to `on_frame`, and how late against start + k * 20 ms (encoding included)."""
+        now = time.monotonic()
+        stamp = int.from_bytes(packet[4:8], "big")
+        if self._rtp_origin is None:
+            self._rtp_origin = stamp
+        k = ((stamp - self._rtp_origin) & 0xFFFFFFFF) // FRAME_SAMPLES
+        start = self.track.start if self.track.start is not None else now
+        self.wire_lateness.append(now - (start + k * FRAME_S))
+        if self.on_frame is not None:
+            self.on_frame(k, now)
 
     # --- what comes back ------------------------------------------------------------------
 
@@ -412,6 +424,24 @@ class WebRtcCaller:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs what is submitted at once, in the caller's thread. aiortc encodes every 20 ms
+    frame through the loop's default executor: with many callers in one load process the
+    thread hop (and the GIL going back and forth) made frames leave tens of ms late on a
+    busy machine, for an encode of ~0.1 ms. A load process sets it as its loop's default
+    (asyncio wants a ThreadPoolExecutor there: this one never starts a thread)."""
+
+    def submit(  # type: ignore[override]
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting side
+            future.set_exception(exc)
+        return future
 
 
 async def _nothing(data: bytes) -> None:

@@ -148,6 +148,7 @@ class WebRtcStream:
             self.raw.counts["packets_sent"] += caller.loss.sent
             self.raw.counts["packets_dropped"] += caller.loss.dropped
             self.raw.counts["audio_ms"] += caller.heard.sound_frames * 20  # reply sound heard
+            self.raw.samples.setdefault("rtp_send_lag", []).extend(caller.wire_lateness)
             await caller.close()
         if self.failed:
             self.raw.failed_streams += 1
