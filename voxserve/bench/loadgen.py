@@ -217,11 +217,12 @@ def run(spec: StepSpec, start_at: float) -> Raw:
 
 
 def _warm_webrtc(spec: StepSpec) -> None:
-    """aiortc and av imported and the program resampled to 48 kHz before the clock starts:
-    done in the loop, the first call would stall every stream for a second."""
-    from voxserve.bench import webrtc_client  # noqa: F401
+    """aiortc and av imported, the TLS context made and the program resampled to 48 kHz
+    before the clock starts: done in the loop, the first call would stall every stream."""
+    from voxserve.bench import webrtc_client
     from voxserve.bench.webrtc_stream import pcm48
 
+    webrtc_client.warm()
     if spec.program is not None:
         (script,) = scripts(spec.program, [0])
         pcm48(script)

@@ -448,11 +448,16 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
 _TLS: list[ssl.SSLContext] = []
 
 
+def warm() -> None:
+    """Make the process's TLS context now (a load process, before its clock starts)."""
+    if not _TLS:
+        _TLS.append(ssl.create_default_context())
+
+
 def _http(timeout_s: float) -> httpx.AsyncClient:
     """An HTTP client on the process's one TLS context: httpx loads the CA bundle for every
     new client otherwise (~0.2-0.5 s on a busy machine, in the event loop, every call)."""
-    if not _TLS:
-        _TLS.append(ssl.create_default_context())
+    warm()
     return httpx.AsyncClient(timeout=timeout_s, verify=_TLS[0])
 
 
