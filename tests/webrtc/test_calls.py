@@ -41,8 +41,17 @@ from starlette.testclient import TestClient
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from tests.helpers import eventually, wait_ready
-from voxserve.config import IceServer, WebRtcConfig, load_settings
+from voxserve.config import (
+    IceServer,
+    LimitsConfig,
+    QuotaLimits,
+    QuotasConfig,
+    WebRtcConfig,
+    load_settings,
+)
 from voxserve.server.app import create_app
+from voxserve.server.webrtc_peer import Peer
+from voxserve.server.webrtc_ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -184,11 +193,17 @@ async def test_sdk_create_with_session_and_hangup(server: LiveServer) -> None:
         answer = await client.realtime.calls.create(sdp=await peer.offer(), session=session)
         sdp = answer.text
         call_id = answer.response.headers["location"].rsplit("/", 1)[1]
+        # OpenAI's browser sample sends session.update the moment the channel opens.
+        early = {"type": "session.update", "session": {"type": "realtime", "instructions": "Hi"}}
+        peer.channel.on("open", lambda: peer.channel.send(json.dumps(early)))
         await peer.answer(sdp)
         created = await peer.next_event()
         assert created["type"] == "session.created"
         assert created["session"]["instructions"] == "Be brief."
         assert created["session"]["model"] == "gpt-realtime"
+        updated = await peer.next_event()
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["instructions"] == "Hi"
         await client.realtime.calls.hangup(call_id)
         async with asyncio.timeout(10):
             await peer.closed.wait()
@@ -201,11 +216,20 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
     wrong = await post_offer(server, offer, key="wrong")
     assert wrong.status_code == 401
     assert wrong.json()["error"]["code"] == "unauthorized"
-    for bad in ("", "hello", "v=0\r\nm=audio x\r\n", offer.replace("m=application", "m=text")):
+    no_ice = re.sub(r"a=ice-(ufrag|pwd):.*\r\n", "", offer)  # parses; aiortc refuses it
+    bad_rtp = re.sub(r"a=rtpmap:(\d+) opus", r"a=rtpmap:\1 opus/x", offer)
+    broken = ("", "hello", "v=0\r\nm=audio x\r\n", offer.replace("m=application", "m=text"))
+    for bad in (*broken, no_ice, bad_rtp, offer.replace("a=setup:", "a=setup:sideways")):
         response = await post_offer(server, bad)
         assert response.status_code == 400, (bad[:40], response.text)
         assert response.json()["error"]["code"] == "invalid_sdp"
-    no_audio = re.sub(r"m=audio.*?(?=m=application)", "", offer, flags=re.S)
+    audio = re.search(r"m=audio.*?(?=m=application)", offer, flags=re.S)
+    assert audio is not None
+    many = offer + audio.group(0) * 4  # m-lines past the bound (each would take ports)
+    response = await post_offer(server, many)
+    assert response.status_code == 400
+    assert "m-lines" in response.json()["error"]["message"]
+    no_audio = offer.replace(audio.group(0), "")
     response = await post_offer(server, no_audio)
     assert response.status_code == 400
     assert "audio" in response.json()["error"]["message"]
@@ -330,7 +354,12 @@ def test_without_aiortc_the_route_answers_501() -> None:
 
 def serve(port: int, log: Path) -> subprocess.Popen[bytes]:
     """`voxserve serve` on the load engines (a drain deadline of 2 s)."""
-    env = {**os.environ, "VOXSERVE_LIMITS__DRAIN_TIMEOUT_S": "2", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "VOXSERVE_LIMITS__DRAIN_TIMEOUT_S": "2",
+        "VOXSERVE_CACHE__ENABLED": "false",
+        "PYTHONPATH": str(ROOT),
+    }
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "voxserve", "serve", "--config", "bench/load-engines.toml",
@@ -369,8 +398,8 @@ async def test_sigterm_ends_calls_with_server_shutdown(tmp_path: Path) -> None:
 
 async def test_client_secret_call(server: LiveServer) -> None:
     """A browser's way: the page gets a client secret (minted with the key), calls with it;
-    the secret's session applies, then the form's; the secret is spent; the key that minted
-    it owns the call."""
+    the secret's session applies, then the form's; the secret is spent, and yet hangs up
+    the call it made."""
     async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as http:
         body = {"session": {"type": "realtime", "instructions": "From the secret."}}
         minted = await http.post("/v1/realtime/client_secrets", json=body, headers=auth())
@@ -389,8 +418,9 @@ async def test_client_secret_call(server: LiveServer) -> None:
             again = await post_offer(server, offer, key=secret)
             assert again.status_code == 401
             location = response.headers["location"]
-            assert (await http.delete(location, headers=auth(secret))).status_code == 401
-            assert (await http.delete(location, headers=auth())).status_code == 204
+            # The page hangs up with the secret it called with (spent, yet its call's).
+            assert (await http.delete(location, headers=auth("ek_other"))).status_code == 404
+            assert (await http.delete(location, headers=auth(secret))).status_code == 204
     await eventually(lambda: active_webrtc(server) == 0)
 
 
@@ -455,3 +485,52 @@ async def test_stun_reflexive_candidates_on_the_port_range() -> None:
     finally:
         transport.close()
         await asyncio.to_thread(stop_server, live)
+
+
+async def test_admission_and_quota_refusals_are_http_errors() -> None:
+    """The global rule (limits.max_sessions) and the key's quota (its sessions) refuse at
+    POST time, with Retry-After, before any answer or port."""
+    quotas = QuotasConfig(default=QuotaLimits(max_sessions=1))
+    settings = load_settings(
+        port=free_port(),
+        log_level="warning",
+        api_keys=[SecretStr(KEY), SecretStr("second-key")],
+        quotas=quotas,
+        limits=LimitsConfig(max_sessions=2),
+    )
+    live = await asyncio.to_thread(start_server, settings, fake_runtime(settings))
+    try:
+        async with caller() as first, caller() as second, caller() as third:
+            assert (await post_offer(live, await first.offer())).status_code == 201
+            over_quota = await post_offer(live, await second.offer())
+            assert over_quota.status_code == 429, over_quota.text
+            assert over_quota.json()["error"]["code"] == "quota_exceeded"
+            assert "Retry-After" in over_quota.headers
+            other = await post_offer(live, await second.offer(), key="second-key")
+            assert other.status_code == 201
+            full = await post_offer(live, await third.offer(), key="second-key")
+            assert full.status_code == 503, full.text
+            assert full.json()["error"]["code"] == "overloaded"
+            assert "Retry-After" in full.headers
+    finally:
+        await asyncio.to_thread(stop_server, live)
+
+
+async def test_messages_before_the_link_are_held() -> None:
+    """A client event sent as the channel opens (before the call's link exists: a browser
+    sends right after its DCEP OPEN) is held by the peer and handed over once; the peer
+    holds nothing after."""
+    server = Peer(WebRtcConfig(), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            early = json.dumps({"type": "session.update", "session": {"instructions": "Hi"}})
+            peer.channel.on("open", lambda: peer.channel.send(early))
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            await eventually(lambda: len(server.early) == 1)
+            assert server.take_early() == [early]
+            peer.channel.send("later")
+            await asyncio.sleep(0.2)
+            assert server.take_early() == []  # the link's from now on
+        finally:
+            await server.close()

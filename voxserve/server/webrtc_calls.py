@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib
 import logging
 from types import ModuleType
@@ -32,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
-from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token
+from voxserve.server.auth import ANONYMOUS, KeyRing, bearer_token, digest
 from voxserve.server.http_requests import guarded, read_form
 from voxserve.server.json_input import decode_json
 from voxserve.server.realtime_secrets import (
@@ -53,7 +54,7 @@ from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_slot import count_refusal
 from voxserve.server.webrtc_link import WEBRTC, WebRtcLink
 from voxserve.server.webrtc_ports import PortRange
-from voxserve.server.webrtc_registry import CallRegistry
+from voxserve.server.webrtc_registry import CallRegistry, LiveCall
 
 if TYPE_CHECKING:  # imports aiortc: loaded by peer_module() when a call comes
     from aiortc import RTCDataChannel
@@ -166,6 +167,7 @@ class Call:
         self.peer = peer
         self.call_id = CALL_PREFIX + driver.id
         self.owner = driver.owner or ANONYMOUS
+        self.secret_digest: bytes | None = None  # the client secret that made it, if one
         self.link: WebRtcLink | None = None
         self.task: asyncio.Task[None] | None = None
         self._hung_up = False
@@ -210,8 +212,16 @@ class Call:
         inbound, channel = peer.inbound, peer.channel
         assert channel is not None  # connected(): the channel is open
         runtime = self.service.runtime
+        # The link listens to the channel from its construction; what came before is
+        # handed over in the same step (no await between).
         self.link = link = WebRtcLink(
-            self.driver, self.wire, channel, inbound, peer.outbound, runtime
+            self.driver,
+            self.wire,
+            channel,
+            inbound,
+            peer.outbound,
+            runtime,
+            pending=peer.take_early(),
         )
         if self._hung_up:
             link.hang_up()
@@ -327,15 +337,29 @@ class CallService:
             raise
         driver.start()
         call = Call(self, driver, wire, peer)
+        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+            call.secret_digest = digest(token)  # the page hangs up with the secret it used
         self.registry.add(call)
         call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
         headers = {"Location": f"/v1/realtime/calls/{call.call_id}"}
         return Response(answer, status_code=201, media_type=SDP_TYPE, headers=headers)
 
+    def _hanging_up(self, request: Request) -> LiveCall:
+        """The call a hang-up names, if the caller may end it: the key that made it (or
+        minted the client secret it was made with), or that very secret (spent, but a page
+        ends its call with the bearer it made it with). `call_not_found` otherwise."""
+        token = bearer_token(request.headers.get("authorization"))
+        call_id = request.path_params["call_id"]
+        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+            call = self.registry.get(call_id)
+            made_with = call.secret_digest
+            if made_with is None or not hmac.compare_digest(made_with, digest(token)):
+                raise self.registry.not_found(call_id)
+            return call
+        return self.registry.find(call_id, self.keys.authenticate(token))
+
     async def _hang_up(self, request: Request) -> None:
-        # Only the key that made the call (a client secret is spent once the call is made).
-        key_id = self.keys.authenticate(bearer_token(request.headers.get("authorization")))
-        call = self.registry.find(request.path_params["call_id"], key_id)
+        call = self._hanging_up(request)
         call.hang_up()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(HANG_UP_WAIT_S):

@@ -41,7 +41,13 @@ logging.getLogger("aioice").setLevel(logging.WARNING)
 
 CHANNEL_LABEL = "oai-events"  # the Realtime events' data channel (OpenAI's name)
 MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
+# Without BUNDLE each m-line takes its own ports: a bound, so one offer cannot take a range.
+MAX_MEDIA = 4
 GONE_STATES = ("failed", "closed")
+# Client events sent as the channel opens (OpenAI's browser sample sends session.update in
+# `onopen`), held until the link takes over; past this many the call's link will not see
+# them (a flood before session.created is no client's).
+MAX_EARLY = 64
 FLUSH_S = 1.0  # at close, the channel's last events (session.ended) get this long to go out
 
 
@@ -75,6 +81,11 @@ def check_offer(text: str) -> None:
         parsed = aiortc_sdp.SessionDescription.parse(text)
     except Exception as exc:  # aiortc's parser raises what it meets (ValueError, KeyError...)
         raise invalid_sdp(f"the SDP offer could not be parsed ({type(exc).__name__})") from None
+    if len(parsed.media) > MAX_MEDIA:
+        raise invalid_sdp(
+            f"the SDP offer has {len(parsed.media)} m-lines; a call takes at most {MAX_MEDIA} "
+            "(one audio track and the data channel)"
+        )
     kinds = {media.kind for media in parsed.media}
     if "audio" not in kinds:
         raise invalid_sdp("the SDP offer has no audio m-line: add a microphone track")
@@ -99,7 +110,7 @@ class Peer:
         self.gone = asyncio.Event()  # ICE/DTLS failed or closed, or the call hangs up
         self.lost = False  # the peer itself is gone (not a hang-up): nothing to flush
         self._channel_open = asyncio.Event()
-        self.connected_at: float | None = None
+        self.early: list[str | bytes] = []  # channel messages before the link took over
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_state)
@@ -116,17 +127,28 @@ class Peer:
         if channel.label != CHANNEL_LABEL or self.channel is not None:
             return  # only one channel carries the events; others are left unused
         self.channel = channel
+        channel.on("message", self._early)
         if channel.readyState == "open":
             self._channel_open.set()
         else:
             channel.on("open", self._channel_open.set)
         channel.on("close", self._lost)
 
+    def _early(self, data: str | bytes) -> None:
+        if len(self.early) < MAX_EARLY:
+            self.early.append(data)
+
+    def take_early(self) -> list[str | bytes]:
+        """The messages that came before the link, no longer held here: the link takes
+        the channel's messages from now on (call it with the link's construction, with no
+        await between)."""
+        if self.channel is not None:
+            self.channel.remove_listener("message", self._early)
+        early, self.early = self.early, []
+        return early
+
     def _on_state(self) -> None:
-        state = self.pc.connectionState
-        if state == "connected" and self.connected_at is None:
-            self.connected_at = time.monotonic()
-        if state in GONE_STATES:
+        if self.pc.connectionState in GONE_STATES:
             self._lost()
 
     def _lost(self) -> None:

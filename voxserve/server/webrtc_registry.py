@@ -18,6 +18,9 @@ class LiveCall(Protocol):
     @property
     def owner(self) -> str: ...
 
+    @property
+    def secret_digest(self) -> bytes | None: ...
+
     def hang_up(self) -> None: ...
 
     async def wait_ended(self) -> None: ...
@@ -40,13 +43,24 @@ class CallRegistry:
         if self._calls.get(call.call_id) is call:
             del self._calls[call.call_id]
 
+    def get(self, call_id: str) -> LiveCall:
+        """The live call `call_id`; `call_not_found` otherwise."""
+        call = self._calls.get(call_id)
+        if call is None:
+            raise self.not_found(call_id)
+        return call
+
     def find(self, call_id: str, owner: str) -> LiveCall:
         """The live call `call_id` made by key `owner`; `call_not_found` otherwise (someone
         else's call is not found either: its existence is not told)."""
-        call = self._calls.get(call_id)
-        if call is None or call.owner != owner:
-            raise VoxError(ErrorCode.CALL_NOT_FOUND, f"no live call {quoted(call_id[:64])}")
+        call = self.get(call_id)
+        if call.owner != owner:
+            raise self.not_found(call_id)
         return call
+
+    @staticmethod
+    def not_found(call_id: str) -> VoxError:
+        return VoxError(ErrorCode.CALL_NOT_FOUND, f"no live call {quoted(call_id[:64])}")
 
     async def close_all(self, timeout_s: float) -> None:
         """Hang up every call and wait (at most `timeout_s`) for them to be freed."""
