@@ -2,6 +2,7 @@
 process: the same `synthesize()` every transport calls, with the real default engines.
 
     .venv/bin/python scripts/bench_tts_cache.py [--hits 20000] [--misses 12] [--recovery-mb 100]
+    .venv/bin/python scripts/bench_tts_cache.py --http-only --format mp3   # 4. only, as mp3
 
 1. Hit latency: time to the first chunk and to the last, over cached sentences.
 2. Miss latency with the cache and without it (`cache.enabled = false`), the same new
@@ -164,7 +165,7 @@ def hit_buckets(metrics: str) -> str:
     )
 
 
-def http_hits(n: int, concurrency: int) -> None:
+def http_hits(n: int, concurrency: int, fmt: str = "pcm") -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -175,13 +176,13 @@ def http_hits(n: int, concurrency: int) -> None:
         command += ["--cache-dir", directory, "--log-level", "warning"]
         server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
         try:
-            asyncio.run(drive_hits(f"http://127.0.0.1:{port}", server.pid, n, concurrency))
+            asyncio.run(drive_hits(f"http://127.0.0.1:{port}", server.pid, n, concurrency, fmt))
         finally:
             server.terminate()
             server.wait(timeout=15)
 
 
-async def drive_hits(base: str, pid: int, n: int, concurrency: int) -> None:
+async def drive_hits(base: str, pid: int, n: int, concurrency: int, fmt: str) -> None:
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
         while True:
@@ -193,13 +194,17 @@ async def drive_hits(base: str, pid: int, n: int, concurrency: int) -> None:
             await asyncio.sleep(0.2)
 
         async def speak(text: str) -> int:
-            body = {"input": text, "response_format": "pcm", "sample_rate": 16000}
+            body = {"input": text, "response_format": fmt, "sample_rate": 16000}
             response = await http.post("/v1/audio/speech", json=body)
             assert response.status_code == 200, response.text
             return len(response.content)
 
-        for text in HOT:
-            await speak(text)  # misses: now cached
+        for text in HOT:  # misses: now cached (a busy machine may refuse a miss for a while)
+            body = {"input": text, "response_format": fmt, "sample_rate": 16000}
+            for _ in range(60):
+                if (await http.post("/v1/audio/speech", json=body)).status_code != 503:
+                    break
+                await asyncio.sleep(1.0)
         queue = list(range(n))
 
         async def worker() -> int:
@@ -213,7 +218,7 @@ async def drive_hits(base: str, pid: int, n: int, concurrency: int) -> None:
         wall, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
         metrics = (await http.get("/metrics")).text
     print(
-        f"http hits: {n} requests ({sum(sizes) / n / 1000:.0f} KB of PCM each), concurrency "
+        f"http hits: {n} requests ({sum(sizes) / n / 1000:.0f} KB of {fmt} each), concurrency "
         f"{concurrency}: {n / wall:.0f} req/s on the wall clock (client on the same 2 cores), "
         f"server CPU {cpu:.2f} s -> {n / cpu:.0f} hits per server-CPU-second (per core)"
     )
@@ -242,10 +247,13 @@ def main() -> None:
     parser.add_argument("--recovery-mb", type=int, default=100)
     parser.add_argument("--http", type=int, default=3000, help="HTTP hits (0: skip)")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--format", default="pcm", help="response_format of the HTTP hits")
+    parser.add_argument("--http-only", action="store_true", help="only the HTTP hits")
     args = parser.parse_args()
-    asyncio.run(in_process(args))
+    if not args.http_only:
+        asyncio.run(in_process(args))
     if args.http:
-        http_hits(args.http, args.concurrency)
+        http_hits(args.http, args.concurrency, args.format)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +18,36 @@ from tests.fakes import FakeAsr, fake_runtime
 from voxserve.config import Settings, load_settings
 from voxserve.runtime import Runtime
 from voxserve.server.serve import uvicorn_config
+
+# The suite runs on two pytest-xdist workers (scripts/test.sh), then these alone: they judge
+# latency, deadlines, pacing or CPU shares, which a second worker's load would distort. A
+# whole directory or file, by its path under tests/.
+SERIAL = (
+    "bench/",
+    "faults/test_clock_faults.py",
+    "flow/",
+    "memory/test_soak.py",
+    "test_bulk_fairness.py",
+    "test_scheduling_fairness.py",
+    "web/",
+    "webrtc/test_calls_e2e.py",
+)
+# Run on one worker, one file after another: they start local Ray clusters or fork
+# worker processes that share machine-wide resources (Ray's ports and /tmp/ray).
+ONE_WORKER = ("cluster/", "memory/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark SERIAL tests `serial`; group every other test by its file (a module's fixtures
+    start once per worker), ONE_WORKER directories as one group (`--dist loadgroup`)."""
+    root = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        if path.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+            continue
+        group = next((d for d in ONE_WORKER if path.startswith(d)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)

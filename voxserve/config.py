@@ -173,6 +173,11 @@ class TtsConfig(BaseModel):
     pacing_lead_ms: int = Field(default=400, ge=0)
     max_ahead_ms: int = Field(default=6000, ge=200)
     degrade: DegradeConfig = DegradeConfig()
+    # OpenAI voice name -> installed voice id, for every OpenAI-compatible route (speech,
+    # Realtime, the aliases /v1/voices lists), e.g. {alloy = "joe", nova = "espeak-en"}.
+    # A name not in the table keeps the built-in rule (server/openai_voices.py); an entry
+    # naming a voice that is not installed stops `voxserve serve` at start.
+    openai_voices: dict[str, str] = Field(default_factory=dict)
 
 
 def default_cache_dir() -> Path:

@@ -10,7 +10,7 @@ import pytest
 from tests.engines.conftest import FIXTURE_TEXTS, load_fixture, normalise, wer
 from voxserve.engines.base import AsrEngine
 from voxserve.engines.whisper_asr import WhisperAsr, compression_ratio
-from voxserve.types import SAMPLE_RATE
+from voxserve.types import SAMPLE_RATE, AsrOptions
 
 MAX_WER = 0.15
 
@@ -124,3 +124,22 @@ def test_batched_results_equal_one_at_a_time(asr: WhisperAsr, partial: bool) -> 
     alone = [asr.transcribe(a, partial=partial) for a in audios]
     assert asr.transcribe_many(audios, partial=partial) == alone
     assert asr.transcribe_many([], partial=partial) == []
+
+
+def test_request_options_in_a_batch_equal_one_at_a_time(asr: WhisperAsr) -> None:
+    """With a prompt and word timestamps, a batch still gives each audio's own result, and
+    the words tile each segment's text in order."""
+    options = AsrOptions(prompt="Kitchen lights, weather report.", word_timestamps=True)
+    audios = [load_fixture(n) for n in ("lights.wav", "weather.wav", "command.wav")]
+    alone = [asr.transcribe(a, options=options) for a in audios]
+    assert asr.transcribe_many(audios, options=options) == alone
+    for result in alone:
+        for segment in result.segments:
+            assert "".join(w.word for w in segment.words).strip() == segment.text
+            assert segment.tokens and segment.avg_logprob < 0
+
+
+def test_english_only_whisper_cannot_translate(asr: WhisperAsr) -> None:
+    assert asr.tasks == ("transcribe",)
+    with pytest.raises(ValueError, match="cannot translate"):
+        asr.transcribe(load_fixture("command.wav"), options=AsrOptions(task="translate"))

@@ -13,6 +13,7 @@ from voxserve.cli.cache import with_cache_dir
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import check_engines_import, load_cli_settings
 from voxserve.cli.signals import sigterm_interrupts
+from voxserve.cli.voices import checked_voice_table, close_built
 from voxserve.cli.workers import run_workers, workers_transports
 
 if TYPE_CHECKING:
@@ -65,14 +66,16 @@ def _serve(args: argparse.Namespace) -> int:
     sockets = bind_sockets(settings.host, settings.port)
     try:
         check_transport_ports(settings)
+        preloaded = checked_voice_table(settings)  # a bad table: one line, exit 2
         port = sockets[0].getsockname()[1]
         tls = settings.tls_cert_file is not None
         print(connect_line(settings.host, port, tls=tls), flush=True)
         for line in transport_lines(settings, tls=tls):
             print(line, flush=True)
         if settings.workers > 1:  # the parent supervises; each worker serves
+            close_built(preloaded)
             return run_workers(settings, sockets)
-        serve(settings, Runtime(settings), sockets)
+        serve(settings, Runtime(settings, preloaded=preloaded), sockets)
     except SystemExit as exc:  # uvicorn exits with 1 when startup fails (logged above)
         if exc.code in (0, None):
             return EXIT_OK

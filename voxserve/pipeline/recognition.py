@@ -18,7 +18,9 @@ refused at once (`overloaded`, retry hint) instead of answering 504 after the wa
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
@@ -26,16 +28,53 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.windows import cut_windows
-from voxserve.types import SAMPLE_RATE, AsrResult, Segment
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
 
+WindowResult = tuple[int, int, AsrResult]
+"""A window's sample range (16 kHz, in the recording) and the engine's result for it."""
+
+
 async def transcribe(
-    ctx: EngineContext, samples: Int16Array, sample_rate: int, *, language: str | None = None
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
+    options: AsrOptions | None = None,
 ) -> AsrResult:
-    """Recognise a whole recording, window by window (module docstring)."""
+    """Recognise a whole recording, window by window (module docstring). `options` (prompt,
+    temperature, word timestamps, task) go to every window's call; None asks nothing."""
+    windows = _windows(ctx, samples, sample_rate, language=language, options=options)
+    return join_windows([window async for window in windows])
+
+
+async def transcribe_windows(
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
+    options: AsrOptions | None = None,
+) -> AsyncIterator[AsrResult]:
+    """`transcribe`, one window's result at a time in audio order as each is decoded
+    (stream=true uploads), its times on the recording's time line. Refusals (bad rate,
+    language, overloaded) come at the first step."""
+    async for window in _windows(ctx, samples, sample_rate, language=language, options=options):
+        yield join_windows([window])
+
+
+async def _windows(
+    ctx: EngineContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None,
+    options: AsrOptions | None,
+) -> AsyncIterator[WindowResult]:
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
@@ -61,7 +100,8 @@ async def transcribe(
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
-    results: list[tuple[int, int, AsrResult]] = []
+    # only when asked: an engine written before `options` still serves plain uploads
+    asr_kwargs: dict[str, Any] = {"options": options} if options is not None else {}
     for start, end in windows:
         left = began + budget - time.monotonic()
         if left <= 0:
@@ -70,16 +110,15 @@ async def transcribe(
             )
         window: Float32Array = audio[start:end]
         result: AsrResult = await stage.run(
-            partial(engines.asr.transcribe, window, language=language),
+            partial(engines.asr.transcribe, window, language=language, **asr_kwargs),
             timeout_s=left,
             deadline=due(end),
             priority=PRIORITY_BULK,
         )
-        results.append((start, end, result))
-    return join_windows(results)
+        yield start, end, result
 
 
-def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
+def join_windows(results: list[WindowResult]) -> AsrResult:
     """One result from windows' results (each with its sample range): texts joined,
     segments moved onto the recording's time line (a window without segments is one)."""
     if len(results) == 1 and results[0][0] == 0:
@@ -95,7 +134,7 @@ def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
         language = language or result.language
         offset = start * 1000 // SAMPLE_RATE
         own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
-        segments.extend(Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in own)
+        segments.extend(s.shifted(offset) for s in own)
     text = " ".join(texts)
     if language is None:
         return AsrResult(text=text)

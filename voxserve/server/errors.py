@@ -31,9 +31,9 @@ def http_status(code: ErrorCode) -> int:
     return _STATUS.get(code, 400)
 
 
-def error_response(error: VoxError) -> JSONResponse:
-    """The body follows OpenAI's error shape, so its SDK raises a readable exception."""
-    body = {
+def error_body(error: VoxError) -> dict[str, dict[str, str | None]]:
+    """OpenAI's error shape, so its SDK raises a readable exception (also as an SSE event)."""
+    body: dict[str, dict[str, str | None]] = {
         "error": {
             "message": error.message,
             "type": "invalid_request_error" if http_status(error.code) < 500 else "server_error",
@@ -43,6 +43,12 @@ def error_response(error: VoxError) -> JSONResponse:
     }
     if error.stage:
         body["error"]["stage"] = error.stage
+    return body
+
+
+def error_response(error: VoxError) -> JSONResponse:
+    """The body follows OpenAI's error shape, so its SDK raises a readable exception."""
+    body = error_body(error)
     headers: dict[str, str] = {}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(error.retry_after_s)

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP audio: speech, transcriptions, voices and models under /v1.
+"""OpenAI-compatible HTTP audio: speech, transcriptions, translations, voices and models
+under /v1.
 
 The shapes follow OpenAI's audio API closely enough that the official `openai` SDK works
 unchanged against ``base_url=http://host:port/v1``. Every request is validated in full before
@@ -8,6 +9,7 @@ any byte of a response is sent, so a client mistake is always a 4xx JSON error
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 
 from starlette.requests import Request
@@ -21,6 +23,7 @@ from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.http_requests import Handler, guarded
 from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
+from voxserve.server.openai_voices import openai_aliases
 from voxserve.server.quotas import quotas_of
 
 
@@ -48,8 +51,12 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         admit_request(runtime)
         return await http_transcriptions.transcriptions(runtime, request)
 
+    async def translations(request: Request, trace_id: str) -> Response:
+        admit_request(runtime)
+        return await http_transcriptions.translations(runtime, request)
+
     async def voices(request: Request, trace_id: str) -> Response:
-        return _voices(runtime.engines)
+        return _voices(runtime.engines, runtime.settings.tts.openai_voices)
 
     async def models(request: Request, trace_id: str) -> Response:
         return _models(runtime.engines)
@@ -57,6 +64,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     return [
         Route("/v1/audio/speech", guarded(authed(speech)), methods=["POST"]),
         Route("/v1/audio/transcriptions", guarded(authed(transcriptions)), methods=["POST"]),
+        Route("/v1/audio/translations", guarded(authed(translations)), methods=["POST"]),
         Route("/v1/voices", guarded(authed(voices)), methods=["GET"]),
         Route("/v1/models", guarded(authed(models)), methods=["GET"]),
     ]
@@ -65,9 +73,15 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
 # --- GET /v1/voices, GET /v1/models ---------------------------------------------------------
 
 
-def _voices(engines: Engines) -> Response:
+def _voices(engines: Engines, table: Mapping[str, str]) -> Response:
+    """Each voice with `openai_aliases`: the OpenAI names that speak it (openai_voices.py)."""
+    voices = engines.voices()
+    aliases = openai_aliases(voices, engines.default_voice, table)
     return JSONResponse(
-        {"voices": [asdict(v) for v in engines.voices()], "default": engines.default_voice}
+        {
+            "voices": [asdict(v) | {"openai_aliases": aliases[v.id]} for v in voices],
+            "default": engines.default_voice,
+        }
     )
 
 

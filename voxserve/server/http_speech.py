@@ -1,5 +1,6 @@
 """POST /v1/audio/speech: OpenAI's speech request, validated in full, then audio streamed
-as it is synthesised (WAV or raw 16-bit PCM)."""
+as it is synthesised and encoded (mp3, opus, aac, flac, wav, pcm; raw or as SSE:
+server/speech_output.py)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from voxserve.audio.pcm import Int16Array
-from voxserve.audio.resample import check_rate
-from voxserve.audio.wav import wav_header
 from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
+from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
-from voxserve.server.http_requests import log, one_of, read_json
+from voxserve.server.http_requests import one_of, read_json
 from voxserve.server.json_input import as_float
 from voxserve.server.openai_models import OPENAI_TTS_MODELS
-from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
+from voxserve.server.speech_output import OutputPlan, output_plan, speech_body
+from voxserve.types import Voice
 
-SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
-OPENAI_PCM_RATE = 24_000
-"""OpenAI's `pcm` is 24 kHz 16-bit mono; clients decode it assuming that rate."""
 RATE_HEADER = "X-Voxserve-Sample-Rate"
 
 
@@ -39,8 +36,7 @@ class SpeechPlan:
     text: str
     voice: Voice
     speed: float
-    sample_rate: int
-    response_format: str
+    output: OutputPlan
 
 
 async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
@@ -54,20 +50,19 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
         plan.text,
         voice=plan.voice.id,
         speed=plan.speed,
-        sample_rate=plan.sample_rate,
+        sample_rate=plan.output.sample_rate,
         scope=cache_scope(runtime.settings, principal),
         bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
     )
     # Waiting for the first chunk before answering keeps a failing engine (or a text the
-    # voice says nothing for) a JSON error, and the first byte the client sees is real audio
-    # (time-to-first-audio = the engine's).
+    # voice says nothing for) a JSON error, and the answer starts with real audio
+    # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
     first = await first_audio(chunks)
-    prefix = wav_header(plan.sample_rate) if plan.response_format == "wav" else b""
     return _AudioStream(
-        _audio_bytes(chunks, first, prefix, trace_id),
-        media_type=SPEECH_MEDIA_TYPES[plan.response_format],
+        speech_body(plan.output, chunks, first, plan.text, trace_id),
+        media_type=plan.output.media_type,
         headers={
-            RATE_HEADER: str(plan.sample_rate),
+            RATE_HEADER: str(plan.output.sample_rate),
             "X-Voxserve-Voice": plan.voice.id,
             "Cache-Control": "no-store",
         },
@@ -80,16 +75,14 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
     model = _str_field(body.get("model"), "model")
-    voice = _speech_voice(engines, model, _str_field(body.get("voice"), "voice"))
-    response_format = _speech_format(body)
+    named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
+    voice = _speech_voice(engines, model, named)
+    output = output_plan(body, settings.tts.output_sample_rate)
     speed = check_speed(_number(body.get("speed", 1.0), "speed"))
-    default_rate = OPENAI_PCM_RATE if response_format == "pcm" else settings.tts.output_sample_rate
-    rate = body.get("sample_rate")
-    if rate is None:
-        rate = default_rate
-    elif not isinstance(rate, int) or isinstance(rate, bool):
-        raise VoxError(ErrorCode.INVALID_PARAMETER, "sample_rate must be an integer (Hz)")
-    return SpeechPlan(text, voice, speed, check_rate(rate, SUPPORTED_OUTPUT_RATES), response_format)
+    # `instructions` (style prompts for gpt-4o-mini-tts) is accepted and ignored: the
+    # engines have no style control (docs/protocol.md). Only its type is checked.
+    _str_field(body.get("instructions"), "instructions")
+    return SpeechPlan(text, voice, speed, output)
 
 
 def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> Voice:
@@ -114,23 +107,6 @@ def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> 
     )
 
 
-def _speech_format(body: dict[str, Any]) -> str:
-    fmt = _str_field(body.get("response_format"), "response_format") or "wav"
-    if fmt not in SPEECH_MEDIA_TYPES:
-        supported = ", ".join(SPEECH_MEDIA_TYPES)
-        raise VoxError(
-            ErrorCode.UNSUPPORTED_ENCODING,
-            f"response_format {quoted(fmt)} is not supported; use one of {supported}",
-        )
-    stream_format = _str_field(body.get("stream_format"), "stream_format")
-    if stream_format not in (None, "audio"):
-        raise VoxError(
-            ErrorCode.INVALID_PARAMETER,
-            f"stream_format {quoted(stream_format)} is not supported; audio is always streamed raw",
-        )
-    return fmt
-
-
 def _str_field(value: object, name: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -141,26 +117,6 @@ def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"{name} must be a number")
     return as_float(value, name)
-
-
-async def _audio_bytes(
-    chunks: AsyncIterator[Int16Array], first: Int16Array, prefix: bytes, trace_id: str
-) -> AsyncIterator[bytes]:
-    """Little-endian PCM16 as it is made. An engine failure mid-stream can only end the
-    stream (the status line is gone), so it is logged with the trace id and the stream ends."""
-    try:
-        yield prefix + _le_bytes(first)
-        async for chunk in chunks:
-            yield _le_bytes(chunk)
-    except Exception as exc:
-        code = exc.code.value if isinstance(exc, VoxError) else type(exc).__name__
-        log.warning("speech stream ended early", extra={"trace_id": trace_id, "error": code})
-    finally:
-        await aclose(chunks)
-
-
-def _le_bytes(samples: Int16Array) -> bytes:
-    return samples.astype("<i2", copy=False).tobytes()
 
 
 class _AudioStream(StreamingResponse):

@@ -1,64 +1,149 @@
-"""POST /v1/audio/transcriptions: a multipart WAV upload, transcribed whole, answered in
-any of OpenAI's response formats (json, text, verbose_json, srt, vtt)."""
+"""POST /v1/audio/transcriptions and /v1/audio/translations: a multipart upload in any audio
+format FFmpeg reads (audio/decode.py), recognised whole and answered in any of OpenAI's
+response formats, or streamed as `transcript.text.delta` events window by window.
+
+OpenAI streams only for its gpt-4o-* models and ignores `stream` for whisper-1; here
+stream=true works with every model name (docs/protocol.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import Response, StreamingResponse
 
-from voxserve.audio.pcm import Int16Array
-from voxserve.audio.wav import read_wav
+from voxserve.audio.decode import decode_audio
+from voxserve.engines.base import asr_tasks
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.recognition import transcribe
+from voxserve.pipeline.recognition import transcribe, transcribe_windows
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
+from voxserve.server.errors import error_body
 from voxserve.server.http_requests import one_of, read_form
 from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
-from voxserve.types import AsrResult, Segment
+from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, Task, transcript_response
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
 
-TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 FORM_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and the small text fields sent beside the uploaded file."""
+UPLOAD_BYTES_PER_SECOND = 4_000
+"""An upload may decode to at most max_upload_bytes / this many seconds (32 kbit/s: 25 MB
+holds ~1.8 h): a small file that decodes to hours is refused, not held in memory."""
+GRANULARITIES = ("word", "segment")
+STREAM_FORMATS = ("json", "text")
 
 
 @dataclass(frozen=True, slots=True)
 class TranscriptionPlan:
-    """A validated transcription request (the audio is read separately)."""
+    """A validated request (the audio is read separately)."""
 
+    task: Task
     language: str | None
     response_format: str
+    options: AsrOptions
+    stream: bool = False
+    words: bool = False  # timestamp_granularities: the verbose_json parts to return
+    segments: bool = True
 
 
 async def transcriptions(runtime: Runtime, request: Request) -> Response:
+    return await _recognise(runtime, request, "transcribe")
+
+
+async def translations(runtime: Runtime, request: Request) -> Response:
+    return await _recognise(runtime, request, "translate")
+
+
+async def _recognise(runtime: Runtime, request: Request, task: Task) -> Response:
     engines = runtime.engines
     max_upload = runtime.settings.limits.max_upload_bytes
     form = await read_form(request, max_upload + FORM_OVERHEAD_BYTES)
     try:
-        plan = _transcription_plan(form, engines)
+        plan = _plan(form, engines, task, runtime.settings.limits.max_text_chars)
         data = await _read_upload(form, max_upload)
     finally:
         await form.close()
-    samples, rate = _decode_wav(data)
+    # Decoding is CPU work (a long MP3 takes a while): off the event loop.
+    samples = await asyncio.to_thread(
+        decode_audio, data, max_seconds=max_upload / UPLOAD_BYTES_PER_SECOND
+    )
+    duration_s = samples.size / SAMPLE_RATE
     # The key's audio minute pays for the whole upload before any model work (429 if not).
     principal = getattr(request.state, "principal", ANONYMOUS)
-    quotas_of(runtime).spend_audio(principal, samples.size / rate)
-    result = await transcribe(runtime, samples, rate, language=plan.language)
-    return _transcript_response(result, plan.response_format, samples.size / rate)
+    quotas_of(runtime).spend_audio(principal, duration_s)
+    options = plan.options if plan.options != AsrOptions() else None
+    if not plan.stream:
+        result = await transcribe(
+            runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+        )
+        return transcript_response(
+            result,
+            plan.response_format,
+            duration_s,
+            task=plan.task,
+            words=plan.words,
+            segments=plan.segments,
+        )
+    windows = transcribe_windows(
+        runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+    )
+    first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
+    if first is None:
+        raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
+    return StreamingResponse(
+        _events(first, windows),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
-def _transcription_plan(form: FormData, engines: Engines) -> TranscriptionPlan:
+async def _events(first: AsrResult, rest: AsyncIterator[AsrResult]) -> AsyncIterator[bytes]:
+    """`transcript.text.delta` per window with text, then `transcript.text.done` with the
+    whole text; a failure after the first window is an `error` event (the SDK raises it)."""
+    texts: list[str] = []
+
+    def delta(window: AsrResult) -> bytes | None:
+        text = window.text.strip()
+        if not text:
+            return None
+        piece = (" " if texts else "") + text
+        texts.append(text)
+        return _sse({"type": "transcript.text.delta", "delta": piece})
+
+    try:
+        event = delta(first)
+        if event:
+            yield event
+        async for window in rest:
+            event = delta(window)
+            if event:
+                yield event
+    except VoxError as exc:
+        yield _sse({"type": "error", **error_body(exc)})
+        return
+    yield _sse({"type": "transcript.text.done", "text": " ".join(texts)})
+
+
+def _sse(event: dict[str, object]) -> bytes:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+def _plan(form: FormData, engines: Engines, task: Task, max_prompt_chars: int) -> TranscriptionPlan:
     models = (*OPENAI_ASR_MODELS, engines.asr.info.name, "whisper")
-    one_of(_form_text(form, "model"), models, "model")
-    if (_form_text(form, "stream") or "false").lower() == "true":
+    model = one_of(_form_text(form, "model"), models, "model")
+    if task not in asr_tasks(engines.asr):
+        info = engines.asr.info
         raise VoxError(
             ErrorCode.INVALID_PARAMETER,
-            "stream=true is not supported here; use the /v1/stream WebSocket for live results",
+            f"model {quoted(model or 'whisper-1')} is served by {info.name} {info.model!r}, "
+            "which cannot translate (an English-only model); configure a multilingual "
+            "Whisper model for /v1/audio/translations",
         )
     fmt = _form_text(form, "response_format") or "json"
     if fmt not in TRANSCRIPT_FORMATS:
@@ -67,8 +152,66 @@ def _transcription_plan(form: FormData, engines: Engines) -> TranscriptionPlan:
             ErrorCode.UNSUPPORTED_ENCODING,
             f"response_format {quoted(fmt)} is not supported; use one of {supported}",
         )
+    prompt = _form_text(form, "prompt") or None
+    if prompt is not None and len(prompt) > max_prompt_chars:
+        raise VoxError(
+            ErrorCode.TEXT_TOO_LONG, f"prompt is longer than {max_prompt_chars} characters"
+        )
+    temperature = _temperature(_form_text(form, "temperature"))
+    if task == "translate":  # no language, stream or granularities on translations
+        options = AsrOptions(prompt=prompt, temperature=temperature, task="translate")
+        return TranscriptionPlan(task, None, fmt, options)
+    stream = _stream(_form_text(form, "stream"))
+    if stream and fmt not in STREAM_FORMATS:
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            f"stream=true answers transcript.text events: response_format {quoted(fmt)} "
+            "cannot stream; use json or text, or stream=false",
+        )
+    granularities = _granularities(form)
+    words = fmt == "verbose_json" and "word" in granularities
     language = engines.check_language(_form_text(form, "language") or None)
-    return TranscriptionPlan(language, fmt)
+    options = AsrOptions(prompt=prompt, temperature=temperature, word_timestamps=words)
+    segments = not granularities or "segment" in granularities
+    return TranscriptionPlan(task, language, fmt, options, stream, words, segments)
+
+
+def _stream(value: str | None) -> bool:
+    flag = (value or "false").lower()
+    if flag not in ("true", "false"):
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER, f"stream must be true or false, not {quoted(value)}"
+        )
+    return flag == "true"
+
+
+def _temperature(value: str | None) -> float | None:
+    """OpenAI's 0..1; absent: the engine's own decoding (with its fallbacks)."""
+    if value is None or value == "":
+        return None
+    try:
+        temperature = float(value)
+    except ValueError:
+        temperature = -1.0
+    if not 0.0 <= temperature <= 1.0:
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            f"temperature must be a number within 0..1, not {quoted(value)}",
+        )
+    return temperature
+
+
+def _granularities(form: FormData) -> set[str]:
+    """`timestamp_granularities[]` as the SDK sends it (one field per value), or without []."""
+    values: list[str] = []
+    for name in ("timestamp_granularities[]", "timestamp_granularities"):
+        for value in form.getlist(name):
+            if not isinstance(value, str):
+                raise VoxError(ErrorCode.INVALID_PARAMETER, f"form field {name} must be text")
+            values.append(value)
+    for value in values:
+        one_of(value, GRANULARITIES, "timestamp granularity")
+    return set(values)
 
 
 def _form_text(form: FormData, name: str) -> str | None:
@@ -81,81 +224,12 @@ def _form_text(form: FormData, name: str) -> str | None:
 async def _read_upload(form: FormData, limit: int) -> bytes:
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
-        raise VoxError(ErrorCode.INVALID_PARAMETER, "form field 'file' (a WAV upload) is required")
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER, "form field 'file' (an audio file upload) is required"
+        )
     if upload.size is not None and upload.size > limit:
         raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
     data = await upload.read(limit + 1)
     if len(data) > limit:
         raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
     return data
-
-
-def _decode_wav(data: bytes) -> tuple[Int16Array, int]:
-    """read_wav, with any parse failure it does not anticipate reported as invalid audio."""
-    try:
-        return read_wav(data)
-    except VoxError:
-        raise
-    except Exception as exc:
-        raise VoxError(ErrorCode.INVALID_AUDIO, "not a readable WAV file") from exc
-
-
-def _transcript_response(result: AsrResult, fmt: str, duration_s: float) -> Response:
-    text = result.text.strip()
-    if fmt == "text":
-        return PlainTextResponse(text + "\n")
-    if fmt == "json":
-        return JSONResponse({"text": text})
-    segments = result.segments or (Segment(text, 0, round(duration_s * 1000)),)
-    if fmt == "srt":
-        return PlainTextResponse(_srt(segments))
-    if fmt == "vtt":
-        return Response(_vtt(segments), media_type="text/vtt")
-    return JSONResponse(
-        {
-            "task": "transcribe",
-            "language": result.language,
-            "duration": round(duration_s, 3),
-            "text": text,
-            "segments": [_verbose_segment(i, s) for i, s in enumerate(segments)],
-        }
-    )
-
-
-def _verbose_segment(index: int, segment: Segment) -> dict[str, object]:
-    """OpenAI's segment shape; scores whisper does not expose to us are reported as 0."""
-    return {
-        "id": index,
-        "seek": 0,
-        "start": segment.start_ms / 1000,
-        "end": segment.end_ms / 1000,
-        "text": segment.text,
-        "tokens": [],
-        "temperature": 0.0,
-        "avg_logprob": 0.0,
-        "compression_ratio": 0.0,
-        "no_speech_prob": 0.0,
-    }
-
-
-def _timestamp(ms: int, separator: str) -> str:
-    hours, rest = divmod(max(0, ms), 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    seconds, millis = divmod(rest, 1000)
-    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
-
-
-def _srt(segments: Iterable[Segment]) -> str:
-    blocks = [
-        f"{i}\n{_timestamp(s.start_ms, ',')} --> {_timestamp(s.end_ms, ',')}\n{s.text.strip()}\n"
-        for i, s in enumerate(segments, start=1)
-    ]
-    return "\n".join(blocks)
-
-
-def _vtt(segments: Iterable[Segment]) -> str:
-    cues = [
-        f"{_timestamp(s.start_ms, '.')} --> {_timestamp(s.end_ms, '.')}\n{s.text.strip()}\n"
-        for s in segments
-    ]
-    return "WEBVTT\n\n" + "\n".join(cues)

@@ -99,7 +99,9 @@ def expires_after(body: dict[str, Any], default_s: int) -> int:
 def effective_session(runtime: Runtime, session: dict[str, Any] | None) -> dict[str, Any]:
     """The session object a connection with this secret will start with (session.created's
     `session`, before it has an id), checked as /v1/realtime will apply it."""
-    installed = installed_of(runtime.engines, runtime.settings.vad)
+    installed = installed_of(
+        runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
+    )
     kind = session_kind(session, "realtime")
     model = (session or {}).get("model")
     wire = initial_wire(installed, model=model if isinstance(model, str) else "", kind=kind)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +22,13 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import ConversationConfig, ResponseOptions, StreamConfig, ToolSpec
 from voxserve.events import TurnDetection as TurnDetection
-from voxserve.server.openai_voices import installed_voice
+from voxserve.server.openai_voices import (
+    OPENAI_VOICES,
+    installed_voice,
+    openai_picks,
+    picks_of,
+    voice_names,
+)
 from voxserve.server.ws_protocol import parse_start
 
 Format = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -67,19 +74,25 @@ class Installed:
     vad_threshold: float = 0.5  # settings.vad: what a turn_detection None field means
     vad_prefix_padding_ms: int = 200
     vad_silence_duration_ms: int = 500
+    # OpenAI name -> installed voice (openai_voices.openai_picks, with settings.tts.openai_voices)
+    openai_voices: tuple[tuple[str, str], ...] = ()
 
 
-def installed_of(engines: Engines, vad: VadConfig) -> Installed:
-    """What a server's loaded engines and VAD settings give the Realtime session object."""
-    ids = [voice.id for voice in engines.voices()]
-    ids += [alias for voice in engines.voices() for alias in voice.aliases]
+def installed_of(
+    engines: Engines, vad: VadConfig, openai_voices: Mapping[str, str] | None = None
+) -> Installed:
+    """What a server's loaded engines, VAD settings and OpenAI voice table
+    (settings.tts.openai_voices) give the Realtime session object."""
     return Installed(
-        voices=tuple(ids),
+        voices=voice_names(engines.voices()),
         default_voice=engines.default_voice,
         asr_model=engines.asr.info.model or engines.asr.info.name,
         vad_threshold=vad.threshold,
         vad_prefix_padding_ms=vad.pad_ms,
         vad_silence_duration_ms=vad.hangover_ms,
+        openai_voices=tuple(
+            picks_of(engines.voices(), engines.default_voice, openai_voices).items()
+        ),
     )
 
 
@@ -175,11 +188,15 @@ def voice_id(name: str, installed: Installed) -> str:
     """The installed voice `name` selects (server/openai_voices.py); `unknown_voice` for a
     name that selects none (checked here so that a refused session.update never reaches
     the session; the session checks again)."""
-    voice = installed_voice(name, installed.voices, installed.default_voice)
+    # An Installed made without picks (tests, tools): the rule over its names alone.
+    picks = dict(installed.openai_voices) or openai_picks(installed.voices, installed.default_voice)
+    voice = installed_voice(name, installed.voices, picks)
     if installed.voices and voice not in installed.voices:
         valid = ", ".join(sorted(installed.voices))
         raise VoxError(
-            ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(name)}; valid voices: {valid}"
+            ErrorCode.UNKNOWN_VOICE,
+            f"unknown voice {quoted(name)}; valid voices: {valid}; "
+            f"OpenAI names: {', '.join(OPENAI_VOICES)}",
         )
     return voice
 

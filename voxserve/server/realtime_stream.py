@@ -168,7 +168,9 @@ class RealtimeConnection:
         admit(runtime)
         intent: Kind = "transcription" if self.intent == "transcription" else "realtime"
         kind = session_kind(session, intent)
-        present = installed_of(runtime.engines, runtime.settings.vad)
+        present = installed_of(
+            runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
+        )
         wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
         if session is not None:
             apply_session(wire, session)

@@ -314,7 +314,9 @@ class CallService:
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
-        installed = installed_of(runtime.engines, runtime.settings.vad)
+        installed = installed_of(
+            runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
+        )
         wire = call_wire(installed, secret_session, session)
         config = wire.config()
         try:

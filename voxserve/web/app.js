@@ -1,8 +1,11 @@
-// voxserve's browser page: microphone -> /v1/stream -> transcripts, replies and reply audio.
-// Plain ES module, no build step and nothing fetched from outside this server.
+// voxserve's browser page: microphone -> the server -> transcripts, replies and reply audio,
+// over a WebRTC call (webrtc.js, the default where the browser has RTCPeerConnection) or the
+// /v1/stream WebSocket (here). Plain ES modules, no build step; every file and request goes
+// to this server.
 
-const $ = (id) => document.getElementById(id);
-const app = $("app");
+import { $, addLine, app, openMicStream, setPartial, setState, setStatus, showAlert, showLatency, showPlayback as showStats } from "./ui.js";
+import { Call, CallError, supported as webrtcSupported } from "./webrtc.js";
+
 const FRAME_MS = 20;
 const LEAD_S = 0.05; // how far ahead the first chunk of a reply is scheduled
 
@@ -12,12 +15,13 @@ let ctx = null; // one AudioContext for capture and playback
 let mic = null; // MediaStream
 let worklet = null;
 let ws = null;
+let call = null; // the WebRTC mode's Call
+let fellBack = null; // why this session uses the WebSocket though WebRTC was chosen
 let running = false; // the user pressed Start and not Stop
 let retries = 0;
 let retryTimer = null;
 
 let session = null; // per WebSocket session: see newSession()
-const turns = { ttfp: [], final: [], turn: [] };
 let replyChunks = 0;
 let playedMs = 0;
 let underruns = 0;
@@ -54,56 +58,8 @@ function mapAudioMs(ms) {
 
 // ---------------------------------------------------------------- UI helpers
 
-function setStatus(text) {
-  $("status").textContent = text;
-}
-
-function showAlert(text) {
-  const el = $("alert");
-  el.textContent = text;
-  el.hidden = !text;
-}
-
-function setState(state) {
-  app.dataset.state = state;
-  const busy = state !== "idle";
-  $("start").disabled = busy;
-  $("stop").disabled = !busy;
-  $("cancel").disabled = state !== "connected";
-  for (const id of ["mode", "voice", "language"]) $(id).disabled = busy;
-}
-
-function addLine(who, text, cls) {
-  const li = document.createElement("li");
-  li.className = cls;
-  const w = document.createElement("span");
-  w.className = "who";
-  w.textContent = who + ":";
-  const t = document.createElement("span");
-  t.className = "text";
-  t.textContent = text;
-  li.append(w, " ", t);
-  $("transcript").append(li);
-  li.scrollIntoView({ block: "nearest" });
-  return t;
-}
-
-function median(xs) {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-}
-
-function showLatency(kind, ms) {
-  turns[kind].push(ms);
-  const med = median(turns[kind]);
-  $("lat-" + kind).textContent = `${Math.round(ms)} ms (${Math.round(med)} ms)`;
-}
-
 function showPlayback() {
-  app.dataset.replyChunks = String(replyChunks);
-  app.dataset.replyPlayedMs = String(Math.round(playedMs));
-  $("lat-played").textContent = `${Math.round(playedMs)} ms`;
-  $("lat-underruns").textContent = String(underruns);
+  showStats(replyChunks, playedMs, "Playback underruns", String(underruns));
 }
 
 // ---------------------------------------------------------------- options
@@ -136,6 +92,7 @@ function fillOptions(opts) {
     opts.default_voice,
   );
   fill($("language"), opts.languages.map((l) => [l, l]), opts.languages.includes("en") ? "en" : opts.languages[0]);
+  applyTransport();
   setStatus("Ready. Press Start.");
   app.dataset.options = "loaded";
 }
@@ -143,20 +100,10 @@ function fillOptions(opts) {
 // ---------------------------------------------------------------- microphone
 
 async function openMic() {
-  if (!navigator.mediaDevices || !window.AudioWorkletNode) {
+  if (!window.AudioWorkletNode) {
     throw new Error("This page needs a secure context (https:// or http://localhost) and a browser with AudioWorklet.");
   }
-  try {
-    mic = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
-    });
-  } catch (err) {
-    if (err.name === "NotAllowedError" || err.name === "SecurityError") {
-      throw new Error("Microphone access was denied. Allow the microphone for this site in the browser's settings, then press Start again.");
-    }
-    if (err.name === "NotFoundError") throw new Error("No microphone was found.");
-    throw new Error(`The microphone could not be opened (${err.name}: ${err.message}).`);
-  }
+  mic = await openMicStream();
   await ctx.audioWorklet.addModule("/web/capture-worklet.js");
   const source = ctx.createMediaStreamSource(mic);
   worklet = new AudioWorkletNode(ctx, "capture-16k", { numberOfInputs: 1, numberOfOutputs: 1, channelCount: 1 });
@@ -293,7 +240,9 @@ function scheduleReconnect(wait) {
   retries++;
   retryTimer = setTimeout(() => {
     retryTimer = null;
-    if (running) connect();
+    if (!running) return;
+    if (app.dataset.transport === "webrtc") placeCall();
+    else connect();
   }, wait);
 }
 
@@ -306,16 +255,17 @@ function onEvent(ev) {
       showAlert("");
       setState("connected");
       $("say").hidden = session.mode !== "tts";
-      setStatus(session.mode === "tts"
+      setStatus((session.mode === "tts"
         ? `Connected (voice ${ev.voice}). Type a sentence and press Speak.`
-        : `Listening (${ev.mode}, voice ${ev.voice}, language ${ev.language}). Speak now.`);
+        : `Listening (${ev.mode}, voice ${ev.voice}, language ${ev.language}). Speak now.`) +
+        (fellBack ? ` Over the WebSocket: ${fellBack}` : ""));
       break;
     case "vad.start":
       session.vadStart.set(ev.segment, mapAudioMs(ev.start_ms));
       setStatus("Hearing you…");
       break;
     case "transcript.partial":
-      $("partial").textContent = ev.text;
+      setPartial(ev.text);
       if (!session.gotPartial.has(ev.segment)) {
         session.gotPartial.add(ev.segment);
         const start = session.vadStart.get(ev.segment);
@@ -326,7 +276,7 @@ function onEvent(ev) {
       session.vadEnd.set(ev.segment, mapAudioMs(ev.end_ms));
       break;
     case "transcript.final": {
-      $("partial").textContent = "";
+      setPartial("");
       if (ev.text) addLine("You", ev.text, "user");
       const end = session.vadEnd.get(ev.segment) ?? mapAudioMs(ev.end_ms);
       if (end != null) showLatency("final", now - end);
@@ -370,16 +320,85 @@ function onEvent(ev) {
   }
 }
 
+// ---------------------------------------------------------------- the WebRTC call
+
+async function placeCall() {
+  setState("connecting");
+  setStatus(retries ? `Calling again (attempt ${retries + 1})…` : "Calling the server (WebRTC)…");
+  const settings = {
+    mode: $("mode").value,
+    voice: $("voice").value,
+    language: $("language").value,
+    key: $("api-key").value.trim(),
+  };
+  const c = (call = new Call(ctx, settings, (end) => callEnded(c, end)));
+  try {
+    await c.start();
+  } catch (err) {
+    c.hangUp();
+    if (c !== call || !running) return; // stopped meanwhile
+    call = null;
+    if (err instanceof CallError && err.fallback) return fallBack(err.message);
+    if (err instanceof CallError && err.retryAfterMs !== null) {
+      const wait = Math.max(1000, err.retryAfterMs || backoffMs());
+      showAlert(`${err.message} Retrying in ${Math.round(wait / 1000)} s.`);
+      return scheduleReconnect(wait);
+    }
+    showAlert(err.message);
+    finish("Not started.");
+  }
+}
+
+function callEnded(c, { lost, message }) {
+  if (c !== call) return;
+  call = null;
+  if (!running) return;
+  if (!lost) return finish(message || "Session ended.");
+  const wait = backoffMs();
+  showAlert(`The call was lost (${message}). Calling again in ${Math.round(wait / 1000)} s with a new session.`);
+  scheduleReconnect(wait);
+}
+
+// A server without WebRTC (no aiortc, or webrtc.enabled false): the WebSocket still works.
+async function fallBack(reason) {
+  $("transport").value = "websocket";
+  applyTransport();
+  app.dataset.transport = "websocket";
+  fellBack = reason; // said in the status once the session is there
+  setStatus(`${reason} Using the WebSocket instead.`);
+  try {
+    if ($("mode").value !== "tts" && !mic) await openMic();
+  } catch (err) {
+    showAlert(err.message);
+    return finish("Not started.");
+  }
+  connect();
+}
+
+// WebRTC carries the microphone and replies; the page's text-to-speech mode needs the WebSocket.
+function applyTransport() {
+  const webrtc = $("transport").value === "webrtc";
+  for (const o of $("mode").options) {
+    if (o.value !== "tts") continue;
+    o.disabled = webrtc;
+    o.textContent = webrtc ? "tts (WebSocket only)" : "tts";
+  }
+  if (webrtc && $("mode").value === "tts") $("mode").value = "assistant";
+  $("lat-note").textContent = webrtc ? "" : "WebSocket: timed from when the page sent the audio of the start and end of speech.";
+}
+
 // ---------------------------------------------------------------- start / stop
 
 async function start() {
   showAlert("");
   running = true;
   setState("connecting");
+  const transport = (app.dataset.transport = $("transport").value);
+  fellBack = null;
   try {
     ctx = ctx || new AudioContext();
     await ctx.resume(); // inside the click: browsers allow audio to start here
-    if ($("mode").value !== "tts" && !mic) {
+    if (transport === "websocket" && $("mode").value !== "tts" && !mic) {
       setStatus("Opening the microphone…");
       await openMic();
     }
@@ -391,7 +410,8 @@ async function start() {
     return;
   }
   retries = 0;
-  connect();
+  if (transport === "webrtc") placeCall();
+  else connect();
 }
 
 function finish(text) {
@@ -402,14 +422,18 @@ function finish(text) {
   mic = null;
   if (worklet) worklet.disconnect();
   worklet = null;
-  $("partial").textContent = "";
+  setPartial("");
   setState("idle");
   setStatus(text);
 }
 
 function stop() {
+  const c = call;
+  call = null;
   const sock = ws;
   finish("Stopped.");
+  // Hang up: close the peer connection and DELETE the call.
+  if (c) c.hangUp();
   if (sock && sock.readyState === WebSocket.OPEN) {
     // Let the server finish what it accepted; the close that follows is ignored.
     sock.send(JSON.stringify({ type: "audio.end" }));
@@ -424,12 +448,18 @@ $("settings").addEventListener("submit", (e) => {
 });
 $("stop").addEventListener("click", stop);
 $("cancel").addEventListener("click", () => {
+  if (call) return call.interrupt();
   // Client barge-in: the server stops the reply (tts.end interrupted).
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "cancel" }));
   if (session) {
     stopPlayback();
     session.dropAudio = true;
   }
+});
+$("transport").addEventListener("change", applyTransport);
+// Leaving the page hangs up: the server frees the call now, not at its ICE timeout.
+window.addEventListener("pagehide", () => {
+  if (call) call.hangUp();
 });
 $("say").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -507,6 +537,12 @@ async function pollServer() {
   }
 }
 
+if (!webrtcSupported) {
+  // No RTCPeerConnection in this browser: the WebSocket is the only way.
+  $("transport").value = "websocket";
+  $("transport").options[0].disabled = true;
+}
+applyTransport();
 setState("idle");
 showPlayback();
 loadOptions();
