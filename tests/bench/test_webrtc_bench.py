@@ -142,3 +142,16 @@ def test_webrtc_calls_against_realtime_sessions_smoke(
     )
     text = (out / "summary.md").read_text()
     assert "## Realtime (WebSocket) vs WebRTC calls" in text and "| 2 | webrtc - realtime |" in text
+
+
+def test_loss_must_be_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["stream", "--mode", "webrtc", "--loss", "1.5", "--url", "ws://127.0.0.1:9"])
+    assert exc.value.code == 2
+    assert "expected a share in [0, 1)" in capsys.readouterr().err
+
+
+def test_a_webrtc_ramp_has_no_marks_to_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["ramp", "--mode", "webrtc", "--url", "ws://127.0.0.1:9", "--quiet"]
+    assert main([*argv, "--out", "/nonexistent/never-written"]) == 2  # mark_lag: refused
+    assert "webrtc streams send no marks" in capsys.readouterr().err
