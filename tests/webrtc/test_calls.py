@@ -50,7 +50,7 @@ from voxserve.config import (
     load_settings,
 )
 from voxserve.server.app import create_app
-from voxserve.server.webrtc_peer import Peer
+from voxserve.server.webrtc_peer import MAX_CANDIDATES, MAX_EARLY, Peer
 from voxserve.server.webrtc_ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,6 +180,8 @@ async def test_call_opens_and_delete_frees_it(server: LiveServer) -> None:
             assert "packets_lost" in ended and "concealed_ms" in ended
             async with asyncio.timeout(10):
                 await peer.closed.wait()
+            after = [peer.events.get_nowait()["type"] for _ in range(peer.events.qsize())]
+            assert "voxserve.session.ended" not in after  # told once
             again = await http.delete(location, headers=auth())
             assert again.status_code == 404
             assert again.json()["error"]["code"] == "call_not_found"
@@ -229,6 +231,11 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
     response = await post_offer(server, many)
     assert response.status_code == 400
     assert "m-lines" in response.json()["error"]["message"]
+    candidate = "a=candidate:1 1 udp 2130706431 192.0.2.9 {port} typ host\r\n"
+    spray = "".join(candidate.format(port=9000 + i) for i in range(MAX_CANDIDATES + 1))
+    response = await post_offer(server, offer.replace("a=end-of-candidates", spray, 1))
+    assert response.status_code == 400  # the server would send STUN checks to each
+    assert "ICE candidates" in response.json()["error"]["message"]
     no_audio = offer.replace(audio.group(0), "")
     response = await post_offer(server, no_audio)
     assert response.status_code == 400
@@ -243,6 +250,10 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
         voice = await http.post(CALLS, files=files, headers=auth())
         assert voice.status_code == 400
         assert voice.json()["error"]["code"] == "unknown_voice"
+        files = {"sdp": (None, offer), "session": ("session.json", b"\xff{}", "text/plain")}
+        binary = await http.post(CALLS, files=files, headers=auth())
+        assert binary.status_code == 400
+        assert binary.json()["error"]["code"] == "invalid_parameter"  # the session, not the SDP
         unknown = await http.post(f"{CALLS}/rtc_nothing/hangup", headers=auth())
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "call_not_found"
@@ -532,5 +543,47 @@ async def test_messages_before_the_link_are_held() -> None:
             peer.channel.send("later")
             await asyncio.sleep(0.2)
             assert server.take_early() == []  # the link's from now on
+            assert server.early_dropped == 0
+        finally:
+            await server.close()
+
+
+async def test_a_flood_before_the_link_is_bounded_and_counted() -> None:
+    """Past MAX_EARLY held messages the peer keeps only a count (handed to the link, which
+    tells the caller): a flood as the channel opens costs no memory and is never silent."""
+    server = Peer(WebRtcConfig(), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            flood = MAX_EARLY + 6
+
+            def send_all() -> None:
+                for i in range(flood):
+                    peer.channel.send(json.dumps({"type": "input_audio_buffer.clear", "n": i}))
+
+            peer.channel.on("open", send_all)
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            await eventually(lambda: len(server.early) + server.early_dropped == flood)
+            assert len(server.take_early()) == MAX_EARLY
+            assert server.early_dropped == 6
+        finally:
+            await server.close()
+
+
+async def test_a_session_slow_to_read_is_not_a_silent_caller() -> None:
+    """The media watch counts from the caller's last packet off the network, not from the
+    last one the session read: a session that reads nothing for longer than
+    media_timeout_s (its input waiting) keeps a caller who is talking; the caller's
+    silence ends the watch."""
+    server = Peer(WebRtcConfig(media_timeout_s=1.0), PortRange(0, 0))
+    async with caller() as peer:
+        try:
+            await peer.answer(await server.answer(await peer.offer()))
+            assert await server.connected(10)
+            assert server.inbound is not None  # and nobody reads it
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(server.watch_media(), 2.5)
+            await peer.close()  # the caller stops sending
+            await asyncio.wait_for(server.watch_media(), 5)
         finally:
             await server.close()

@@ -105,3 +105,28 @@ async def test_g711_mono_8k_frames_are_upsampled() -> None:
     out = await read_all(inbound)
     assert len(out) == 25 and inbound.packets_lost == 0
     assert abs(peak_hz(b"".join(out)[1280:-1280], 16_000) - 440) < 10
+
+
+async def test_pts_running_ahead_of_the_clock_are_not_filled() -> None:
+    """A hostile caller jumps its pts 9 s on every 20 ms packet: the gaps would turn 20
+    packets into 3 minutes of audio for the session. The filled timeline stays within
+    MAX_AHEAD_S of the wall clock; the rest are discontinuities."""
+    mono = tone(440, 960)
+    jump = 9 * 48_000
+    frames = [stereo_frame(mono, mono, pts=i * jump) for i in range(20)]
+    inbound = InboundAudio(FramesTrack(frames))
+    out = await read_all(inbound)
+    assert inbound.packets_received == 20
+    assert inbound.concealed_ms == 0  # the first jump is already past the allowance
+    assert inbound.discontinuities == 19
+    assert len(out) == 20  # just the real audio: 20 packets -> 400 ms
+
+
+async def test_a_gap_within_the_allowance_is_still_filled() -> None:
+    """Frames read in a burst (a backlog) may run ahead of the clock by up to MAX_AHEAD_S:
+    a real loss in them is filled as usual."""
+    frames = tone_frames(440, 60, skip=frozenset(range(20, 40)))  # 400 ms lost in 1.2 s
+    inbound = InboundAudio(FramesTrack(frames))
+    out = await read_all(inbound)
+    assert inbound.concealed_ms == 400 and inbound.discontinuities == 0
+    assert len(out) == 60

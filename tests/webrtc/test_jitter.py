@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiortc.rtp import RtpPacket
 
-from voxserve.server.webrtc_jitter import AudioJitterBuffer
+from voxserve.server.webrtc_jitter import BURST, REORDER, AudioJitterBuffer
 
 
 def feed(buffer: AudioJitterBuffer, order: list[int], base: int = 0) -> list[int]:
@@ -58,3 +58,18 @@ def test_a_restarted_stream_is_followed() -> None:
     feed(buffer, [0, 1, 2])
     assert feed(buffer, [5000, 5001], base=0) == [5000, 5001]
     assert buffer.resyncs == 1
+
+
+def test_a_flood_faster_than_real_time_is_dropped_and_counted() -> None:
+    """1000 packets at once (20 s of audio): a burst passes, the rest would only be decoded
+    and queued on the track at the caller's pace, so they are dropped and counted."""
+    buffer = AudioJitterBuffer(clock=lambda: 100.0)  # all at one instant
+    out = feed(buffer, list(range(1000)))
+    assert BURST - REORDER <= len(out) <= BURST + 1
+    assert buffer.flooded >= 1000 - BURST - 1
+    now = [100.0]
+    paced = AudioJitterBuffer(clock=lambda: now[0])
+    for index in range(1000):  # the same 1000 at 50 a second: all pass
+        now[0] += 0.02
+        feed(paced, [index])
+    assert paced.flooded == 0 and paced.skipped == 0

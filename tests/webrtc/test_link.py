@@ -528,3 +528,36 @@ async def test_messages_sent_as_the_channel_opens_are_not_lost() -> None:
         await driver.wait_closed()
         await caller.close()
         await server.close()
+
+
+async def test_messages_the_call_could_not_hold_are_told() -> None:
+    """What the call dropped before the link existed (past its bound of held messages) is
+    told as the link's own drops: one `error` naming how many, never silence."""
+    runtime = fake_runtime(settings())
+    caller, server, client, channel = await channel_pair()
+    events: list[dict[str, Any]] = []
+    client.on("message", lambda text: events.append(json.loads(text)))
+    wire = initial_wire(
+        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
+    )
+    config = wire.config()
+    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    driver.start()
+    held = [json.dumps({"type": "input_audio_buffer.clear"})] * 3
+    link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=held, dropped=6)
+    task = asyncio.get_running_loop().create_task(link.run())
+    try:
+        await eventually(lambda: any(e["type"] == "error" for e in events))
+        error = next(e for e in events if e["type"] == "error")
+        assert error["error"]["code"] == "overloaded"
+        assert "6 data channel messages were dropped" in error["error"]["message"]
+        await eventually(
+            lambda: len([e for e in events if e["type"] == "input_audio_buffer.cleared"]) == 3
+        )
+    finally:
+        link.hang_up()
+        await asyncio.wait_for(task, 5)
+        driver.close()
+        await driver.wait_closed()
+        await caller.close()
+        await server.close()

@@ -64,7 +64,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
 def minting_principal(keys: KeyRing, token: str | None) -> str:
     """The key id that mints: an API key (anyone with auth off), never a client secret
     (a page holding one could otherwise keep itself in keys forever)."""
-    if is_client_secret(token) and keys.verify(token) is None:
+    if is_client_secret(token, keys):
         raise VoxError(
             ErrorCode.UNAUTHORIZED,
             "a client secret cannot mint another: POST /v1/realtime/client_secrets needs an "

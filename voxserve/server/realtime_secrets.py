@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
@@ -182,8 +182,10 @@ class ClientSecrets:
             self._db = None
 
 
-def is_client_secret(token: str | None) -> bool:
-    return token is not None and token.startswith(PREFIX)
+def is_client_secret(token: str | None, keys: KeyRing) -> TypeGuard[str]:
+    """`token` is a client secret: `ek_...` and not one of the configured API keys (a key
+    may begin so too; it stays a key)."""
+    return token is not None and token.startswith(PREFIX) and keys.verify(token) is None
 
 
 def realtime_principal(
@@ -196,8 +198,7 @@ def realtime_principal(
     ("anonymous", None) and a client secret is still redeemed. Raises `unauthorized`
     (fatal): a wrong key, or a secret unknown, used, expired, or whose key is no longer
     configured. No I/O but the store."""
-    if is_client_secret(token) and keys.verify(token) is None:
-        assert token is not None
+    if is_client_secret(token, keys):
         redeemed = secrets.redeem(token)
         principal = redeemed.principal
         if keys.enabled and principal not in keys.key_ids:

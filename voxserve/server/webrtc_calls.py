@@ -24,7 +24,6 @@ import logging
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -57,8 +56,6 @@ from voxserve.server.webrtc_ports import PortRange
 from voxserve.server.webrtc_registry import CallRegistry, LiveCall
 
 if TYPE_CHECKING:  # imports aiortc: loaded by peer_module() when a call comes
-    from aiortc import RTCDataChannel
-
     from voxserve.server.webrtc_peer import Peer
 
 log = logging.getLogger(__name__)
@@ -91,7 +88,7 @@ async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dic
     media_type = declared.partition(";")[0].strip().lower()
     if media_type == SDP_TYPE:
         body = await _read_capped(request, limit)
-        return _text(body, "the SDP offer"), {}
+        return _text(body, "the SDP offer", ErrorCode.INVALID_SDP), {}
     if media_type != FORM_TYPE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
@@ -99,10 +96,12 @@ async def read_offer(request: Request, limit: int, depth: int) -> tuple[str, dic
             f"sdp and session, not {quoted(declared)}",
         )
     form = await read_form(request, limit, max_files=2)
-    sdp = await _field(form.get("sdp"))
+    sdp = await _field(form.get("sdp"), "the form's sdp", ErrorCode.INVALID_SDP)
     if sdp is None:
         raise VoxError(ErrorCode.INVALID_SDP, "the form has no sdp field (the SDP offer)")
-    raw_session = await _field(form.get("session"))
+    raw_session = await _field(
+        form.get("session"), "the form's session", ErrorCode.INVALID_PARAMETER
+    )
     if raw_session is None:
         return sdp, {}
     session = decode_json(raw_session, max_bytes=limit, max_depth=depth, what="session")
@@ -123,17 +122,19 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _field(value: str | UploadFile | None) -> str | None:
+async def _field(value: str | UploadFile | None, what: str, code: ErrorCode) -> str | None:
+    """A form field's text; `code` when a file part is not UTF-8 (its client-chosen
+    filename is not echoed)."""
     if value is None or isinstance(value, str):
         return value
-    return _text(await value.read(), value.filename or "a form part")
+    return _text(await value.read(), what, code)
 
 
-def _text(raw: bytes, what: str) -> str:
+def _text(raw: bytes, what: str, code: ErrorCode) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise VoxError(ErrorCode.INVALID_SDP, f"{what} is not UTF-8 text") from None
+        raise VoxError(code, f"{what} is not UTF-8 text") from None
 
 
 def call_wire(
@@ -222,16 +223,13 @@ class Call:
             peer.outbound,
             runtime,
             pending=peer.take_early(),
+            dropped=peer.early_dropped,
         )
         if self._hung_up:
             link.hang_up()
         running = asyncio.ensure_future(link.run())
         gone = asyncio.ensure_future(peer.gone.wait())
-        # No audio track (a listen-only caller): ICE consent alone tells a vanished peer.
-        last_packet = (lambda: inbound.last_packet_at) if inbound is not None else None
-        silent = asyncio.ensure_future(
-            peer.watch_media(last_packet) if last_packet is not None else asyncio.Event().wait()
-        )
+        silent = asyncio.ensure_future(peer.watch_media())
         try:
             await asyncio.wait([running, gone, silent], return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
@@ -239,29 +237,13 @@ class Call:
                 log.info("call peer gone", extra={"call_id": self.call_id, "why": why})
                 link.hang_up()
                 await asyncio.wait([running], timeout=LINK_END_WAIT_S)
-                if not peer.lost:
-                    self._goodbye(link, channel)
+                if not peer.lost:  # ended from this side: the caller is told, as a
+                    link.say_ended()  # session that ends on its own tells it
         finally:
             for task in (running, gone, silent):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
-
-    def _goodbye(self, link: WebRtcLink, channel: RTCDataChannel) -> None:
-        """A call ended from this side (a hang-up, no media): the session's end is told on
-        the channel (`voxserve.session.ended` with the media counters), as a session that
-        ends on its own tells it, before the peer closes (it flushes the channel)."""
-        if channel.readyState != "open":
-            return
-        ended = self.driver.session.ended_event()
-        inbound = self.peer.inbound
-        if inbound is not None:
-            ended = msgspec.structs.replace(
-                ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
-            )
-        with contextlib.suppress(Exception):  # best effort: the caller may be leaving
-            for text in link.encoder.encode(ended):
-                channel.send(text)
 
     async def _free(self) -> None:
         """The peer (its ports), the session, the registry: given back, once."""
@@ -300,7 +282,7 @@ class CallService:
         runtime = self.runtime
         peer_mod = peer_module()
         token = bearer_token(request.headers.get("authorization"))
-        if not is_client_secret(token):
+        if not is_client_secret(token, self.keys):
             self.keys.authenticate(token)  # a wrong key is told before the body is read
         limits = runtime.settings.limits
         offer, session = await read_offer(request, MAX_BODY, limits.max_json_depth)
@@ -339,7 +321,7 @@ class CallService:
             raise
         driver.start()
         call = Call(self, driver, wire, peer)
-        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+        if is_client_secret(token, self.keys):
             call.secret_digest = digest(token)  # the page hangs up with the secret it used
         self.registry.add(call)
         call.task = asyncio.get_running_loop().create_task(call.run(), name=f"{WEBRTC.tasks}-call")
@@ -352,7 +334,7 @@ class CallService:
         ends its call with the bearer it made it with). `call_not_found` otherwise."""
         token = bearer_token(request.headers.get("authorization"))
         call_id = request.path_params["call_id"]
-        if token is not None and is_client_secret(token) and self.keys.verify(token) is None:
+        if is_client_secret(token, self.keys):
             call = self.registry.get(call_id)
             made_with = call.secret_digest
             if made_with is None or not hmac.compare_digest(made_with, digest(token)):

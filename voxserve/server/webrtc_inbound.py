@@ -6,6 +6,12 @@ a lost packet is only a jump in pts. This reader keeps the audio timeline exact:
 filled (the last frame repeated, fading out over CONCEAL_MS, then silence) and counted, late or
 duplicate frames are dropped and counted, and the audio is downmixed and resampled once with a
 streaming soxr resampler, so VAD and ASR see the same time as the caller spoke.
+
+The pts are the caller's to choose: a hostile peer could jump them ~MAX_GAP_S on every
+packet and have one 20 ms packet filled with seconds of audio for the session to hear. So
+the timeline made here (real audio and fill) may run at most MAX_AHEAD_S ahead of the wall
+clock since the first frame; a gap that would go further is a discontinuity (not filled).
+An honest caller's timeline never runs ahead but by the backlog of frames read late.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from voxserve.server.webrtc_jitter import AudioJitterBuffer, use_audio_jitter_bu
 FRAME_MS = 20
 CONCEAL_MS = 60  # a lost stretch longer than this is silence after the fade-out
 MAX_GAP_S = 10.0  # a larger pts jump is a discontinuity (the peer reset its clock): not filled
+MAX_AHEAD_S = 2.0  # how far the filled timeline may run ahead of the wall clock (docstring)
 
 
 def mono_samples(frame: AudioFrame) -> Int16Array:
@@ -80,9 +87,11 @@ class InboundAudio:
         self.packets_received = 0
         self.packets_lost = 0
         self.packets_dropped = 0  # late, duplicate or backwards frames
-        self.discontinuities = 0  # pts jumps beyond MAX_GAP_S, resynchronised without filling
+        self.discontinuities = 0  # pts jumps beyond MAX_GAP_S or the clock: not filled
         self.concealed_ms = 0
         self.last_packet_at = time.monotonic()
+        self._first_at: float | None = None  # time.monotonic() of the first frame accepted
+        self._made_s = 0.0  # seconds of audio made since (real and filled)
         self._concealed_s = 0.0
         self._in_rate = 0
         self._resampler: StreamResampler | None = None
@@ -90,6 +99,15 @@ class InboundAudio:
         self._last: Int16Array | None = None  # last real frame (mono, input rate)
         self._pending = bytearray()
         self._ended = False
+
+    @property
+    def last_heard_at(self) -> float:
+        """time.monotonic() of the caller's last packet as it came off the network (its
+        jitter buffer's, when installed), not as read(): a session slow to read is not a
+        silent caller. `last_packet_at` without the buffer."""
+        if self.jitter is None:
+            return self.last_packet_at
+        return max(self.jitter.last_packet_at, self.last_packet_at)
 
     @property
     def ended(self) -> bool:
@@ -135,15 +153,24 @@ class InboundAudio:
                 samples = samples[self._next_pts - pts :]
                 pts = self._next_pts
             gap = pts - self._next_pts
-            if gap > MAX_GAP_S * rate:
+            if gap > MAX_GAP_S * rate or gap > self._fill_allowed_s() * rate:
                 self.discontinuities += 1
             elif gap > 0:
                 self._conceal(gap, samples.size)
         self.packets_received += 1
         self.last_packet_at = time.monotonic()
+        if self._first_at is None:
+            self._first_at = self.last_packet_at
         self._next_pts = None if pts is None else pts + samples.size
         self._last = samples
         self._push(samples)
+
+    def _fill_allowed_s(self) -> float:
+        """The longest gap that may be filled now: the timeline stays within MAX_AHEAD_S of
+        the wall clock since the first frame."""
+        if self._first_at is None:
+            return MAX_AHEAD_S
+        return time.monotonic() - self._first_at + MAX_AHEAD_S - self._made_s
 
     def _switch_rate(self, rate: int) -> None:
         if self._resampler is not None:
@@ -170,6 +197,7 @@ class InboundAudio:
 
     def _push(self, samples: Int16Array) -> None:
         assert self._resampler is not None
+        self._made_s += samples.size / self._in_rate
         self._emit_resampled(self._resampler.process(samples))
 
     def _emit_resampled(self, samples: Int16Array) -> None:

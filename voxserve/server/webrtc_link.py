@@ -116,6 +116,16 @@ class Outbound(Protocol):
     def played_ms(self, reply: int) -> int: ...
 
 
+def with_media(ended: SessionEnded, inbound: Inbound | None) -> SessionEnded:
+    """`ended` with the call's media counters (the caller's audio lost on the network and
+    the milliseconds filled in), as `voxserve.session.ended` reports them on a call."""
+    if inbound is None:
+        return ended
+    return msgspec.structs.replace(
+        ended, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TooLarge:
     """A data channel message over limits.max_message_bytes (not kept: only its size)."""
@@ -155,12 +165,19 @@ class Inbox:
         if isinstance(data, str) and size * 4 > self.max_message_bytes:
             size = len(data.encode("utf-8", "surrogatepass"))
         if self.messages >= MAX_QUEUED_MESSAGES:
-            if not self.dropped:
-                self._push(Dropped())
-            self.dropped += 1
+            self.drop(1)
             return
         self.messages += 1
         self._push(TooLarge(size) if size > self.max_message_bytes else data)
+
+    def drop(self, count: int) -> None:
+        """`count` messages dropped (here, or by the call before the link): one `Dropped`
+        tells them all, so a flood is never dropped unsaid."""
+        if count <= 0 or self.ended:
+            return
+        if not self.dropped:
+            self._push(Dropped())
+        self.dropped += count
 
     def internal(self, message: TruncateItem) -> None:
         """The link's own message (one per cut reply: bounded by the replies)."""
@@ -230,6 +247,7 @@ class WebRtcLink:
         runtime: Runtime,
         *,
         pending: Sequence[str | bytes] = (),
+        dropped: int = 0,
     ) -> None:
         if wire.media != "track":
             raise ValueError("a WebRTC call's wire has media 'track'")
@@ -259,9 +277,11 @@ class WebRtcLink:
         self._changed = asyncio.Event()  # the channel opened, drained, or closed
         self._listeners: list[tuple[str, Callable[..., Any]]] = []
         # The way in from now on: a client may send as the channel opens (OpenAI's browser
-        # sample sends session.update in `onopen`); `pending`: what came before the link.
+        # sample sends session.update in `onopen`); `pending`: what came before the link,
+        # `dropped`: how many more the call could not hold (told as this link's own).
         for data in pending:
             self.inbox.message(data)
+        self.inbox.drop(dropped)
         for event, listener in (
             ("message", self.received),
             ("open", self._changed.set),
@@ -310,6 +330,15 @@ class WebRtcLink:
         and run returns. Idempotent."""
         self.inbox.end()
         self._changed.set()
+
+    def say_ended(self) -> None:
+        """Tell the session's end on the channel (`voxserve.session.ended` with the media
+        counters) when the call, not the session, ended it (a hang-up, no media): the
+        sender has stopped by then. Best effort: the caller may be leaving."""
+        if self.channel.readyState != "open":
+            return
+        with contextlib.suppress(TypeError, ValueError):
+            self._write(self.encoder.encode(with_media(self.session.ended_event(), self.inbound)))
 
     def _count_media(self) -> None:
         inbound = self.inbound
@@ -460,11 +489,8 @@ class WebRtcLink:
         if isinstance(item, bytes):
             return self.encoder.encode_audio(item)  # its message announced, if not yet
         self.origins.taken += 1
-        if isinstance(item, SessionEnded) and self.inbound is not None:
-            inbound = self.inbound
-            item = msgspec.structs.replace(
-                item, packets_lost=inbound.packets_lost, concealed_ms=inbound.concealed_ms
-            )
+        if isinstance(item, SessionEnded):
+            item = with_media(item, self.inbound)
         texts = self.encoder.encode(item)
         if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
             texts = [with_event_id(text, event_id) for text in texts]

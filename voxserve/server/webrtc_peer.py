@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 from aiortc import (
     MediaStreamTrack,
@@ -31,6 +30,7 @@ from aiortc import sdp as aiortc_sdp
 from voxserve.config import WebRtcConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.webrtc_inbound import InboundAudio
+from voxserve.server.webrtc_link import LABEL
 from voxserve.server.webrtc_outbound import OutboundTrack
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
@@ -39,14 +39,18 @@ log = logging.getLogger(__name__)
 # its warnings are enough in a server's log.
 logging.getLogger("aioice").setLevel(logging.WARNING)
 
-CHANNEL_LABEL = "oai-events"  # the Realtime events' data channel (OpenAI's name)
+CHANNEL_LABEL = LABEL  # the Realtime events' data channel (OpenAI's name)
 MAX_SDP_BYTES = 64 * 1024  # an offer is a few kB; more is not an offer
 # Without BUNDLE each m-line takes its own ports: a bound, so one offer cannot take a range.
 MAX_MEDIA = 4
+# ICE checks every remote candidate (STUN requests, retransmitted): an offer naming hundreds
+# of addresses would have the server send to each. A browser lists a few per interface.
+MAX_CANDIDATES = 50  # per m-line
 GONE_STATES = ("failed", "closed")
 # Client events sent as the channel opens (OpenAI's browser sample sends session.update in
-# `onopen`), held until the link takes over; past this many the call's link will not see
-# them (a flood before session.created is no client's).
+# `onopen`), held until the link takes over; past this many they are counted, not kept (the
+# link tells the caller how many were dropped: a flood before session.created is no
+# client's).
 MAX_EARLY = 64
 FLUSH_S = 1.0  # at close, the channel's last events (session.ended) get this long to go out
 
@@ -86,6 +90,12 @@ def check_offer(text: str) -> None:
             f"the SDP offer has {len(parsed.media)} m-lines; a call takes at most {MAX_MEDIA} "
             "(one audio track and the data channel)"
         )
+    for media in parsed.media:
+        if len(media.ice_candidates) > MAX_CANDIDATES:
+            raise invalid_sdp(
+                f"the SDP offer's {media.kind} m-line has {len(media.ice_candidates)} ICE "
+                f"candidates; at most {MAX_CANDIDATES} are taken"
+            )
     kinds = {media.kind for media in parsed.media}
     if "audio" not in kinds:
         raise invalid_sdp("the SDP offer has no audio m-line: add a microphone track")
@@ -111,6 +121,7 @@ class Peer:
         self.lost = False  # the peer itself is gone (not a hang-up): nothing to flush
         self._channel_open = asyncio.Event()
         self.early: list[str | bytes] = []  # channel messages before the link took over
+        self.early_dropped = 0  # ... and those past MAX_EARLY, only counted
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_state)
@@ -137,6 +148,8 @@ class Peer:
     def _early(self, data: str | bytes) -> None:
         if len(self.early) < MAX_EARLY:
             self.early.append(data)
+        else:
+            self.early_dropped += 1
 
     def take_early(self) -> list[str | bytes]:
         """The messages that came before the link, no longer held here: the link takes
@@ -201,18 +214,20 @@ class Peer:
             gone.cancel()
         return self._channel_open.is_set() and not self.gone.is_set()
 
-    async def watch_media(self, last_packet_at: Callable[[], float]) -> None:
-        """Return when the peer has sent no RTP for `media_timeout_s` (`last_packet_at`:
-        time.monotonic() of its last packet, 0 before the first: the wait then counts from
-        now)."""
+    async def watch_media(self) -> None:
+        """Return when the peer has sent no RTP for `media_timeout_s`, counted from its last
+        packet off the network (InboundAudio.last_heard_at), or from now before the first.
+        Never returns without a caller's track (a listen-only caller: ICE consent alone
+        tells a vanished peer)."""
         timeout = self.config.media_timeout_s
         started = time.monotonic()
         while True:
-            last = max(last_packet_at(), started)
+            inbound = self.inbound
+            last = started if inbound is None else max(inbound.last_heard_at, started)
             left = last + timeout - time.monotonic()
-            if left <= 0:
+            if left <= 0 and inbound is not None:
                 return
-            await asyncio.sleep(min(left, 1.0))
+            await asyncio.sleep(min(left, 1.0) if left > 0 else 1.0)
 
     async def close(self) -> None:
         """Close the connection: its sockets (the ports) are given back. The channel's
