@@ -41,13 +41,19 @@ def test_disabled_metrics_observe_nothing() -> None:
     metrics.observe_stage("asr", 0.1)
     metrics.observe_turn(0.2)
     metrics.observe_first_audio("miss", 0.1)
+    metrics.observe_frame_lag(0.03)
     text = generate_latest(metrics.registry).decode()
     assert "voxserve_turn_latency_seconds_count 0.0" in text
+    assert "voxserve_webrtc_frame_lag_seconds_count 0.0" in text
     assert 'voxserve_stage_latency_seconds_count{stage="asr"}' not in text
     assert metrics.profiler.summary() == []
     on = Metrics()
     on.observe_turn(0.2)
-    assert "voxserve_turn_latency_seconds_count 1.0" in generate_latest(on.registry).decode()
+    on.observe_frame_lag(0.03)  # a call's frame 30 ms late: over the 20 ms edge
+    text = generate_latest(on.registry).decode()
+    assert "voxserve_turn_latency_seconds_count 1.0" in text
+    assert 'voxserve_webrtc_frame_lag_seconds_bucket{le="0.02"} 0.0' in text
+    assert 'voxserve_webrtc_frame_lag_seconds_bucket{le="0.03"} 1.0' in text
 
 
 def test_gc_timer_is_installed_once() -> None:

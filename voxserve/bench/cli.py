@@ -22,6 +22,16 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError("expected a share in [0, 1)")
+    return value
+
+
 def _env_item(text: str) -> str:
     if "=" not in text or text.startswith("="):
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -101,9 +111,11 @@ def _streams() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--mode",
-        choices=["asr", "assistant", "tts", "realtime"],
+        choices=["asr", "assistant", "tts", "realtime", "webrtc"],
         default="asr",
-        help="realtime: assistant streams through the OpenAI Realtime API (/v1/realtime)",
+        help="realtime: assistant streams through the OpenAI Realtime API (/v1/realtime); "
+        "webrtc: the same as WebRTC calls (POST /v1/realtime/calls, Opus over UDP; needs "
+        "the webrtc extra)",
     )
     g.add_argument(
         "--ramp",
@@ -157,7 +169,9 @@ def _streams() -> argparse.ArgumentParser:
         help="/v1/stream audio rate, in (session.start sample_rate) and out "
         "(output_sample_rate); default the server's 16000 (`bench realtime`: 24000, as Realtime)",
     )
-    r = p.add_argument_group("OpenAI Realtime streams (--mode realtime, bench realtime)")
+    r = p.add_argument_group(
+        "OpenAI Realtime streams (--mode realtime, --mode webrtc, bench realtime)"
+    )
     r.add_argument(
         "--model", default="gpt-realtime", help="?model= of /v1/realtime (default %(default)s)"
     )
@@ -167,6 +181,13 @@ def _streams() -> argparse.ArgumentParser:
         choices=[20, 40],
         default=20,
         help="audio per input_audio_buffer.append (default %(default)s, as /v1/stream's frames)",
+    )
+    r.add_argument(
+        "--loss",
+        type=_fraction,
+        default=0.0,
+        help="webrtc: share of each caller's outgoing audio RTP packets dropped (simulated "
+        "network loss, seeded by --seed; default 0)",
     )
     r.add_argument(
         "--transcription-model",
@@ -276,8 +297,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     realtime = add(
         "realtime",
         "voxserve.bench.realtime_bench:cmd_realtime",
-        "the OpenAI Realtime doorway against /v1/stream: the same assistant streams through "
-        "each, interleaved in one run; end of speech -> first audio, and streams per core",
+        "the OpenAI Realtime doorway against /v1/stream (and WebRTC calls: --transports): the "
+        "same assistant streams through each, interleaved in one run; end of speech -> first "
+        "audio, and streams per core",
         streams,
     )
     _realtime_arguments(realtime)
@@ -301,7 +323,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     add_memory_parsers(add, streams)
 
 
-TRANSPORTS = ("stream", "realtime")
+TRANSPORTS = ("stream", "realtime", "webrtc")
+DEFAULT_TRANSPORTS = ("stream", "realtime")
 
 
 def _transports(text: str) -> list[str]:
@@ -316,9 +339,10 @@ def _realtime_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--transports",
         type=_transports,
-        default=list(TRANSPORTS),
-        help="comma-separated, run in this order, then reversed every other round (default "
-        "stream,realtime; realtime alone: a Realtime ramp)",
+        default=list(DEFAULT_TRANSPORTS),
+        help="comma-separated, of stream,realtime,webrtc: run in this order, then reversed "
+        "every other round (default stream,realtime; realtime alone: a Realtime ramp; "
+        "realtime,webrtc: WebRTC calls against Realtime WebSocket sessions)",
     )
     g.add_argument(
         "--rounds", type=int, default=1, help="rounds per stream count (default %(default)s)"

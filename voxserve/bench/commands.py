@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from voxserve.bench import charts, engine_batches, http_tts, loadgen
+from voxserve.bench import charts, engine_batches, frame_lag, http_tts, loadgen
 from voxserve.bench.program import Program
 from voxserve.bench.report import Report, eprint
 from voxserve.bench.schedule import split_evenly
@@ -78,16 +78,23 @@ def stream_step(
         model=args.model,
         piece_ms=args.piece_ms,
         transcription_model=args.transcription_model,
+        loss=getattr(args, "loss", 0.0),
+        seed=args.seed,
     )
     parts = split_evenly(streams, max(1, min(args.procs, streams)))
     specs = [dataclasses.replace(spec, first=first, count=count) for first, count in parts]
     params = {"mode": mode, "procs": len(specs), **spec.session}
     if mode == "realtime":  # session.start fields mean nothing there; what it sends does
         params = {"mode": mode, "procs": len(specs), "model": spec.model, "piece_ms": spec.piece_ms}
+    if mode == "webrtc":
+        params = {"mode": mode, "procs": len(specs), "loss": spec.loss}
     plan = Plan(label, streams, args.duration, spec.ramp_s, args.drain, params)
     where = realtime_url(tgt.url, spec.model) if mode == "realtime" else tgt.url
+    if mode == "webrtc":
+        where = f"{tgt.http}/v1/realtime/calls"
     eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {where}")
     batches_before = engine_batches.read(tgt.http)
+    lag_before = frame_lag.read(tgt.http) if mode == "webrtc" else None
     step = run_step(
         plan,
         loadgen.run,
@@ -100,7 +107,17 @@ def stream_step(
     step.record["engine_batches"] = engine_batches.during(
         batches_before, engine_batches.read(tgt.http)
     )
+    if mode == "webrtc":
+        server_lag(step.record, frame_lag.during(lag_before, frame_lag.read(tgt.http)))
     return step
+
+
+def server_lag(record: dict[str, Any], buckets: frame_lag.Buckets | None) -> None:
+    """The step's server frame lag: a latency (so `--budget-metric frame_lag` applies) and
+    its buckets (to pool rounds)."""
+    record["frame_lag_buckets"] = frame_lag.to_json(buckets)
+    if (lag := frame_lag.summary(buckets)) is not None:
+        record["latency_ms"]["frame_lag"] = lag
 
 
 def per_server_core(record: dict[str, Any]) -> dict[str, float | None]:
@@ -148,8 +165,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_ramp(args: argparse.Namespace) -> int:
-    if args.mode == "realtime" and args.budget_metric == "mark_lag":
-        raise ValueError("Realtime streams send no marks: use --budget-metric turn (or vad_end)")
+    if args.mode in ("realtime", "webrtc") and args.budget_metric == "mark_lag":
+        raise ValueError(
+            f"{args.mode} streams send no marks: use --budget-metric turn (or vad_end; "
+            "webrtc: frame_lag, the server's outgoing frame lag)"
+        )
     with _report(args, "ramp") as report, target(args, report.out) as tgt:
         program = audio_program(args, tgt) if args.mode != "tts" else None
         extra: dict[str, Any] = {"budget": {"metric": args.budget_metric, "p99_ms": args.budget_ms}}

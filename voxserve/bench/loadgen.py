@@ -12,18 +12,21 @@ import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxserve.bench.audio_client import AudioStream
 from voxserve.bench.program import Program, scripts
 from voxserve.bench.realtime_client import RealtimeStream
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import start_offsets
-from voxserve.bench.servers import realtime_url
+from voxserve.bench.servers import http_base, realtime_url
 from voxserve.bench.stats import percentile
 from voxserve.bench.text_client import TextStream
 from voxserve.bench.wsbase import WsStream
 from voxserve.types import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from voxserve.bench.webrtc_stream import WebRtcStream
 
 TICK_S = 0.010
 
@@ -33,7 +36,7 @@ class StepSpec:
     """Everything a load process needs to run its share of a step (pickled to workers)."""
 
     url: str  # ws://HOST:PORT/v1/stream (realtime: its /v1/realtime is derived)
-    mode: str  # asr | assistant | tts | realtime (an OpenAI Realtime client, assistant)
+    mode: str  # asr | assistant | tts | realtime (an OpenAI Realtime client) | webrtc (a call)
     streams: int
     duration_s: float
     ramp_s: float
@@ -51,6 +54,8 @@ class StepSpec:
     model: str = "gpt-realtime"  # realtime: the ?model= of the URL
     piece_ms: int = 20  # realtime: audio per input_audio_buffer.append
     transcription_model: str = "whisper-1"  # realtime: session audio.input.transcription
+    loss: float = 0.0  # webrtc: share of the caller's outgoing audio RTP packets dropped
+    seed: int = 0  # webrtc: the loss pattern's seed (plus the stream's index)
     first: int = 0  # this process drives streams first .. first + count - 1
     count: int = -1  # -1: all
 
@@ -60,9 +65,13 @@ class StepSpec:
         return range(self.first, self.first + count)
 
 
-def make_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WsStream | RealtimeStream:
+def make_stream(
+    spec: StepSpec, index: int, raw: Raw, end_at: float
+) -> WsStream | RealtimeStream | WebRtcStream:
     if spec.mode == "realtime":
         return _realtime_stream(spec, index, raw, end_at)
+    if spec.mode == "webrtc":
+        return _webrtc_stream(spec, index, raw, end_at)
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
     start = {"mode": spec.mode, "trace_id": f"bench-{index}", **spec.session}
     if spec.mode == "tts":
@@ -116,6 +125,28 @@ def _realtime_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> Rea
     )
 
 
+def _webrtc_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WebRtcStream:
+    from voxserve.bench.webrtc_stream import WebRtcStream  # aiortc: only for calls
+
+    if spec.program is None:
+        raise ValueError("mode webrtc needs an audio program")
+    (script,) = scripts(spec.program, [index])
+    return WebRtcStream(
+        http_base(spec.url),
+        raw,
+        script=script,
+        end_at=end_at,
+        drain_s=spec.drain_s,
+        hangover_s=spec.hangover_s,
+        lateness=raw.lateness,
+        api_key=spec.api_key,
+        transcription_model=spec.transcription_model,
+        voice=spec.session.get("voice"),
+        loss=spec.loss,
+        seed=spec.seed + index,
+    )
+
+
 async def _at(when: float, work: Coroutine[Any, Any, None]) -> None:
     await asyncio.sleep(max(0.0, when - time.monotonic()))
     await work
@@ -143,6 +174,10 @@ def _cpu() -> float:
 async def drive(spec: StepSpec, start_at: float) -> Raw:
     """Run this process's streams of the step, starting at monotonic time start_at."""
     raw = Raw()
+    if spec.mode == "webrtc":
+        from voxserve.bench.webrtc_client import InlineExecutor
+
+        asyncio.get_running_loop().set_default_executor(InlineExecutor())
     offsets = start_offsets(spec.streams, spec.ramp_s)
     end_at = start_at + spec.ramp_s + spec.duration_s
     watcher = asyncio.create_task(watch(raw, start_at + spec.ramp_s, end_at))
@@ -176,4 +211,18 @@ async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None
 
 def run(spec: StepSpec, start_at: float) -> Raw:
     """Process entry point (picklable): a fresh event loop for the step."""
+    if spec.mode == "webrtc":
+        _warm_webrtc(spec)
     return asyncio.run(drive(spec, start_at))
+
+
+def _warm_webrtc(spec: StepSpec) -> None:
+    """aiortc and av imported, the TLS context made and the program resampled to 48 kHz
+    before the clock starts: done in the loop, the first call would stall every stream."""
+    from voxserve.bench import webrtc_client
+    from voxserve.bench.webrtc_stream import pcm48
+
+    webrtc_client.warm()
+    if spec.program is not None:
+        (script,) = scripts(spec.program, [0])
+        pcm48(script)

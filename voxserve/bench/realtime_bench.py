@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from voxserve.bench import frame_lag
 from voxserve.bench.commands import _cdf, _report, per_core, stream_step
 from voxserve.bench.records import Raw, merged
 from voxserve.bench.report import eprint
@@ -26,7 +27,10 @@ from voxserve.bench.step import Step
 from voxserve.bench.target import audio_program, target
 from voxserve.bench.verdict import budget_problems, knee
 
-MODES = {"stream": "assistant", "realtime": "realtime"}  # transport -> the step's mode
+# transport -> the step's mode
+MODES = {"stream": "assistant", "realtime": "realtime", "webrtc": "webrtc"}
+# (a, b): the row "a - b" is reported when both ran
+DIFFS = (("realtime", "stream"), ("webrtc", "realtime"), ("webrtc", "stream"))
 COMPARED = ("turn", "vad_end", "final", "ttfp")
 
 
@@ -88,7 +92,7 @@ def _good(steps: Sequence[Step], transport: str, n: int) -> bool:
 
 
 def _headline(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    ours = _of(records, "realtime") or list(records)
+    ours = _of(records, "webrtc") or _of(records, "realtime") or list(records)
     return ours[-1] if ours else None
 
 
@@ -102,14 +106,15 @@ def comparison(steps: Sequence[Step], transports: Sequence[str]) -> list[dict[st
             ours = [s for s in steps if s.record["transport"] == t and s.record["streams"] == n]
             if ours:
                 row[t] = figures(ours)
-        if "stream" in row and "realtime" in row:
-            row["realtime_minus_stream_ms"] = {
-                key: round(rt - st, 1)
-                for key, rt in row["realtime"].items()
-                if key.endswith("_ms")
-                and isinstance(rt, float)
-                and isinstance(st := row["stream"].get(key), float)
-            }
+        for a, b in DIFFS:
+            if a in row and b in row:
+                row[f"{a}_minus_{b}_ms"] = {
+                    key: round(x - y, 1)
+                    for key, x in row[a].items()
+                    if key.endswith("_ms")
+                    and isinstance(x, float)
+                    and isinstance(y := row[b].get(key), float)
+                }
         rows.append(row)
     return rows
 
@@ -132,6 +137,15 @@ def figures(steps: Sequence[Step]) -> dict[str, Any]:
     )
     late = summarize(raw.lateness)
     out["send_lateness_p99_ms"] = late["p99"]
+    lag = frame_lag.summary(
+        frame_lag.pooled(frame_lag.from_json(s.record.get("frame_lag_buckets")) for s in steps)
+    )
+    if lag is not None:  # webrtc: the server's outgoing frames (bucket upper bounds)
+        out["frame_lag_p50_ms"], out["frame_lag_p99_ms"] = lag["p50"], lag["p99"]
+        out["frame_lag_over_20ms_share"] = lag["over_20ms_share"]
+    for key in ("packets_sent", "packets_dropped", "server_packets_lost", "server_concealed_ms"):
+        if raw.counts.get(key):
+            out[key] = raw.counts[key]
     out["replies"] = raw.counts["replies"]
     out["errors"] = dict(sorted(raw.errors.items()))
     out["failed_streams"] = raw.failed_streams
@@ -143,15 +157,32 @@ def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+NAMES = {"stream": "/v1/stream", "realtime": "Realtime (WebSocket)", "webrtc": "WebRTC calls"}
+
+
+def _title(transports: Sequence[str]) -> str:
+    if set(transports) == {"stream", "realtime"}:
+        return "Realtime vs /v1/stream"  # the doorway's comparison, as issue 21 named it
+    return " vs ".join(NAMES[t] for t in transports)
+
+
+def _lag(f: dict[str, Any]) -> str:
+    if "frame_lag_p99_ms" not in f:
+        return "-"
+    p50, p99 = f["frame_lag_p50_ms"], f["frame_lag_p99_ms"]
+    return f"<= {_ms(p50)} / " + (f"<= {_ms(p99)}" if p99 is not None else "> 200")
+
+
 def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
     """The comparison as a table, appended to summary.md."""
     lines = [
         "",
-        "## Realtime vs /v1/stream",
+        "## " + _title(transports),
         "",
         "| streams | transport | turns | turn P50 / P90 / P99 (ms) | speech stopped P50 / P99 "
-        "| final P50 / P99 | server CPU % | CPU % per stream | errors | valid |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| final P50 / P99 | server CPU % | CPU % per stream | server frame lag P50 / P99 "
+        "| errors | valid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in extra["comparison"]:
         for t in transports:
@@ -164,16 +195,18 @@ def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
                 f"{_ms(f['turn_p90_ms'])} / {_ms(f['turn_p99_ms'])} | {_ms(f['vad_end_p50_ms'])}"
                 f" / {_ms(f['vad_end_p99_ms'])} | {_ms(f['final_p50_ms'])} / "
                 f"{_ms(f['final_p99_ms'])} | {_ms(f['server_cpu_percent'])} | "
-                f"{f['server_cpu_percent_per_stream'] or '-'} | {errors} | "
+                f"{f['server_cpu_percent_per_stream'] or '-'} | {_lag(f)} | {errors} | "
                 f"{'yes' if f['valid'] else 'NO'} |"
             )
-        diff = row.get("realtime_minus_stream_ms")
-        if diff:
+        for a, b in DIFFS:
+            diff = row.get(f"{a}_minus_{b}_ms")
+            if not diff:
+                continue
             lines.append(
-                f"| {row['streams']} | realtime - stream | | {_ms(diff.get('turn_p50_ms'))} / "
+                f"| {row['streams']} | {a} - {b} | | {_ms(diff.get('turn_p50_ms'))} / "
                 f"{_ms(diff.get('turn_p90_ms'))} / {_ms(diff.get('turn_p99_ms'))} | "
                 f"{_ms(diff.get('vad_end_p50_ms'))} / {_ms(diff.get('vad_end_p99_ms'))} | "
-                f"{_ms(diff.get('final_p50_ms'))} / {_ms(diff.get('final_p99_ms'))} | | | | |"
+                f"{_ms(diff.get('final_p50_ms'))} / {_ms(diff.get('final_p99_ms'))} | | | | | |"
             )
     lines.append("")
     budget = extra["budget"]

@@ -26,7 +26,13 @@ METRICS: dict[str, str] = {
     "chunk_gap": "time between consecutive audio chunks of one reply",
     "underrun": "playback starvation per reply (real-time player from the first chunk)",
     "request": "HTTP speech request sent -> last audio byte",
-    "connect": "connect -> session.started (Realtime: session.updated)",
+    "rtp_send_lag": "webrtc: a frame due -> its RTP packet leaving the caller (the send "
+    "lateness is taken when the frame is handed to the encoder, as WS clients take it at the "
+    "socket send)",
+    "frame_lag": "webrtc: the server's outgoing frames, due -> handed to the encoder (from "
+    "voxserve_webrtc_frame_lag_seconds; bucket upper bounds)",
+    "connect": "connect -> session.started (Realtime: session.updated; WebRTC: session.updated "
+    "after the SDP exchange, ICE, DTLS and the data channel)",
     "refusal": "connect -> refusal (error event of a session the server did not admit)",
 }
 

@@ -97,6 +97,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("turn p50/p99", "turn", ""),
     ("first audio p50/p99", "first_audio", ""),
     ("underrun p99", "underrun", "p99"),
+    ("server frame lag p50/p99", "frame_lag", ""),
 )
 
 

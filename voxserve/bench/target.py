@@ -83,7 +83,7 @@ def speech_from_server(
 
 def audio_program(args: argparse.Namespace, tgt: Target) -> prog.Program:
     """The looped audio every stream plays (--source fixtures | tts | silence)."""
-    turns = args.mode in ("assistant", "realtime")
+    turns = args.mode in ("assistant", "realtime", "webrtc")
     gap = args.gap if args.gap is not None else (3.0 if turns else 1.0)
     if args.source == "silence":
         return prog.build([(prog.noise_clip(10.0), "")], 0.0)

@@ -1,5 +1,6 @@
 """Prometheus metrics for one process. Children are created once and cached; nothing here is
-called per frame (frame counters are added once per session, at its end).
+called per frame (frame counters are added once per session, at its end), except a WebRTC
+call's outgoing frame lag (`observe_frame_lag`), which is the frame's own timing.
 
 `Metrics(enabled=False)` (settings.metrics_enabled = false) turns the per-session and
 per-stage observations off, to measure what they cost (docs/benchmarks.md); counters of
@@ -40,6 +41,8 @@ FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 # Chunks of one reply follow each other within milliseconds unless TTS falls behind.
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# A call's outgoing frames are due every 20 ms: the 20 ms edge is the bench's budget.
+FRAME_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.2)
 
 
 class Metrics:
@@ -163,6 +166,13 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=r,
         )
+        self.webrtc_frame_lag = Histogram(
+            "voxserve_webrtc_frame_lag_seconds",
+            "How late each 20 ms frame of a call's outgoing track was handed to the encoder "
+            "after its due time (0 when on time)",
+            buckets=FRAME_LAG_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "voxserve_engine_batch_size",
             "Requests run together in one engine call by a cross-session batcher",
@@ -234,6 +244,12 @@ class Metrics:
         if child is None:
             child = self._batch_children[engine] = self.batch_size.labels(engine)
         child.observe(size)
+
+    def observe_frame_lag(self, seconds: float) -> None:
+        """One outgoing WebRTC frame's lateness: the one per-frame observation here (about
+        a microsecond, 50 a second per call, next to the frame's Opus encode)."""
+        if self.enabled:
+            self.webrtc_frame_lag.observe(seconds)
 
     def observe_chunk_gap(self, seconds: float) -> None:
         if self.enabled:
