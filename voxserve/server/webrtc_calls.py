@@ -268,6 +268,10 @@ class CallService:
     def routes(self) -> list[BaseRoute]:
         if not self.runtime.settings.webrtc.enabled:
             return []  # 404, as an unknown path
+        # aiortc and PyAV load now, as the app is built: imported by the first call they
+        # would stall the event loop, and every live session with it, for ~1 s.
+        with contextlib.suppress(VoxError):  # not installed: calls answer 501
+            peer_module()
         return [
             Route("/v1/realtime/calls", guarded(self.create), methods=["POST"]),
             Route("/v1/realtime/calls/{call_id}", guarded(self.delete), methods=["DELETE"]),
