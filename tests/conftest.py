@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -162,6 +163,16 @@ def live_server() -> Iterator[LiveServer]:
     live = start_server(settings, grpc_port=free_port(), wyoming_port=free_port())
     yield live
     stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def client(live_server: LiveServer) -> Iterator[openai.OpenAI]:
+    """The official `openai` SDK on the shared real server (no retries: a test sees the
+    first answer). Modules with a `client` of their own (Wyoming) override it."""
+    with openai.OpenAI(
+        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=60.0
+    ) as sdk:
+        yield sdk
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,14 +26,6 @@ THREE_SENTENCES = (
     "Please remember to bring your ticket and a warm coat, because it is cold outside. "
     "We will meet again at the station café right after lunch on Friday."
 )
-
-
-@pytest.fixture(scope="module")
-def client(live_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=60.0
-    ) as sdk:
-        yield sdk
 
 
 def wav_seconds(data: bytes) -> float:

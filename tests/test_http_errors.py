@@ -240,14 +240,6 @@ def test_transcription_bad_fields(http: httpx.Client, fields: dict[str, str], na
 # --- the same errors as the official SDK reports them ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def client(live_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=60.0
-    ) as sdk:
-        yield sdk
-
-
 def test_sdk_unknown_voice(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.audio.speech.create(model="tts-1", voice="zed", input="Hello.")

@@ -10,7 +10,6 @@ import itertools
 import json
 import re
 import typing
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -23,14 +22,6 @@ from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
 
 UPLOADED = ("mp3", "m4a", "ogg", "webm", "flac")
-
-
-@pytest.fixture(scope="module")
-def client(live_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=60.0
-    ) as sdk:
-        yield sdk
 
 
 def upload(name: str, container: str) -> tuple[str, bytes, str]:

@@ -9,7 +9,7 @@ import base64
 import io
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal
 
 import av
@@ -35,14 +35,6 @@ CONTENT_TYPES = {
 }
 RATES = {"mp3": 24_000, "opus": 48_000, "aac": 24_000, "flac": 24_000, "wav": 16_000}
 CONTAINERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav"}
-
-
-@pytest.fixture(scope="module")
-def client(live_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=60.0
-    ) as sdk:
-        yield sdk
 
 
 def decode(data: bytes, fmt: str) -> tuple[Int16Array, int]:
