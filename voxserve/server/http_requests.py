@@ -4,6 +4,7 @@ check that a named value (a model) is one the route accepts."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -11,6 +12,7 @@ from typing import Any
 
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message, Receive
@@ -113,12 +115,24 @@ async def read_json(
 
 
 async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:
-    """The body as a multipart form (`max_files` files at most), read under the byte cap."""
+    """The body as a form (`max_files` files at most), read under the byte cap. A multipart
+    body's files stay in memory (the cap bounds them): Starlette would spool each past 1 MB
+    to a temporary file, and an upload is decoded from memory anyway (audio/decode.py)."""
     _check_declared_length(request, limit)
     capped = Request(request.scope, _capped(request.receive, limit))
+    media_type = (request.headers.get("content-type") or "").partition(";")[0].strip().lower()
     try:
-        return await capped.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
-    except HTTPException as exc:  # malformed multipart, too many parts
+        if media_type != "multipart/form-data":
+            return await capped.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
+        async with contextlib.aclosing(capped.stream()) as stream:
+            parser = MultiPartParser(
+                capped.headers, stream, max_files=max_files, max_fields=MAX_FORM_FIELDS
+            )
+            parser.spool_max_size = limit
+            return await parser.parse()
+    except MultiPartException as exc:  # malformed multipart, too many parts
+        raise VoxError(ErrorCode.INVALID_PARAMETER, f"bad multipart form: {exc.message}") from None
+    except HTTPException as exc:
         raise VoxError(ErrorCode.INVALID_PARAMETER, f"bad multipart form: {exc.detail}") from None
 
 
