@@ -12,6 +12,11 @@ Whisper also waits for company within the first final's deadline slack (pipeline
 +4-12% finals per core at 32-40 streams with the gate at 0, for ~150 ms on the median final.
 Partials stay one at a time (best effort, skipped while finals wait). An engine
 without `transcribe_many` is called once per utterance inside the batch.
+
+Uploads' windows come here too, as bulk requests (`bulk`, pipeline/recognition.py): batches
+of their own, run as bulk calls on the ASR stage, each holding at most
+`asr.bulk_batch_s` of audio (pipeline/batcher.py), so concurrent uploads and a long
+recording's windows share engine batches while live finals keep their slot.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from voxserve.audio.pcm import Float32Array
 from voxserve.engines.base import AsrEngine, inline_safe
 from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
-from voxserve.types import AsrResult
+from voxserve.types import SAMPLE_RATE, AsrResult
 
 AsrRequest = tuple[Float32Array, str | None]  # (16 kHz audio, language)
 # An idle Whisper waits (within a final's deadline slack) when one more final is expected in
@@ -57,6 +62,8 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
         max_wait_ms: float,
         max_batch: int,
         gather_when_busy: float = 0.0,
+        bulk_batch_s: float | None = None,
+        max_bulk_batch: int | None = None,
     ) -> None:
         def run_many(items: list[AsrRequest]) -> list[AsrResult]:
             return transcribe_many(asr, items)
@@ -73,8 +80,21 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
             gather_when_busy=gather_when_busy,
             inline_ok=inline_safe(asr),
         )
+        if bulk_batch_s is not None:
+            self.bulk_cost = bulk_batch_s
+        if max_bulk_batch is not None:
+            self.max_bulk_batch = max(1, max_bulk_batch)
 
     async def final(
         self, audio: Float32Array, language: str | None, *, deadline: float | None
     ) -> AsrResult:
         return await self.submit((audio, language), deadline=deadline)
+
+    async def bulk(
+        self, audio: Float32Array, language: str | None, *, deadline: float, expires: float
+    ) -> AsrResult:
+        """An upload's window (16 kHz), batched with other bulk windows (module docstring)."""
+        seconds = audio.size / SAMPLE_RATE
+        return await self.submit_bulk(
+            (audio, language), deadline=deadline, expires=expires, cost=seconds
+        )

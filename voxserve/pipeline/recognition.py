@@ -1,101 +1,188 @@
 """Whole-buffer recognition (uploads, Wyoming, `voxserve transcribe`) through the shared ASR
-stage, as bulk work.
+stage, as bulk work, in batches shared with every other upload.
 
-A recording is cut into windows of at most `asr.bulk_window_s` at quiet moments
-(pipeline/windows.py) and each window is one bulk call on the ASR stage (pipeline/stage.py):
-bulk holds at most `pipeline.asr.bulk_slots` slots, so live finals always find one, and
-between its windows an upload queues again. Two 164 s uploads used to hold both slots for a
-minute while live finals timed out.
+A recording longer than one window (`asr.bulk_window_s`) goes through the VAD engine first
+(pipeline/upload_vad.py, bulk calls on the VAD stage); its speech regions are packed into
+windows of at most `asr.bulk_window_s` of audio, the silence between regions skipped
+(pipeline/speech_windows.py). Every window goes to the cross-session ASR batcher as a bulk
+request (pipeline/asr_batch.py): the windows of one recording and those of concurrent
+uploads are decoded together in engine batches, each segment's times are then put back on
+the recording's time line. Bulk holds at most `pipeline.asr.bulk_slots` slots and one bulk
+batch at most `asr.bulk_batch_s` of audio, so live finals always find a slot and never wait
+in the engine behind more than one bounded batch (pipeline/batcher.py, pipeline/stage.py).
+With `pipeline.asr_batch_enabled` off, each window is one bulk call on the stage instead.
 
 Time: the request has the stage timeout plus its audio's length (a long upload is not late
-for being long). Window k is due, for the stage's earliest-deadline-first order, when that
-budget spread over the audio says (start + timeout + the window's end in the audio): a short
-upload arriving behind long ones is due before their later windows, so it runs next rather
-than after them, and uploads interleave. One that could not start within its budget is
-refused at once (`overloaded`, retry hint) instead of answering 504 after the wait.
+for being long). Window k is due, for the earliest-deadline-first order of bulk batches and
+of the stage, when that budget spread over the audio says (start + timeout + the window's
+end in the audio): a short upload arriving behind long ones is due before their later
+windows, so it runs next rather than after them, and uploads interleave. One that could not
+start within its budget is refused at once (`overloaded`, retry hint) instead of answering
+504 after the wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from functools import partial
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Protocol
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
+from voxserve.pipeline.generations import Generation, Lease
+from voxserve.pipeline.speech_windows import SpeechWindow, pack_windows, speech_regions
 from voxserve.pipeline.stage import PRIORITY_BULK
-from voxserve.pipeline.windows import cut_windows
+from voxserve.pipeline.upload_vad import speech_probs
 from voxserve.types import SAMPLE_RATE, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
 
+class RecognitionContext(EngineContext, Protocol):
+    """What recognition reads: the stages and settings, and a hold on the current engines
+    (and their batchers) for the length of one recording."""
+
+    def lease(self) -> Lease: ...
+
+
 async def transcribe(
-    ctx: EngineContext, samples: Int16Array, sample_rate: int, *, language: str | None = None
+    ctx: RecognitionContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
 ) -> AsrResult:
-    """Recognise a whole recording, window by window (module docstring)."""
+    """Recognise a whole recording in batched windows (module docstring)."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
             f"sample rate {sample_rate} is outside {MIN_FILE_RATE}-{MAX_FILE_RATE} Hz",
         )
-    engines = ctx.engines
-    language = engines.check_language(language)
+    language = ctx.engines.check_language(language)
     if samples.size == 0:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
     audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
+    lease = ctx.lease()
+    try:
+        return await _recognise(ctx, lease.generation, audio, language)
+    finally:
+        lease.release()
+
+
+async def _recognise(
+    ctx: EngineContext, generation: Generation, audio: Float32Array, language: str | None
+) -> AsrResult:
     stage = ctx.stages.stage("asr")
+    batcher = generation.asr_batcher()
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
     began = time.monotonic()
-    windows = cut_windows(audio, ctx.settings.asr.bulk_window_s)
+    expires = began + budget
+    max_s = ctx.settings.asr.bulk_window_s
 
     def due(end: int) -> float:
         """A window's deadline: the stage's timeout after the audio up to its end."""
         return began + stage.timeout_s + end / SAMPLE_RATE
 
-    if stage.bulk_done_s(due(windows[0][1])) > budget:
+    first_due = due(min(audio.size, int(max_s * SAMPLE_RATE)))
+    ahead_s = batcher.bulk_done_s(first_due) if batcher else stage.bulk_done_s(first_due)
+    if ahead_s > budget:
         raise VoxError(
             ErrorCode.OVERLOADED,
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
-    results: list[tuple[int, int, AsrResult]] = []
-    for start, end in windows:
-        left = began + budget - time.monotonic()
-        if left <= 0:
-            raise VoxError(
-                ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
-            )
-        window: Float32Array = audio[start:end]
-        result: AsrResult = await stage.run(
-            partial(engines.asr.transcribe, window, language=language),
-            timeout_s=left,
-            deadline=due(end),
+    windows = await _windows(ctx, generation, audio, expires)
+    if not windows:
+        return AsrResult(text="")
+
+    def decode(window: SpeechWindow) -> Awaitable[AsrResult]:
+        clip = window.audio(audio)
+        if batcher is not None:
+            return batcher.bulk(clip, language, deadline=due(window.end), expires=expires)
+        asr = generation.engines.asr
+        return stage.run(
+            lambda: asr.transcribe(clip, language=language),
+            timeout_s=max(0.0, expires - time.monotonic()),
+            deadline=due(window.end),
             priority=PRIORITY_BULK,
         )
-        results.append((start, end, result))
-    return join_windows(results)
+
+    try:
+        async with asyncio.timeout(max(0.0, expires - time.monotonic())):
+            if batcher is not None:
+                results = await _all(decode, windows)
+            else:  # one window at a time: the upload queues again between windows
+                results = [await decode(window) for window in windows]
+    except TimeoutError:
+        raise VoxError(
+            ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+        ) from None
+    return join_windows(list(zip(windows, results, strict=True)))
 
 
-def join_windows(results: list[tuple[int, int, AsrResult]]) -> AsrResult:
-    """One result from windows' results (each with its sample range): texts joined,
-    segments moved onto the recording's time line (a window without segments is one)."""
-    if len(results) == 1 and results[0][0] == 0:
-        return results[0][2]
+async def _windows(
+    ctx: EngineContext, generation: Generation, audio: Float32Array, expires: float
+) -> list[SpeechWindow]:
+    """The recording whole if it fits one window; else its speech packed into windows."""
+    max_s = ctx.settings.asr.bulk_window_s
+    if audio.size <= max_s * SAMPLE_RATE:
+        return [SpeechWindow(((0, int(audio.size)),))]
+    vad = generation.engines.vad
+    probs = await speech_probs(vad, ctx.stages.stage("vad"), audio, expires=expires)
+    regions = speech_regions(
+        probs,
+        vad.window_samples,
+        int(audio.size),
+        threshold=ctx.settings.vad.threshold,
+        neg_threshold=ctx.settings.vad.neg_threshold,
+    )
+    return pack_windows(audio, regions, max_s)
+
+
+async def _all(
+    decode: Callable[[SpeechWindow], Awaitable[AsrResult]], windows: list[SpeechWindow]
+) -> list[AsrResult]:
+    """Every window's result, in order; the first failure cancels the rest and is raised."""
+
+    async def run(window: SpeechWindow) -> AsrResult:
+        return await decode(window)
+
+    tasks = [asyncio.ensure_future(run(window)) for window in windows]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if (exc := task.exception()) is not None:
+                raise exc
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def join_windows(results: list[tuple[SpeechWindow, AsrResult]]) -> AsrResult:
+    """One result from windows' results: texts joined, segments moved onto the recording's
+    time line (a window without segments is one)."""
+    if len(results) == 1 and results[0][0].pieces[0][0] == 0 and len(results[0][0].pieces) == 1:
+        return results[0][1]
     texts: list[str] = []
     segments: list[Segment] = []
     language: str | None = None
-    for start, end, result in results:
+    for window, result in results:
         text = result.text.strip()
         if not text:
             continue
         texts.append(text)
         language = language or result.language
-        offset = start * 1000 // SAMPLE_RATE
-        own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
-        segments.extend(Segment(s.text, s.start_ms + offset, s.end_ms + offset) for s in own)
+        size_ms = window.size * 1000 // SAMPLE_RATE
+        for segment in result.segments or (Segment(text, 0, size_ms),):
+            start = window.to_recording_ms(segment.start_ms)
+            end = max(start, window.to_recording_ms(segment.end_ms, closing=True))
+            segments.append(replace(segment, start_ms=start, end_ms=end))
     text = " ".join(texts)
     if language is None:
         return AsrResult(text=text)
