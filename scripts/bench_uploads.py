@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -17,7 +17,7 @@ from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.runtime import Runtime
-from voxserve.types import AsrResult, EngineInfo, Voice
+from voxserve.types import AsrOptions, AsrResult, EngineInfo, Voice
 
 SR = 16_000
 
@@ -66,11 +66,20 @@ class FakeAsr:
         self.delay_s = delay_s
         self.partial_delay_s = partial_delay_s
         self.calls: list[tuple[int, bool]] = []
+        self.options: list[AsrOptions | None] = []  # what each call was asked
 
     def transcribe(
-        self, audio: np.ndarray, *, language: str | None = None, partial: bool = False
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         self.calls.append((audio.size, partial))
+        self.options.append(options)
+        if options is not None and options.task != "transcribe":
+            raise ValueError("the fake engine cannot translate")
         time.sleep(self.partial_delay_s if partial else self.delay_s)
         loud = audio[np.abs(audio) > 0.05]
         if loud.size < 256:

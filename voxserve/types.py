@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 SAMPLE_RATE = 16_000
 """Internal sample rate: every stream is converted to 16 kHz mono int16 on arrival."""
@@ -40,12 +41,65 @@ class Voice:
 
 
 @dataclass(frozen=True, slots=True)
+class Word:
+    """One recognised word with its time (ms, as its segment's) and the model's confidence."""
+
+    word: str  # as the model spells it, with its leading space (Whisper's convention)
+    start_ms: int
+    end_ms: int
+    probability: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
-    """A recognised span of an utterance; times are ms from the start of the stream."""
+    """A recognised span of an utterance; times are ms from the start of the stream.
+
+    The scores are the decoder's for the window that produced the segment (OpenAI's
+    verbose_json fields); engines without them leave the defaults. `tokens` are the
+    model's token ids for the segment, `words` only when word timestamps were asked for."""
 
     text: str
     start_ms: int
     end_ms: int
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    temperature: float = 0.0
+    tokens: tuple[int, ...] = ()
+    words: tuple[Word, ...] = ()
+
+    def shifted(self, offset_ms: int) -> Segment:
+        """The same segment moved `offset_ms` later, its words too (stitching windows)."""
+        return replace(
+            self,
+            start_ms=self.start_ms + offset_ms,
+            end_ms=self.end_ms + offset_ms,
+            words=tuple(
+                replace(w, start_ms=w.start_ms + offset_ms, end_ms=w.end_ms + offset_ms)
+                for w in self.words
+            ),
+        )
+
+
+AsrTask = Literal["transcribe", "translate"]
+
+
+@dataclass(frozen=True, slots=True)
+class AsrOptions:
+    """What a caller may ask of one recognition beyond the audio (OpenAI's transcription
+    fields). The defaults ask nothing: the engine's own decoding, as live streams use.
+
+    `prompt`: text the model reads as preceding the audio (spellings, style).
+    `temperature`: None = the engine's default decoding (with its own fallbacks); 0 = greedy
+    (or beam); > 0 = sampling at that temperature.
+    `word_timestamps`: also time each word (Segment.words).
+    `task`: "translate" makes English text from speech in any language; only engines whose
+    `tasks` (engines/base.py `asr_tasks`) include it accept it."""
+
+    prompt: str | None = None
+    temperature: float | None = None
+    word_timestamps: bool = False
+    task: AsrTask = "transcribe"
 
 
 @dataclass(frozen=True, slots=True)

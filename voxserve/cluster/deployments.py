@@ -15,6 +15,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial as partial_call
 from typing import Any
 
 from ray import serve
@@ -28,9 +29,9 @@ from voxserve.cluster.core_engines import (
     build_engine,
 )
 from voxserve.config import ClusterConfig, ClusterDeployment, EnginesConfig, load_settings
-from voxserve.engines.base import Float32Array, Int16Array, close_engine
+from voxserve.engines.base import Float32Array, Int16Array, asr_tasks, close_engine
 from voxserve.pipeline.synthesis import LockedChunks
-from voxserve.types import AsrResult
+from voxserve.types import AsrOptions, AsrResult
 
 Loader = Callable[[str], Awaitable[Loaded]]
 
@@ -92,31 +93,41 @@ class AsrCore:
         return Loaded(language, engine, self._loaded.discard)
 
     async def describe(self) -> dict[str, Any]:
-        """The languages served (the default engine's first is the default) and its info."""
+        """The languages served (the default engine's first is the default), its tasks
+        (transcribe, translate) and its info."""
         engine = await asyncio.to_thread(self._default)
         languages = list(engine.languages)
         languages += [lang for lang in self._cluster.asr_languages if lang not in languages]
-        return {"info": engine.info, "languages": tuple(languages)}
+        return {"info": engine.info, "languages": tuple(languages), "tasks": asr_tasks(engine)}
 
     async def transcribe(
-        self, audio: Float32Array, language: str, partial: bool = False
+        self,
+        audio: Float32Array,
+        language: str,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         loaded = await self._load(serve.get_multiplexed_model_id() or language)
+        engine = loaded.engine
+        kwargs: dict[str, Any] = {"options": options} if options is not None else {}
         result: AsrResult = await asyncio.to_thread(
-            loaded.engine.transcribe, audio, language=language, partial=partial
+            partial_call(engine.transcribe, audio, language=language, partial=partial, **kwargs)
         )
         return result
 
-    async def transcribe_many(self, audios: list[Float32Array], language: str) -> list[AsrResult]:
+    async def transcribe_many(
+        self, audios: list[Float32Array], language: str, options: AsrOptions | None = None
+    ) -> list[AsrResult]:
         """One engine batch (whisper: shared encoder runs), as the in-process AsrBatcher."""
         loaded = await self._load(serve.get_multiplexed_model_id() or language)
         engine = loaded.engine
         many = getattr(engine, "transcribe_many", None)
+        kwargs: dict[str, Any] = {"options": options} if options is not None else {}
 
         def run() -> list[AsrResult]:
             if callable(many):
-                return list(many(audios, language=language, partial=False))
-            return [engine.transcribe(audio, language=language) for audio in audios]
+                return list(many(audios, language=language, partial=False, **kwargs))
+            return [engine.transcribe(audio, language=language, **kwargs) for audio in audios]
 
         return await asyncio.to_thread(run)
 

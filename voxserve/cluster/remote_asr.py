@@ -14,7 +14,7 @@ from voxserve.cluster.connect import ASR_DEPLOYMENT, asr_app, deployment_handle
 from voxserve.cluster.credits import tier_credits
 from voxserve.cluster.gateway import gateway_config
 from voxserve.engines.base import Float32Array
-from voxserve.types import AsrResult, EngineInfo
+from voxserve.types import AsrOptions, AsrResult, AsrTask, EngineInfo
 
 DESCRIBE_TIMEOUT_S = 120.0  # the first call may wait for a replica to load its model
 
@@ -33,6 +33,7 @@ class RemoteAsr:
         )
         core: EngineInfo = described["info"]
         self.languages: tuple[str, ...] = tuple(described["languages"])
+        self.tasks: tuple[AsrTask, ...] = tuple(described.get("tasks", ("transcribe",)))
         self.info = EngineInfo(
             "asr", "ray", core.package, core.version, core.license, f"{core.name}/{core.model}"
         )
@@ -45,20 +46,30 @@ class RemoteAsr:
         return language
 
     def transcribe(
-        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+        self,
+        audio: Float32Array,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         lang = self._language(language)
         result: AsrResult = self.client.call(
-            "transcribe", lang, self.config.asr_timeout_s, audio, lang, partial
+            "transcribe", lang, self.config.asr_timeout_s, audio, lang, partial, options
         )
         return result
 
     def transcribe_many(
-        self, audios: Sequence[Float32Array], *, language: str | None = None, partial: bool = False
+        self,
+        audios: Sequence[Float32Array],
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> list[AsrResult]:
         """One remote call for a cross-session batch (pipeline/asr_batch.py)."""
         lang = self._language(language)
         results: list[AsrResult] = self.client.call(
-            "transcribe_many", lang, self.config.asr_timeout_s, list(audios), lang
+            "transcribe_many", lang, self.config.asr_timeout_s, list(audios), lang, options
         )
         return results

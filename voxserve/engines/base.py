@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voxserve.events import ToolSpec
-from voxserve.types import AsrResult, EngineInfo, Voice
+from voxserve.types import AsrOptions, AsrResult, AsrTask, EngineInfo, Voice
 
 Float32Array = npt.NDArray[np.float32]
 Int16Array = npt.NDArray[np.int16]
@@ -56,11 +56,23 @@ class AsrEngine(Protocol):
     languages: tuple[str, ...]
 
     def transcribe(
-        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+        self,
+        audio: Float32Array,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         """Recognise 16 kHz mono float32 audio. `partial=True` asks for the cheap path used
-        for interim results while the user is still speaking. Blocking. Raises ValueError for
-        a language it does not serve."""
+        for interim results while the user is still speaking. `options` (None: the engine's
+        defaults) carries a request's prompt, temperature, word timestamps and task; an
+        engine without scores or word times ignores those, and one that cannot `translate`
+        (see `asr_tasks`) raises ValueError for it. Blocking. Raises ValueError for a
+        language it does not serve.
+
+        An engine may also have `transcribe_many(audios, *, language=None, partial=False,
+        options=None) -> list[AsrResult]` (one batch, the same options for every row, each
+        result what `transcribe` gives alone) and `tasks` (see `asr_tasks`)."""
         ...
 
 
@@ -161,6 +173,18 @@ def inline_safe(engine: object) -> bool:
     bounded CPU with no I/O, locks or sleeps. Absent means no: a call that may block would
     stall every stream."""
     return getattr(engine, "inline_safe", False) is True
+
+
+TRANSCRIBE_ONLY: tuple[AsrTask, ...] = ("transcribe",)
+
+
+def asr_tasks(engine: object) -> tuple[AsrTask, ...]:
+    """The tasks an ASR engine performs: its `tasks` attribute, else transcription only
+    (an English-only Whisper such as tiny.en cannot translate)."""
+    tasks = getattr(engine, "tasks", None)
+    if isinstance(tasks, tuple) and all(t in ("transcribe", "translate") for t in tasks):
+        return tasks
+    return TRANSCRIBE_ONLY
 
 
 def close_engine(engine: object) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from voxserve import __version__
 from voxserve.engines.base import Float32Array, Int16Array
-from voxserve.types import SAMPLE_RATE, AsrResult, EngineInfo, Voice
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, EngineInfo, Voice
 
 _BURN_BLOCK = bytes(16 * 1024)  # hashlib releases the GIL for inputs over 2 KB
 
@@ -155,8 +155,17 @@ class LoadAsr:
         self.inline_safe = self.cost.bounded  # pipeline/stage.py
 
     def transcribe(
-        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+        self,
+        audio: Float32Array,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
+        """`options` cost nothing here: the text is the configured one whatever is asked
+        (no translation either: `tasks` is transcription only)."""
+        if options is not None and options.task != "transcribe":
+            raise ValueError("the load engine cannot translate")
         (self.partial_cost if partial else self.cost).pay(audio.size / SAMPLE_RATE)
         silent = audio.size == 0 or float(np.max(np.abs(audio))) < 1e-3
         return AsrResult("" if silent else self.text, language=language or "en")

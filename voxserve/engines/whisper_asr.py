@@ -37,7 +37,16 @@ from faster_whisper.transcribe import get_suppressed_tokens
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
 from voxserve.engines.blas import limit_blas_threads
-from voxserve.types import SAMPLE_RATE, AsrResult, EngineInfo, Segment
+from voxserve.engines.whisper_words import WordTiming, align_words, words_of_runs
+from voxserve.types import (
+    SAMPLE_RATE,
+    AsrOptions,
+    AsrResult,
+    AsrTask,
+    EngineInfo,
+    Segment,
+    Word,
+)
 
 FULL_WINDOW_S = 30
 FRAMES_PER_S = 100  # 10 ms mel hop
@@ -48,11 +57,24 @@ LATE_SLACK_S = 0.5  # text may start this far past the audio's end before it cou
 
 
 @dataclass(frozen=True, slots=True)
+class _Plan:
+    """One call's decoding, resolved from its AsrOptions."""
+
+    tokenizer: Tokenizer
+    prompt: list[int]  # the decoder prompt: [sot_prev, prompt text..., ] sot sequence
+    temperature: float  # 0: greedy (or beam); > 0: sampling
+    word_timestamps: bool
+    partial: bool  # the prompt asks for no timestamps; greedy
+
+
+@dataclass(frozen=True, slots=True)
 class _Decoded:
     tokens: list[int]
     avg_logprob: float
     no_speech_prob: float
     hit_cap: bool
+    temperature: float = 0.0
+    words: tuple[WordTiming, ...] = ()
 
 
 def compression_ratio(text: str) -> float:
@@ -112,8 +134,23 @@ class WhisperAsr:
         self._suppress = list(get_suppressed_tokens(tok, [-1]) or ())
         self._eot = tok.eot  # also fills every cached_property before threads share it
         self._ts_begin = tok.timestamp_begin
-        self._prompt_ts = list(tok.sot_sequence)
-        self._prompt_no_ts = [*tok.sot_sequence, tok.no_timestamps]
+        multilingual = bool(self._ct2.is_multilingual)
+        # English-only models (tiny.en) have no translate task token.
+        self.tasks: tuple[AsrTask, ...] = (
+            ("transcribe", "translate") if multilingual else ("transcribe",)
+        )
+        self._tokenizers: dict[str, Tokenizer] = {"transcribe": tok}
+        if multilingual:
+            translator = Tokenizer(
+                self.whisper_model.hf_tokenizer, True, task="translate", language="en"
+            )
+            _ = translator.eot, translator.sot_sequence, translator.no_timestamps
+            self._tokenizers["translate"] = translator
+        _ = tok.sot_prev, tok.no_timestamps
+        self._plain = {
+            p: _Plan(tok, [*tok.sot_sequence, *([tok.no_timestamps] if p else [])], 0.0, False, p)
+            for p in (False, True)
+        }
         self._buckets = tuple(b for b in buckets if b < FULL_WINDOW_S) if bucketed else ()
         self._fill = bucket_fill
         self._beam_size = beam_size
@@ -143,13 +180,23 @@ class WhisperAsr:
         return FULL_WINDOW_S
 
     def transcribe(
-        self, audio: Float32Array, *, language: str | None = None, partial: bool = False
+        self,
+        audio: Float32Array,
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> AsrResult:
         """Blocking; safe to call from several threads at once."""
-        return self.transcribe_many([audio], language=language, partial=partial)[0]
+        return self.transcribe_many([audio], language=language, partial=partial, options=options)[0]
 
     def transcribe_many(
-        self, audios: Sequence[Float32Array], *, language: str | None = None, partial: bool = False
+        self,
+        audios: Sequence[Float32Array],
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        options: AsrOptions | None = None,
     ) -> list[AsrResult]:
         """Blocking: several utterances, those sharing an encoder window run as one batch.
 
@@ -160,6 +207,7 @@ class WhisperAsr:
         is redone alone, so every result is what `transcribe` gives for that audio alone."""
         if language is not None and language not in self.languages:
             raise ValueError(f"unsupported language {language!r}; supported: en")
+        plan = self._plan(partial, options)
         results: list[AsrResult | None] = [None] * len(audios)
         groups: dict[int, list[tuple[int, npt.NDArray[np.float32], float]]] = {}
         for i, audio in enumerate(audios):
@@ -169,7 +217,7 @@ class WhisperAsr:
                 continue
             seconds = samples.size / SAMPLE_RATE
             if seconds > FULL_WINDOW_S:
-                results[i] = self._transcribe_long(samples, partial)
+                results[i] = self._transcribe_long(samples, partial, options)
                 continue
             mel = self._features(samples)[:, :-1]  # padding=160 adds one frame past the end
             groups.setdefault(self.window_for(seconds), []).append((i, mel, seconds))
@@ -177,12 +225,38 @@ class WhisperAsr:
             mels = [mel for _, mel, _ in members]
             lengths = [seconds for _, _, seconds in members]
             for (i, mel, seconds), decoded in zip(
-                members, self._decode_batch(mels, window, lengths, partial), strict=True
+                members, self._decode_batch(mels, window, lengths, plan), strict=True
             ):
                 if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
-                    decoded = self._decode(mel, FULL_WINDOW_S, seconds, partial)
+                    decoded = self._decode(mel, FULL_WINDOW_S, seconds, plan)
                 results[i] = self._result(decoded, seconds, partial)
         return [r if r is not None else AsrResult(text="") for r in results]
+
+    def _plan(self, partial: bool, options: AsrOptions | None) -> _Plan:
+        """The prompt and sampling for a call: a `prompt` goes before the start-of-transcript
+        as previous text (`<|startofprev|>`, at most half the context, as Whisper was
+        trained); `task` picks the task token."""
+        if options is None or options == AsrOptions():
+            return self._plain[partial]
+        tokenizer = self._tokenizers.get(options.task)
+        if tokenizer is None:
+            raise ValueError(f"model {self.info.model} cannot {options.task}")
+        if options.temperature is not None and not 0.0 <= options.temperature <= 1.0:
+            raise ValueError("temperature must be within 0..1")
+        prompt: list[int] = []
+        text = (options.prompt or "").strip()
+        if text:
+            prompt = [tokenizer.sot_prev, *tokenizer.encode(" " + text)[-(MAX_LENGTH // 2 - 1) :]]
+        prompt += tokenizer.sot_sequence
+        if partial:
+            prompt.append(tokenizer.no_timestamps)
+        return _Plan(
+            tokenizer,
+            prompt,
+            float(options.temperature or 0.0),
+            options.word_timestamps and not partial,
+            partial,
+        )
 
     def _result(self, decoded: _Decoded, seconds: float, partial: bool) -> AsrResult:
         if (
@@ -193,7 +267,7 @@ class WhisperAsr:
         text = self._tokenizer.decode(decoded.tokens).strip()
         if not any(ch.isalnum() for ch in text):
             return AsrResult(text="")  # "", ". . ." or "♪": what Whisper makes of noise
-        segments = self._segments(decoded.tokens, seconds) if not partial else ()
+        segments = self._segments(decoded, seconds) if not partial else ()
         if not segments:
             segments = (Segment(text=text, start_ms=0, end_ms=round(seconds * 1000)),)
         return AsrResult(text=text, segments=segments, language="en")
@@ -215,16 +289,16 @@ class WhisperAsr:
         return min(MAX_LENGTH - len(prompt), 16 + math.ceil(10 * seconds))
 
     def _decode(
-        self, mel: npt.NDArray[np.float32], window_s: int, seconds: float, partial: bool
+        self, mel: npt.NDArray[np.float32], window_s: int, seconds: float, plan: _Plan
     ) -> _Decoded:
-        return self._decode_batch([mel], window_s, [seconds], partial)[0]
+        return self._decode_batch([mel], window_s, [seconds], plan)[0]
 
     def _decode_batch(
         self,
         mels: Sequence[npt.NDArray[np.float32]],
         window_s: int,
         lengths: Sequence[float],
-        partial: bool,
+        plan: _Plan,
     ) -> list[_Decoded]:
         frames = window_s * FRAMES_PER_S
         # Zero padding in feature space, as faster-whisper pads its 30 s window.
@@ -234,32 +308,49 @@ class WhisperAsr:
             padded[row, :, : mel.shape[1]] = mel
         encoded = self._ct2.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
 
-        prompt = self._prompt_no_ts if partial else self._prompt_ts
+        prompt = plan.prompt
         caps = [self._cap(seconds, prompt) for seconds in lengths]
+        if plan.temperature > 0:  # sampling, as faster-whisper's temperature fallback
+            search: dict[str, Any] = {
+                "beam_size": 1,
+                "sampling_topk": 0,
+                "sampling_temperature": plan.temperature,
+            }
+        else:
+            search = {"beam_size": 1 if plan.partial else self._beam_size}
         results = self._ct2.generate(
             encoded,
             [prompt] * len(mels),
-            beam_size=1 if partial else self._beam_size,
             max_length=len(prompt) + max(caps),
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
+            **search,
         )
+        rows = np.asarray(encoded) if plan.word_timestamps else None
         decoded: list[_Decoded] = []
         for row, (result, cap) in enumerate(zip(results, caps, strict=True)):
             tokens: list[int] = list(result.sequences_ids[0])
             if len(tokens) > cap:  # ran on under a longer neighbour's cap: redo it alone
-                decoded.append(self._decode(mels[row], window_s, lengths[row], partial))
+                decoded.append(self._decode(mels[row], window_s, lengths[row], plan))
                 continue
             score = float(result.scores[0]) if result.scores else 0.0
+            words: tuple[WordTiming, ...] = ()
+            if rows is not None:
+                one = ctranslate2.StorageView.from_array(np.ascontiguousarray(rows[row : row + 1]))
+                text_tokens = [t for t in tokens if t < self._eot]
+                frames_used = min(mels[row].shape[1], frames)
+                words = tuple(align_words(self._ct2, plan.tokenizer, one, text_tokens, frames_used))
             decoded.append(
                 _Decoded(
                     tokens=tokens,
                     avg_logprob=score * len(tokens) / (len(tokens) + 1),  # as faster-whisper
                     no_speech_prob=float(result.no_speech_prob),
                     hit_cap=len(tokens) >= cap,
+                    temperature=plan.temperature,
+                    words=words,
                 )
             )
         return decoded
@@ -284,45 +375,72 @@ class WhisperAsr:
         last = (stamps[-1] - self._ts_begin) * TIME_PRECISION_S if stamps else 0.0
         return last > seconds + 1.0
 
-    def _segments(self, tokens: list[int], seconds: float) -> tuple[Segment, ...]:
-        """Split `<|t0|> text <|t1|>` runs into segments, clipped to the audio."""
+    def _segments(self, decoded: _Decoded, seconds: float) -> tuple[Segment, ...]:
+        """Split `<|t0|> text <|t1|>` runs into segments, clipped to the audio, each with the
+        window's scores, its own tokens and (when aligned) its words."""
         end_ms_max = round(seconds * 1000)
-        segments: list[Segment] = []
+        runs: list[tuple[float, float, list[int], list[int]]] = []  # start, end, all, text
         start: float | None = None
+        run: list[int] = []
         text_tokens: list[int] = []
-
-        def close(end: float) -> None:
-            text = self._tokenizer.decode(text_tokens).strip()
-            if text:
-                s = min(round((start or 0.0) * 1000), end_ms_max)
-                e = max(s, min(round(end * 1000), end_ms_max))
-                segments.append(Segment(text=text, start_ms=s, end_ms=e))
-
-        for token in tokens:
+        for token in decoded.tokens:
             if token >= self._ts_begin:
                 time_s = (token - self._ts_begin) * TIME_PRECISION_S
+                run.append(token)
                 if text_tokens:
-                    close(time_s)
-                    text_tokens = []
-                    start = None
+                    runs.append((start or 0.0, time_s, run, text_tokens))
+                    run, text_tokens, start = [], [], None
                 else:
                     start = time_s
             elif token < self._eot:
+                run.append(token)
                 text_tokens.append(token)
         if text_tokens:
-            close(seconds)
+            runs.append((start or 0.0, seconds, run, text_tokens))
+        words = words_of_runs(list(decoded.words), [len(r[3]) for r in runs], seconds)
+        ratio = compression_ratio(self._tokenizer.decode(decoded.tokens))
+        segments: list[Segment] = []
+        for (begin, finish, tokens, texts), own_words in zip(runs, words, strict=True):
+            text = self._tokenizer.decode(texts).strip()
+            if not text:
+                continue
+            s = min(round(begin * 1000), end_ms_max)
+            e = max(s, min(round(finish * 1000), end_ms_max))
+            segments.append(
+                Segment(
+                    text=text,
+                    start_ms=s,
+                    end_ms=e,
+                    avg_logprob=round(decoded.avg_logprob, 6),
+                    compression_ratio=round(ratio, 6),
+                    no_speech_prob=round(decoded.no_speech_prob, 6),
+                    temperature=decoded.temperature,
+                    tokens=tuple(tokens),
+                    words=own_words,
+                )
+            )
         return tuple(segments)
 
-    def _transcribe_long(self, samples: Float32Array, partial: bool) -> AsrResult:
+    def _transcribe_long(
+        self, samples: Float32Array, partial: bool, options: AsrOptions | None
+    ) -> AsrResult:
         """> 30 s: faster-whisper's own sliding 30 s windows (no chunk_length, no VAD)."""
+        opts = options or AsrOptions()
+        if opts.temperature is None:
+            temperature: float | list[float] = 0.0 if partial else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+        else:
+            temperature = opts.temperature
         segments_iter, _info = self.whisper_model.transcribe(
             samples,
             language="en",
+            task=opts.task,
             beam_size=1 if partial else self._beam_size,
-            temperature=0.0 if partial else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            temperature=temperature,
             without_timestamps=partial,
             vad_filter=False,
             condition_on_previous_text=False,
+            initial_prompt=(opts.prompt or "").strip() or None,
+            word_timestamps=opts.word_timestamps and not partial,
             no_speech_threshold=self._no_speech_threshold,
             log_prob_threshold=self._log_prob_threshold,
             compression_ratio_threshold=self._cr_threshold,
@@ -332,6 +450,15 @@ class WhisperAsr:
                 text=seg.text.strip(),
                 start_ms=round(seg.start * 1000),
                 end_ms=round(seg.end * 1000),
+                avg_logprob=round(float(seg.avg_logprob), 6),
+                compression_ratio=round(float(seg.compression_ratio), 6),
+                no_speech_prob=round(float(seg.no_speech_prob), 6),
+                temperature=float(seg.temperature or 0.0),
+                tokens=tuple(seg.tokens),
+                words=tuple(
+                    Word(w.word, round(w.start * 1000), round(w.end * 1000), w.probability)
+                    for w in seg.words or ()
+                ),
             )
             for seg in segments_iter
             if seg.text.strip()

@@ -22,32 +22,37 @@ recording's windows share engine batches while live finals keep their slot.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from voxserve.audio.pcm import Float32Array
 from voxserve.engines.base import AsrEngine, inline_safe
 from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
-from voxserve.types import SAMPLE_RATE, AsrResult
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
 
-AsrRequest = tuple[Float32Array, str | None]  # (16 kHz audio, language)
+# (16 kHz audio, language, options): a batch groups requests with equal language and options
+AsrRequest = tuple[Float32Array, str | None, AsrOptions | None]
 # An idle Whisper waits (within a final's deadline slack) when one more final is expected in
 # that time: a pair costs ~104 ms of CPU per utterance against 134 alone (docs/benchmarks.md).
 MIN_COMPANY = 1.0
 
 
 def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
-    """Blocking: one engine batch per language, results back in request order."""
+    """Blocking: one engine batch per (language, options), results back in request order.
+    `options` reach the engine only when given: an engine written before them still
+    serves requests that ask nothing of it."""
     many = getattr(asr, "transcribe_many", None)
     results: list[AsrResult | None] = [None] * len(items)
-    by_language: dict[str | None, list[int]] = defaultdict(list)
-    for index, (_, language) in enumerate(items):
-        by_language[language].append(index)
-    for language, indexes in by_language.items():
+    groups: dict[tuple[str | None, AsrOptions | None], list[int]] = defaultdict(list)
+    for index, (_, language, options) in enumerate(items):
+        groups[(language, options)].append(index)
+    for (language, options), indexes in groups.items():
         audios = [items[i][0] for i in indexes]
+        extra: dict[str, Any] = {"options": options} if options is not None else {}
         if callable(many):
-            batch = list(many(audios, language=language, partial=False))
+            batch = list(many(audios, language=language, partial=False, **extra))
         else:
-            batch = [asr.transcribe(audio, language=language) for audio in audios]
+            batch = [asr.transcribe(audio, language=language, **extra) for audio in audios]
         for i, result in zip(indexes, batch, strict=True):
             results[i] = result
     return [result for result in results if result is not None]
@@ -88,13 +93,19 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
     async def final(
         self, audio: Float32Array, language: str | None, *, deadline: float | None
     ) -> AsrResult:
-        return await self.submit((audio, language), deadline=deadline)
+        return await self.submit((audio, language, None), deadline=deadline)
 
     async def bulk(
-        self, audio: Float32Array, language: str | None, *, deadline: float, expires: float
+        self,
+        audio: Float32Array,
+        language: str | None,
+        options: AsrOptions | None = None,
+        *,
+        deadline: float,
+        expires: float,
     ) -> AsrResult:
         """An upload's window (16 kHz), batched with other bulk windows (module docstring)."""
         seconds = audio.size / SAMPLE_RATE
         return await self.submit_bulk(
-            (audio, language), deadline=deadline, expires=expires, cost=seconds
+            (audio, language, options), deadline=deadline, expires=expires, cost=seconds
         )

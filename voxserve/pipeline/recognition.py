@@ -11,6 +11,10 @@ the recording's time line. Bulk holds at most `pipeline.asr.bulk_slots` slots an
 batch at most `asr.bulk_batch_s` of audio, so live finals always find a slot and never wait
 in the engine behind more than one bounded batch (pipeline/batcher.py, pipeline/stage.py).
 With `pipeline.asr_batch_enabled` off, each window is one bulk call on the stage instead.
+A request's `options` (prompt, temperature, word timestamps, task) go with each of its
+windows; a batch holds windows with equal options only. Word times are moved with their
+segments. A segment Whisper did not break where two pieces of a window meet covers both
+(its start in the first, its end in the second), as in faster-whisper's batched pipeline.
 
 Time: the request has the stage timeout plus its audio's length (a long upload is not late
 for being long). Window k is due, for the earliest-deadline-first order of bulk batches and
@@ -25,9 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
@@ -37,7 +41,7 @@ from voxserve.pipeline.generations import Generation, Lease
 from voxserve.pipeline.speech_windows import SpeechWindow, pack_windows, speech_regions
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.upload_vad import speech_probs
-from voxserve.types import SAMPLE_RATE, AsrResult, Segment
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
@@ -56,8 +60,24 @@ async def transcribe(
     sample_rate: int,
     *,
     language: str | None = None,
+    options: AsrOptions | None = None,
 ) -> AsrResult:
-    """Recognise a whole recording in batched windows (module docstring)."""
+    """Recognise a whole recording in batched windows (module docstring). `options` go to
+    every window's call; None asks nothing of the engine."""
+    windows = transcribe_windows(ctx, samples, sample_rate, language=language, options=options)
+    return join_results([result async for result in windows])
+
+
+async def transcribe_windows(
+    ctx: RecognitionContext,
+    samples: Int16Array,
+    sample_rate: int,
+    *,
+    language: str | None = None,
+    options: AsrOptions | None = None,
+) -> AsyncIterator[AsrResult]:
+    """Each window's result in audio order as soon as it and those before it are decoded,
+    its times (words too) on the recording's time line (module docstring)."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
@@ -69,14 +89,19 @@ async def transcribe(
     audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
     lease = ctx.lease()
     try:
-        return await _recognise(ctx, lease.generation, audio, language)
+        async for result in _recognise(ctx, lease.generation, audio, language, options):
+            yield result
     finally:
         lease.release()
 
 
 async def _recognise(
-    ctx: EngineContext, generation: Generation, audio: Float32Array, language: str | None
-) -> AsrResult:
+    ctx: EngineContext,
+    generation: Generation,
+    audio: Float32Array,
+    language: str | None,
+    options: AsrOptions | None,
+) -> AsyncIterator[AsrResult]:
     stage = ctx.stages.stage("asr")
     batcher = generation.asr_batcher()
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
@@ -97,32 +122,40 @@ async def _recognise(
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
     windows = await _windows(ctx, generation, audio, expires)
-    if not windows:
-        return AsrResult(text="")
+    # only when asked: an engine written before `options` still serves plain uploads
+    extra: dict[str, Any] = {"options": options} if options is not None else {}
 
-    def decode(window: SpeechWindow) -> Awaitable[AsrResult]:
+    async def decode(window: SpeechWindow) -> AsrResult:
         clip = window.audio(audio)
         if batcher is not None:
-            return batcher.bulk(clip, language, deadline=due(window.end), expires=expires)
+            return await batcher.bulk(
+                clip, language, options, deadline=due(window.end), expires=expires
+            )
         asr = generation.engines.asr
-        return stage.run(
-            lambda: asr.transcribe(clip, language=language),
+        result: AsrResult = await stage.run(
+            lambda: asr.transcribe(clip, language=language, **extra),
             timeout_s=max(0.0, expires - time.monotonic()),
             deadline=due(window.end),
             priority=PRIORITY_BULK,
         )
+        return result
 
+    # Batched: every window is handed to the batcher at once (they share batches);
+    # otherwise one at a time, so the upload queues again between windows.
+    tasks = [asyncio.ensure_future(decode(w)) for w in windows] if batcher is not None else []
     try:
-        async with asyncio.timeout(max(0.0, expires - time.monotonic())):
-            if batcher is not None:
-                results = await _all(decode, windows)
-            else:  # one window at a time: the upload queues again between windows
-                results = [await decode(window) for window in windows]
-    except TimeoutError:
-        raise VoxError(
-            ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
-        ) from None
-    return join_windows(list(zip(windows, results, strict=True)))
+        for index, window in enumerate(windows):
+            try:
+                async with asyncio.timeout(max(0.0, expires - time.monotonic())):
+                    result = await (tasks[index] if tasks else decode(window))
+            except TimeoutError:
+                raise VoxError(
+                    ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+                ) from None
+            yield on_recording(window, result)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _windows(
@@ -144,46 +177,41 @@ async def _windows(
     return pack_windows(audio, regions, max_s)
 
 
-async def _all(
-    decode: Callable[[SpeechWindow], Awaitable[AsrResult]], windows: list[SpeechWindow]
-) -> list[AsrResult]:
-    """Every window's result, in order; the first failure cancels the rest and is raised."""
+def on_recording(window: SpeechWindow, result: AsrResult) -> AsrResult:
+    """A window's result with its segments (and their words) on the recording's time line;
+    a window with text but no segments becomes one segment over the whole window."""
+    text = result.text.strip()
+    if window.pieces[0][0] == 0 and len(window.pieces) == 1 and (result.segments or not text):
+        return result
+    if not text:
+        return AsrResult(text="", language=result.language)
+    own = result.segments or (Segment(text, 0, window.size * 1000 // SAMPLE_RATE),)
+    segments = []
+    for segment in own:
+        start = window.to_recording_ms(segment.start_ms)
+        end = max(start, window.to_recording_ms(segment.end_ms, closing=True))
+        words = []
+        for word in segment.words:
+            word_start = window.to_recording_ms(word.start_ms)
+            word_end = window.to_recording_ms(word.end_ms, closing=True)
+            words.append(replace(word, start_ms=word_start, end_ms=max(word_start, word_end)))
+        segments.append(replace(segment, start_ms=start, end_ms=end, words=tuple(words)))
+    return replace(result, segments=tuple(segments))
 
-    async def run(window: SpeechWindow) -> AsrResult:
-        return await decode(window)
 
-    tasks = [asyncio.ensure_future(run(window)) for window in windows]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if (exc := task.exception()) is not None:
-                raise exc
-        return [task.result() for task in tasks]
-    finally:
-        for task in tasks:
-            task.cancel()
+def join_results(results: list[AsrResult]) -> AsrResult:
+    """One result from windows' results already on the recording's time line: texts
+    joined, segments in order (a single result is returned as it is)."""
+    if len(results) == 1:
+        return results[0]
+    texts = [text for result in results if (text := result.text.strip())]
+    if not texts:
+        return AsrResult(text="")
+    segments = tuple(segment for result in results for segment in result.segments)
+    language = next(result.language for result in results if result.text.strip())
+    return AsrResult(text=" ".join(texts), segments=segments, language=language)
 
 
 def join_windows(results: list[tuple[SpeechWindow, AsrResult]]) -> AsrResult:
-    """One result from windows' results: texts joined, segments moved onto the recording's
-    time line (a window without segments is one)."""
-    if len(results) == 1 and results[0][0].pieces[0][0] == 0 and len(results[0][0].pieces) == 1:
-        return results[0][1]
-    texts: list[str] = []
-    segments: list[Segment] = []
-    language: str | None = None
-    for window, result in results:
-        text = result.text.strip()
-        if not text:
-            continue
-        texts.append(text)
-        language = language or result.language
-        size_ms = window.size * 1000 // SAMPLE_RATE
-        for segment in result.segments or (Segment(text, 0, size_ms),):
-            start = window.to_recording_ms(segment.start_ms)
-            end = max(start, window.to_recording_ms(segment.end_ms, closing=True))
-            segments.append(replace(segment, start_ms=start, end_ms=end))
-    text = " ".join(texts)
-    if language is None:
-        return AsrResult(text=text)
-    return AsrResult(text=text, segments=tuple(segments), language=language)
+    """One result from windows' results, each moved onto the recording's time line."""
+    return join_results([on_recording(window, result) for window, result in results])
