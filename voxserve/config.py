@@ -136,10 +136,12 @@ class AsrConfig(BaseModel):
     # its 70% (engines/whisper_asr.py): 168 s of speech took 9.4-10.9 s of CPU in 14 s
     # windows (~0.7 s a call), 10.3-13.6 s in 28 s ones, same WER (docs/architecture.md).
     bulk_window_s: float = Field(default=14.0, ge=5.0, le=30.0)
-    # Uploads' windows of every upload go through the cross-session ASR batcher as bulk
-    # batches (pipeline/asr_batch.py) of at most this much audio and this many windows: one
-    # bulk batch is the longest a live final queued behind it in Whisper waits.
-    bulk_batch_s: float = Field(default=30.0, ge=5.0, le=600.0)
+    # The windows of every upload in flight are decoded together, as bulk batches of the
+    # cross-session ASR batcher (pipeline/asr_batch.py) of at most this much audio and this
+    # many windows. Live finals keep their own slot and CTranslate2 replica whatever the
+    # size; a batch is how long bulk holds its slot between turns, what a short upload
+    # arriving behind a long one waits at most. Larger batches: less CPU per audio second.
+    bulk_batch_s: float = Field(default=60.0, ge=5.0, le=600.0)
     bulk_max_batch: int = Field(default=8, ge=1, le=64)
 
 
