@@ -22,6 +22,7 @@ recording's windows share engine batches while live finals keep their slot.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from typing import Any
 
 from voxserve.audio.pcm import Float32Array
@@ -85,6 +86,16 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
             gather_when_busy=gather_when_busy,
             inline_ok=inline_safe(asr),
         )
+        window_for = getattr(asr, "window_for", None)
+
+        def bulk_key(request: AsrRequest) -> Hashable:
+            """What Whisper runs as one batch: windows with one encoder window, language
+            and options."""
+            audio, language, options = request
+            window = window_for(audio.size / SAMPLE_RATE) if callable(window_for) else None
+            return (window, language, options)
+
+        self.bulk_key = bulk_key
         if bulk_batch_s is not None:
             self.bulk_cost = bulk_batch_s
         if max_bulk_batch is not None:

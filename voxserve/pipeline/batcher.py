@@ -26,9 +26,9 @@ partials, flow control and metrics see them queued.
 Bulk requests (an upload's windows, `submit_bulk`) are a class of their own: they never
 share a batch with live ones, their batches run as bulk calls on the stage (at most its
 `bulk_slots` at once, so live batches always find a slot: pipeline/stage.py), earliest
-deadline first, and a bulk batch holds at most `bulk_cost` of work (an ASR batch: seconds
-of audio), so a live batch queued behind one in the engine waits for a bounded call, as it
-waited for one upload window before. Bulk waiting is by design: it is not counted as held.
+deadline first, requests of one kind (`bulk_key`) together, and a bulk batch holds at most
+`bulk_cost` of work (an ASR batch: seconds of audio), so bulk gives its slot back to the
+queue at least that often. Bulk waiting is by design: it is not counted as held.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -99,6 +99,9 @@ class Batcher(Generic[Req, Res]):
         self._run_s = 0.0  # smoothed wall time of one batch at the engine
         self.bulk_cost = math.inf  # work one bulk batch may hold (module docstring)
         self.max_bulk_batch = self.max_batch  # requests one bulk batch may hold
+        # Bulk requests share a batch only when their keys are equal (what the engine runs
+        # as one batch: for Whisper, the encoder window and the options).
+        self.bulk_key: Callable[[Req], Hashable] = lambda _: None
         self._bulk_pending: list[_Item[Req, Res]] = []
         self._bulk_running: set[asyncio.Task[None]] = set()
         self._bulk_timer: asyncio.TimerHandle | None = None
@@ -167,13 +170,23 @@ class Batcher(Generic[Req, Res]):
         pending = [item for item in self._bulk_pending if not item.future.done()]
         pending.sort(key=lambda i: math.inf if i.deadline is None else i.deadline)
         while pending and len(self._bulk_running) < self._bulk_inflight():
+            # The earliest-due request and those after it that the engine runs as one batch
+            # (same `bulk_key`): a short upload's window behind long ones goes in a batch
+            # of its own kind, not held until unlike windows are done.
+            key = self.bulk_key(pending[0].request)
             batch: list[_Item[Req, Res]] = []
+            rest: list[_Item[Req, Res]] = []
             cost = 0.0
-            while pending and len(batch) < self.max_bulk_batch:
-                if batch and cost + pending[0].cost > self.bulk_cost:
-                    break
-                cost += pending[0].cost
-                batch.append(pending.pop(0))
+            for item in pending:
+                full = len(batch) >= self.max_bulk_batch or (
+                    batch and cost + item.cost > self.bulk_cost
+                )
+                if full or self.bulk_key(item.request) != key:
+                    rest.append(item)
+                    continue
+                cost += item.cost
+                batch.append(item)
+            pending = rest
             task = asyncio.get_running_loop().create_task(self._run(batch, bulk=True))
             self._bulk_running.add(task)
             task.add_done_callback(self._bulk_batch_done)
