@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
 from voxserve.audio.wav import write_wav
+from voxserve.pipeline import recognition
 from voxserve.pipeline.asr_batch import AsrBatcher
 
 RATE = 16_000
@@ -102,15 +103,19 @@ def _batch_count(live: LiveServer) -> float:
 
 
 async def test_a_long_recording_is_cut_at_its_pauses_and_stitched_back(
-    client: openai.AsyncOpenAI, batches: tuple[AsrBatcher, list[list[np.ndarray]]]
+    client: openai.AsyncOpenAI,
+    batches: tuple[AsrBatcher, list[list[np.ndarray]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Nine fixture utterances with pauses (one of 8 s), ~52 s: the windows Whisper gets
     are at most asr.bulk_window_s, start and end in silence, and hold less audio than the
     recording (the long pause is skipped); the segments come back monotonic, within the
     audio, starting and ending on speech, and the words of each utterance in the segments
-    over its span. (A segment may cover two utterances: Whisper need not break a segment
+    over its span. Its first 10 s are windowed first (recognition.HEAD_S, 60 s in service,
+    made short here), so the region open at that point is judged again with the rest. (A segment may cover two utterances: Whisper need not break a segment
     where two pieces of a window meet, as with faster-whisper's batched pipeline.)"""
     _, seen = batches
+    monkeypatch.setattr(recognition, "HEAD_S", 10.0)
     texts = fixture_texts()
     names = list(texts)
     parts: list[np.ndarray] = []

@@ -38,11 +38,18 @@ from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.generations import Generation, Lease
-from voxserve.pipeline.speech_windows import SpeechWindow, pack_windows, speech_regions
+from voxserve.pipeline.speech_windows import (
+    MIN_SILENCE_S,
+    PAD_S,
+    SpeechWindow,
+    pack_windows,
+    speech_regions,
+)
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.upload_vad import speech_probs
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
+HEAD_S = 60.0  # a long recording's first minute is windowed first (`_window_groups`)
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
@@ -121,7 +128,6 @@ async def _recognise(
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
-    windows = await _windows(ctx, generation, audio, expires)
     # only when asked: an engine written before `options` still serves plain uploads
     extra: dict[str, Any] = {"options": options} if options is not None else {}
 
@@ -140,10 +146,16 @@ async def _recognise(
         )
         return result
 
-    # Batched: every window is handed to the batcher at once (they share batches);
+    # Batched: every window is handed to the batcher as soon as the VAD has found it (they
+    # share batches, and the head's windows decode while the VAD reads the rest);
     # otherwise one at a time, so the upload queues again between windows.
-    tasks = [asyncio.ensure_future(decode(w)) for w in windows] if batcher is not None else []
+    windows: list[SpeechWindow] = []
+    tasks: list[asyncio.Future[AsrResult]] = []
     try:
+        async for group in _window_groups(ctx, generation, audio, expires):
+            windows += group
+            if batcher is not None:
+                tasks += [asyncio.ensure_future(decode(window)) for window in group]
         for index, window in enumerate(windows):
             try:
                 async with asyncio.timeout(max(0.0, expires - time.monotonic())):
@@ -158,23 +170,37 @@ async def _recognise(
             task.cancel()
 
 
-async def _windows(
+async def _window_groups(
     ctx: EngineContext, generation: Generation, audio: Float32Array, expires: float
-) -> list[SpeechWindow]:
-    """The recording whole if it fits one window; else its speech packed into windows."""
+) -> AsyncIterator[list[SpeechWindow]]:
+    """The recording's windows, a group at a time: the whole recording if it fits one
+    window; else its speech packed into windows, the first HEAD_S first (a speech region
+    still open at the head's end is judged again with the rest), so that Whisper has work
+    while the VAD reads the rest."""
     max_s = ctx.settings.asr.bulk_window_s
     if audio.size <= max_s * SAMPLE_RATE:
-        return [SpeechWindow(((0, int(audio.size)),))]
+        yield [SpeechWindow(((0, int(audio.size)),))]
+        return
     vad = generation.engines.vad
-    probs = await speech_probs(vad, ctx.stages.stage("vad"), audio, expires=expires)
-    regions = speech_regions(
-        probs,
-        vad.window_samples,
-        int(audio.size),
-        threshold=ctx.settings.vad.threshold,
-        neg_threshold=ctx.settings.vad.neg_threshold,
-    )
-    return pack_windows(audio, regions, max_s)
+    width = vad.window_samples
+    cfg = ctx.settings.vad
+
+    async def regions_of(start: int, end: int) -> list[tuple[int, int]]:
+        probs = await speech_probs(vad, ctx.stages.stage("vad"), audio[start:end], expires=expires)
+        found = speech_regions(
+            probs, width, end - start, threshold=cfg.threshold, neg_threshold=cfg.neg_threshold
+        )
+        return [(a + start, b + start) for a, b in found]
+
+    start = 0
+    head = int(HEAD_S * SAMPLE_RATE) // width * width
+    if audio.size > 2 * head:
+        regions = await regions_of(0, head)
+        start = head
+        if regions and regions[-1][1] >= head - int((MIN_SILENCE_S + PAD_S) * SAMPLE_RATE):
+            start = regions.pop()[0] // width * width  # may go on past the head
+        yield pack_windows(audio, regions, max_s)
+    yield pack_windows(audio, await regions_of(start, int(audio.size)), max_s)
 
 
 def on_recording(window: SpeechWindow, result: AsrResult) -> AsrResult:
