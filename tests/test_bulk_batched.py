@@ -112,8 +112,9 @@ async def test_a_long_recording_is_cut_at_its_pauses_and_stitched_back(
     recording (the long pause is skipped); the segments come back monotonic, within the
     audio, starting and ending on speech, and the words of each utterance in the segments
     over its span. Its first 10 s are windowed first (recognition.HEAD_S, 60 s in service,
-    made short here), so the region open at that point is judged again with the rest. (A segment may cover two utterances: Whisper need not break a segment
-    where two pieces of a window meet, as with faster-whisper's batched pipeline.)"""
+    made short here), so the region open at that point is judged again with the rest. (A
+    segment may cover two utterances: Whisper need not break a segment where two pieces of
+    a window meet, as with faster-whisper's batched pipeline.)"""
     _, seen = batches
     monkeypatch.setattr(recognition, "HEAD_S", 10.0)
     texts = fixture_texts()
