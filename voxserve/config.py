@@ -142,7 +142,7 @@ class AsrConfig(BaseModel):
     # many windows. Live finals keep their own slot and CTranslate2 replica whatever the
     # size; a batch is how long bulk holds its slot between turns, what a short upload
     # arriving behind a long one waits at most. Larger batches: less CPU per audio second.
-    bulk_batch_s: float = Field(default=30.0, ge=5.0, le=600.0)
+    bulk_batch_s: float = Field(default=20.0, ge=5.0, le=600.0)
     bulk_max_batch: int = Field(default=8, ge=1, le=64)
 
 
