@@ -129,13 +129,21 @@ class AsrConfig(BaseModel):
     partials: bool = True
     partial_interval_ms: int = 640  # re-decode the growing utterance this often
     min_partial_ms: int = 480  # no partial until this much speech
-    # Uploads (HTTP, Wyoming, `voxserve transcribe`) are recognised in windows of at most
-    # this much audio, cut at the quietest moment near the end (pipeline/windows.py): each
-    # window is one bulk ASR call, so an upload holds a slot for one window at a time and
-    # live finals and other uploads interleave. 14 s fills Whisper's 20 s encoder bucket to
-    # its 70% (engines/whisper_asr.py): 168 s of speech took 9.4-10.9 s of CPU in 14 s
-    # windows (~0.7 s a call), 10.3-13.6 s in 28 s ones, same WER (docs/architecture.md).
-    bulk_window_s: float = Field(default=14.0, ge=5.0, le=30.0)
+    # Uploads (HTTP, Wyoming, `voxserve transcribe`) longer than this go through the VAD,
+    # and their speech is packed into windows of at most this much audio (a region longer
+    # than that cut at its quietest moments: pipeline/speech_windows.py, windows.py). 7 s
+    # fills Whisper's 10 s encoder bucket to its 70% (engines/whisper_asr.py): a 10-minute
+    # recording (352 s of speech) took 16.5 s of Whisper CPU in 7 s windows (batches of 4),
+    # 22-25 s in 14 s ones (20 s bucket), 25 s in 28 s ones; WER 1.0%, 1.4%, 4.9%
+    # (docs/benchmarks.md, issue 23).
+    bulk_window_s: float = Field(default=7.0, ge=5.0, le=30.0)
+    # The windows of every upload in flight are decoded together, as bulk batches of the
+    # cross-session ASR batcher (pipeline/asr_batch.py) of at most this much audio and this
+    # many windows. Live finals keep their own slot and CTranslate2 replica whatever the
+    # size; a batch is how long bulk holds its slot between turns, what a short upload
+    # arriving behind a long one waits at most. Larger batches: less CPU per audio second.
+    bulk_batch_s: float = Field(default=20.0, ge=5.0, le=600.0)
+    bulk_max_batch: int = Field(default=8, ge=1, le=64)
 
 
 class DegradeConfig(BaseModel):

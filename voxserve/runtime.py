@@ -69,7 +69,13 @@ class Runtime:
             threshold_bytes(settings.limits, workers=settings.workers),
             retry_after_s=settings.flow.retry_after_s,
         )
-        self._batching = Batching(settings.pipeline, self.stages, self.metrics.observe_batch)
+        self._batching = Batching(
+            settings.pipeline,
+            self.stages,
+            self.metrics.observe_batch,
+            bulk_batch_s=settings.asr.bulk_batch_s,
+            max_bulk_batch=settings.asr.bulk_max_batch,
+        )
         self._generation: Generation | None = None
         self.generations: list[Generation] = []  # current and retired, until closed
         self._closers: set[asyncio.Task[None]] = set()

@@ -22,6 +22,13 @@ request; when more than `max_batch` are held, the earliest deadlines go first (a
 when the stage's EDF is off). Held requests count in the stage's `waiting` as the engine
 calls they will take (ceil(held / max_batch)), as queued batches did before holding, so
 partials, flow control and metrics see them queued.
+
+Bulk requests (an upload's windows, `submit_bulk`) are a class of their own: they never
+share a batch with live ones, their batches run as bulk calls on the stage (at most its
+`bulk_slots` at once, so live batches always find a slot: pipeline/stage.py), earliest
+deadline first, requests of one kind (`bulk_key`) together, and a bulk batch holds at most
+`bulk_cost` of work (an ASR batch: seconds of audio), so bulk gives its slot back to the
+queue at least that often. Bulk waiting is by design: it is not counted as held.
 """
 
 from __future__ import annotations
@@ -29,14 +36,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.stage import PRIORITY_BULK, EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
+BULK_GATHER_S = 0.02  # an idle engine gathers concurrent uploads' windows this long
 BUSY_TAU_S = 2.0  # the engine's busy share is smoothed over about this long
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -48,6 +56,8 @@ class _Item(Generic[Req, Res]):
     deadline: float | None
     future: asyncio.Future[Res]
     arrived: float = field(default_factory=time.perf_counter)
+    cost: float = 0.0  # bulk: the work it brings (module docstring)
+    expires: float | None = None  # bulk: when its caller stops waiting (time.monotonic())
 
 
 class Batcher(Generic[Req, Res]):
@@ -87,8 +97,17 @@ class Batcher(Generic[Req, Res]):
         self._last_arrival = 0.0
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self._run_s = 0.0  # smoothed wall time of one batch at the engine
+        self.bulk_cost = math.inf  # work one bulk batch may hold (module docstring)
+        self.max_bulk_batch = self.max_batch  # requests one bulk batch may hold
+        # Bulk requests share a batch only when their keys are equal (what the engine runs
+        # as one batch: for Whisper, the encoder window and the options).
+        self.bulk_key: Callable[[Req], Hashable] = lambda _: None
+        self._bulk_pending: list[_Item[Req, Res]] = []
+        self._bulk_running: set[asyncio.Task[None]] = set()
+        self._bulk_timer: asyncio.TimerHandle | None = None
         self.batches = 0
         self.requests = 0
+        self.bulk_batches = 0
         self.on_batch: Callable[[str, int], None] | None = None  # (engine, size): metrics
 
     @property
@@ -108,6 +127,75 @@ class Batcher(Generic[Req, Res]):
         else:
             self._gather(loop, self._gather_delay())
         return await future
+
+    async def submit_bulk(
+        self, request: Req, *, deadline: float, expires: float, cost: float = 0.0
+    ) -> Res:
+        """A bulk request (module docstring), due at `deadline` for the stage's EDF order,
+        abandoned by its caller at `expires` (both time.monotonic())."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Res] = loop.create_future()
+        self._bulk_pending.append(_Item(request, deadline, future, cost=cost, expires=expires))
+        if self._bulk_timer is None and len(self._bulk_running) < self._bulk_inflight():
+            self._bulk_timer = loop.call_later(BULK_GATHER_S, self._flush_bulk)
+        return await future
+
+    def bulk_done_s(self, deadline: float) -> float:
+        """A rough time until a new bulk request due at `deadline` would be done: the bulk
+        batches running and those its elders due first make, over the slots bulk may hold,
+        then its own, each the stage's smoothed bulk call time. For refusing up front what
+        could not finish in its time (pipeline/recognition.py)."""
+        ahead = [
+            item
+            for item in self._bulk_pending
+            if not item.future.done() and (item.deadline or 0.0) <= deadline
+        ]
+        cost = sum(item.cost for item in ahead)
+        batches = max(
+            math.ceil(len(ahead) / self.max_bulk_batch),
+            math.ceil(cost / self.bulk_cost) if math.isfinite(self.bulk_cost) else 0,
+        )
+        slots = self._bulk_inflight()
+        return ((batches + len(self._bulk_running)) / slots + 1) * self.stage.bulk_call_s
+
+    def _bulk_inflight(self) -> int:
+        """Bulk batches run at once: what the stage lets bulk hold, within the engine's."""
+        return max(1, min(self.stage.bulk_slots, self.max_inflight))
+
+    def _flush_bulk(self) -> None:
+        """Start bulk batches, earliest deadlines first, while bulk has room."""
+        if self._bulk_timer is not None:
+            self._bulk_timer.cancel()
+            self._bulk_timer = None
+        pending = [item for item in self._bulk_pending if not item.future.done()]
+        pending.sort(key=lambda i: math.inf if i.deadline is None else i.deadline)
+        while pending and len(self._bulk_running) < self._bulk_inflight():
+            # The earliest-due request and those after it that the engine runs as one batch
+            # (same `bulk_key`): a short upload's window behind long ones goes in a batch
+            # of its own kind, not held until unlike windows are done.
+            key = self.bulk_key(pending[0].request)
+            batch: list[_Item[Req, Res]] = []
+            rest: list[_Item[Req, Res]] = []
+            cost = 0.0
+            for item in pending:
+                full = len(batch) >= self.max_bulk_batch or (
+                    batch and cost + item.cost > self.bulk_cost
+                )
+                if full or self.bulk_key(item.request) != key:
+                    rest.append(item)
+                    continue
+                cost += item.cost
+                batch.append(item)
+            pending = rest
+            task = asyncio.get_running_loop().create_task(self._run(batch, bulk=True))
+            self._bulk_running.add(task)
+            task.add_done_callback(self._bulk_batch_done)
+        self._bulk_pending = pending
+
+    def _bulk_batch_done(self, task: asyncio.Task[None]) -> None:
+        self._bulk_running.discard(task)
+        if self._bulk_pending and not self._closed:
+            self._flush_bulk()
 
     def _gather(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
         """(Re)arm the flush timer: a request due sooner than the timer shortens the wait."""
@@ -191,13 +279,16 @@ class Batcher(Generic[Req, Res]):
         self.stage.held += held - self._held
         self._held = held
 
-    async def _run(self, batch: list[_Item[Req, Res]]) -> None:
+    async def _run(self, batch: list[_Item[Req, Res]], *, bulk: bool = False) -> None:
         try:
-            results = await self._call(
-                [item.request for item in batch],
-                [item.deadline for item in batch],
-                [item.arrived for item in batch],
-            )
+            if bulk:
+                results = await self._call_bulk(batch)
+            else:
+                results = await self._call(
+                    [item.request for item in batch],
+                    [item.deadline for item in batch],
+                    [item.arrived for item in batch],
+                )
         except BaseException as exc:
             for item in batch:
                 if not item.future.done():
@@ -254,6 +345,32 @@ class Batcher(Generic[Req, Res]):
         self._run_s += 0.2 * (time.perf_counter() - started - self._run_s)
         return results
 
+    async def _call_bulk(self, batch: list[_Item[Req, Res]]) -> list[Res | BaseException]:
+        """One bulk engine call (counted as a batch): a bulk call on the stage, due at its
+        earliest member's deadline, given until its last member's caller stops waiting. A
+        failure is every member's (an upload's window is not retried alone: its caller
+        answers the error)."""
+        self.batches += 1
+        self.bulk_batches += 1
+        self.requests += len(batch)
+        if self.on_batch is not None:
+            self.on_batch(self.name, len(batch))
+        now = time.monotonic()
+        due = [item.deadline for item in batch if item.deadline is not None]
+        expiries = [item.expires for item in batch if item.expires is not None]
+        try:
+            return list(
+                await self.stage.run(
+                    self.run_many,
+                    [item.request for item in batch],
+                    deadline=min(due) if due else None,
+                    timeout_s=max(expiries) - now if expiries else None,
+                    priority=PRIORITY_BULK,
+                )
+            )
+        except VoxError as exc:
+            return [exc] * len(batch)
+
     def close(self) -> None:
         """Cancel running batches and anything still gathered or held (their callers see
         CancelledError); the stage's held count is given back."""
@@ -261,10 +378,14 @@ class Batcher(Generic[Req, Res]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in self._running:
+        if self._bulk_timer is not None:
+            self._bulk_timer.cancel()
+            self._bulk_timer = None
+        for task in (*self._running, *self._bulk_running):
             task.cancel()
-        for item in self._pending:
+        for item in (*self._pending, *self._bulk_pending):
             item.future.cancel()
         self._pending = []
+        self._bulk_pending = []
         self.stage.held -= self._held
         self._held = 0

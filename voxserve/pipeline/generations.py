@@ -38,6 +38,8 @@ class Batching:
     cfg: PipelineConfig
     stages: Stages
     on_batch: Callable[[str, int], None] | None = None
+    bulk_batch_s: float | None = None  # asr.bulk_batch_s: audio one bulk ASR batch holds
+    max_bulk_batch: int | None = None  # asr.bulk_max_batch: windows one bulk batch holds
 
     def vad(self, engines: Engines) -> VadBatcher:
         batcher = VadBatcher(
@@ -56,6 +58,8 @@ class Batching:
             max_wait_ms=self.cfg.asr_batch_wait_ms,
             max_batch=self.cfg.asr_max_batch,
             gather_when_busy=self.cfg.asr_batch_gather_busy,
+            bulk_batch_s=self.bulk_batch_s,
+            max_bulk_batch=self.max_bulk_batch,
         )
         batcher.on_batch = self.on_batch
         return batcher

@@ -1,141 +1,243 @@
 """Whole-buffer recognition (uploads, Wyoming, `voxserve transcribe`) through the shared ASR
-stage, as bulk work.
+stage, as bulk work, in batches shared with every other upload.
 
-A recording is cut into windows of at most `asr.bulk_window_s` at quiet moments
-(pipeline/windows.py) and each window is one bulk call on the ASR stage (pipeline/stage.py):
-bulk holds at most `pipeline.asr.bulk_slots` slots, so live finals always find one, and
-between its windows an upload queues again. Two 164 s uploads used to hold both slots for a
-minute while live finals timed out.
+A recording longer than one window (`asr.bulk_window_s`) goes through the VAD engine first
+(pipeline/upload_vad.py, bulk calls on the VAD stage); its speech regions are packed into
+windows of at most `asr.bulk_window_s` of audio, the silence between regions skipped
+(pipeline/speech_windows.py). Every window goes to the cross-session ASR batcher as a bulk
+request (pipeline/asr_batch.py): the windows of one recording and those of concurrent
+uploads are decoded together in engine batches, each segment's times are then put back on
+the recording's time line. Bulk holds at most `pipeline.asr.bulk_slots` slots and one bulk
+batch at most `asr.bulk_batch_s` of audio, so live finals always find a slot and never wait
+in the engine behind more than one bounded batch (pipeline/batcher.py, pipeline/stage.py).
+With `pipeline.asr_batch_enabled` off, each window is one bulk call on the stage instead.
+A request's `options` (prompt, temperature, word timestamps, task) go with each of its
+windows; a batch holds windows with equal options only. Word times are moved with their
+segments. A segment Whisper did not break where two pieces of a window meet covers both
+(its start in the first, its end in the second), as in faster-whisper's batched pipeline.
 
 Time: the request has the stage timeout plus its audio's length (a long upload is not late
-for being long). Window k is due, for the stage's earliest-deadline-first order, when that
-budget spread over the audio says (start + timeout + the window's end in the audio): a short
-upload arriving behind long ones is due before their later windows, so it runs next rather
-than after them, and uploads interleave. One that could not start within its budget is
-refused at once (`overloaded`, retry hint) instead of answering 504 after the wait.
+for being long). Window k is due, for the earliest-deadline-first order of bulk batches and
+of the stage, when that budget spread over the audio says (start + timeout + the window's
+end in the audio): a short upload arriving behind long ones is due before their later
+windows, so it runs next rather than after them, and uploads interleave. One that could not
+start within its budget is refused at once (`overloaded`, retry hint) instead of answering
+504 after the wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
-from functools import partial
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
+from voxserve.pipeline.generations import Generation, Lease
+from voxserve.pipeline.speech_windows import (
+    MIN_SILENCE_S,
+    PAD_S,
+    SpeechWindow,
+    pack_windows,
+    speech_regions,
+)
 from voxserve.pipeline.stage import PRIORITY_BULK
-from voxserve.pipeline.windows import cut_windows
+from voxserve.pipeline.upload_vad import speech_probs
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
+HEAD_S = 60.0  # a long recording's first minute is windowed first (`_window_groups`)
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
 
-WindowResult = tuple[int, int, AsrResult]
-"""A window's sample range (16 kHz, in the recording) and the engine's result for it."""
+class RecognitionContext(EngineContext, Protocol):
+    """What recognition reads: the stages and settings, and a hold on the current engines
+    (and their batchers) for the length of one recording."""
+
+    def lease(self) -> Lease: ...
 
 
 async def transcribe(
-    ctx: EngineContext,
+    ctx: RecognitionContext,
     samples: Int16Array,
     sample_rate: int,
     *,
     language: str | None = None,
     options: AsrOptions | None = None,
 ) -> AsrResult:
-    """Recognise a whole recording, window by window (module docstring). `options` (prompt,
-    temperature, word timestamps, task) go to every window's call; None asks nothing."""
-    windows = _windows(ctx, samples, sample_rate, language=language, options=options)
-    return join_windows([window async for window in windows])
+    """Recognise a whole recording in batched windows (module docstring). `options` go to
+    every window's call; None asks nothing of the engine."""
+    windows = transcribe_windows(ctx, samples, sample_rate, language=language, options=options)
+    return join_results([result async for result in windows])
 
 
 async def transcribe_windows(
-    ctx: EngineContext,
+    ctx: RecognitionContext,
     samples: Int16Array,
     sample_rate: int,
     *,
     language: str | None = None,
     options: AsrOptions | None = None,
 ) -> AsyncIterator[AsrResult]:
-    """`transcribe`, one window's result at a time in audio order as each is decoded
-    (stream=true uploads), its times on the recording's time line. Refusals (bad rate,
-    language, overloaded) come at the first step."""
-    async for window in _windows(ctx, samples, sample_rate, language=language, options=options):
-        yield join_windows([window])
-
-
-async def _windows(
-    ctx: EngineContext,
-    samples: Int16Array,
-    sample_rate: int,
-    *,
-    language: str | None,
-    options: AsrOptions | None,
-) -> AsyncIterator[WindowResult]:
+    """Each window's result in audio order as soon as it and those before it are decoded,
+    its times (words too) on the recording's time line (module docstring)."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
             f"sample rate {sample_rate} is outside {MIN_FILE_RATE}-{MAX_FILE_RATE} Hz",
         )
-    engines = ctx.engines
-    language = engines.check_language(language)
+    language = ctx.engines.check_language(language)
     if samples.size == 0:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
     audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
+    lease = ctx.lease()
+    try:
+        async for result in _recognise(ctx, lease.generation, audio, language, options):
+            yield result
+    finally:
+        lease.release()
+
+
+async def _recognise(
+    ctx: EngineContext,
+    generation: Generation,
+    audio: Float32Array,
+    language: str | None,
+    options: AsrOptions | None,
+) -> AsyncIterator[AsrResult]:
     stage = ctx.stages.stage("asr")
+    batcher = generation.asr_batcher()
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
     began = time.monotonic()
-    windows = cut_windows(audio, ctx.settings.asr.bulk_window_s)
+    expires = began + budget
+    max_s = ctx.settings.asr.bulk_window_s
 
     def due(end: int) -> float:
         """A window's deadline: the stage's timeout after the audio up to its end."""
         return began + stage.timeout_s + end / SAMPLE_RATE
 
-    if stage.bulk_done_s(due(windows[0][1])) > budget:
+    first_due = due(min(audio.size, int(max_s * SAMPLE_RATE)))
+    ahead_s = batcher.bulk_done_s(first_due) if batcher else stage.bulk_done_s(first_due)
+    if ahead_s > budget:
         raise VoxError(
             ErrorCode.OVERLOADED,
             "the asr stage's bulk work would not reach this upload in time; retry later",
             retry_after_s=ctx.settings.flow.retry_after_s,
         )
     # only when asked: an engine written before `options` still serves plain uploads
-    asr_kwargs: dict[str, Any] = {"options": options} if options is not None else {}
-    for start, end in windows:
-        left = began + budget - time.monotonic()
-        if left <= 0:
-            raise VoxError(
-                ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+    extra: dict[str, Any] = {"options": options} if options is not None else {}
+
+    async def decode(window: SpeechWindow) -> AsrResult:
+        clip = window.audio(audio)
+        if batcher is not None:
+            return await batcher.bulk(
+                clip, language, options, deadline=due(window.end), expires=expires
             )
-        window: Float32Array = audio[start:end]
+        asr = generation.engines.asr
         result: AsrResult = await stage.run(
-            partial(engines.asr.transcribe, window, language=language, **asr_kwargs),
-            timeout_s=left,
-            deadline=due(end),
+            lambda: asr.transcribe(clip, language=language, **extra),
+            timeout_s=max(0.0, expires - time.monotonic()),
+            deadline=due(window.end),
             priority=PRIORITY_BULK,
         )
-        yield start, end, result
+        return result
+
+    # Batched: every window is handed to the batcher as soon as the VAD has found it (they
+    # share batches, and the head's windows decode while the VAD reads the rest);
+    # otherwise one at a time, so the upload queues again between windows.
+    windows: list[SpeechWindow] = []
+    tasks: list[asyncio.Future[AsrResult]] = []
+    try:
+        async for group in _window_groups(ctx, generation, audio, expires):
+            windows += group
+            if batcher is not None:
+                tasks += [asyncio.ensure_future(decode(window)) for window in group]
+        for index, window in enumerate(windows):
+            try:
+                async with asyncio.timeout(max(0.0, expires - time.monotonic())):
+                    result = await (tasks[index] if tasks else decode(window))
+            except TimeoutError:
+                raise VoxError(
+                    ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+                ) from None
+            yield on_recording(window, result)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
-def join_windows(results: list[WindowResult]) -> AsrResult:
-    """One result from windows' results (each with its sample range): texts joined,
-    segments moved onto the recording's time line (a window without segments is one)."""
-    if len(results) == 1 and results[0][0] == 0:
-        return results[0][2]
-    texts: list[str] = []
-    segments: list[Segment] = []
-    language: str | None = None
-    for start, end, result in results:
-        text = result.text.strip()
-        if not text:
-            continue
-        texts.append(text)
-        language = language or result.language
-        offset = start * 1000 // SAMPLE_RATE
-        own = result.segments or (Segment(text, 0, (end - start) * 1000 // SAMPLE_RATE),)
-        segments.extend(s.shifted(offset) for s in own)
-    text = " ".join(texts)
-    if language is None:
-        return AsrResult(text=text)
-    return AsrResult(text=text, segments=tuple(segments), language=language)
+async def _window_groups(
+    ctx: EngineContext, generation: Generation, audio: Float32Array, expires: float
+) -> AsyncIterator[list[SpeechWindow]]:
+    """The recording's windows, a group at a time: the whole recording if it fits one
+    window; else its speech packed into windows, the first HEAD_S first (a speech region
+    still open at the head's end is judged again with the rest), so that Whisper has work
+    while the VAD reads the rest."""
+    max_s = ctx.settings.asr.bulk_window_s
+    if audio.size <= max_s * SAMPLE_RATE:
+        yield [SpeechWindow(((0, int(audio.size)),))]
+        return
+    vad = generation.engines.vad
+    width = vad.window_samples
+    cfg = ctx.settings.vad
+
+    async def regions_of(start: int, end: int) -> list[tuple[int, int]]:
+        probs = await speech_probs(vad, ctx.stages.stage("vad"), audio[start:end], expires=expires)
+        found = speech_regions(
+            probs, width, end - start, threshold=cfg.threshold, neg_threshold=cfg.neg_threshold
+        )
+        return [(a + start, b + start) for a, b in found]
+
+    start = 0
+    head = int(HEAD_S * SAMPLE_RATE) // width * width
+    if audio.size > 2 * head:
+        regions = await regions_of(0, head)
+        start = head
+        if regions and regions[-1][1] >= head - int((MIN_SILENCE_S + PAD_S) * SAMPLE_RATE):
+            start = regions.pop()[0] // width * width  # may go on past the head
+        yield pack_windows(audio, regions, max_s)
+    yield pack_windows(audio, await regions_of(start, int(audio.size)), max_s)
+
+
+def on_recording(window: SpeechWindow, result: AsrResult) -> AsrResult:
+    """A window's result with its segments (and their words) on the recording's time line;
+    a window with text but no segments becomes one segment over the whole window."""
+    text = result.text.strip()
+    if window.pieces[0][0] == 0 and len(window.pieces) == 1 and (result.segments or not text):
+        return result
+    if not text:
+        return AsrResult(text="", language=result.language)
+    own = result.segments or (Segment(text, 0, window.size * 1000 // SAMPLE_RATE),)
+    segments = []
+    for segment in own:
+        start = window.to_recording_ms(segment.start_ms)
+        end = max(start, window.to_recording_ms(segment.end_ms, closing=True))
+        words = []
+        for word in segment.words:
+            word_start = window.to_recording_ms(word.start_ms)
+            word_end = window.to_recording_ms(word.end_ms, closing=True)
+            words.append(replace(word, start_ms=word_start, end_ms=max(word_start, word_end)))
+        segments.append(replace(segment, start_ms=start, end_ms=end, words=tuple(words)))
+    return replace(result, segments=tuple(segments))
+
+
+def join_results(results: list[AsrResult]) -> AsrResult:
+    """One result from windows' results already on the recording's time line: texts
+    joined, segments in order (a single result is returned as it is)."""
+    if len(results) == 1:
+        return results[0]
+    texts = [text for result in results if (text := result.text.strip())]
+    if not texts:
+        return AsrResult(text="")
+    segments = tuple(segment for result in results for segment in result.segments)
+    language = next(result.language for result in results if result.text.strip())
+    return AsrResult(text=" ".join(texts), segments=segments, language=language)
+
+
+def join_windows(results: list[tuple[SpeechWindow, AsrResult]]) -> AsrResult:
+    """One result from windows' results, each moved onto the recording's time line."""
+    return join_results([on_recording(window, result) for window, result in results])
