@@ -27,6 +27,7 @@ from pydantic import SecretStr
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.helpers import eventually, fixture_audio, fixture_texts, sessions_ended, wer
 from voxserve.audio.resample import resample
+from voxserve.audio.wav import write_wav
 from voxserve.bench.webrtc_client import FRAME_BYTES, WebRtcCaller, clip_source, to_48k
 from voxserve.config import load_settings
 
@@ -259,3 +260,58 @@ async def test_a_vanished_caller_is_ended_by_the_media_timeout(call_server: Live
         await caller.close()
     assert waited >= MEDIA_TIMEOUT_S * 0.5, waited  # ended by the timeout, not by a message
     await freed(call_server, udp_before)
+
+
+# --- a caller whose track ends: aiortc's MediaPlayer playing a file ---------------------------
+
+
+async def test_a_played_file_that_ends_still_gets_its_transcript_and_reply(
+    call_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiortc's canonical caller, `MediaPlayer(wav)` as its track: the file plays in real
+    time, then the track ends and RTP stops (no trailing silence is sent). The server's
+    caller audio runs on a clock (server/webrtc_inbound.py), so the VAD hears the silence
+    after the speech: the turn ends, is transcribed and answered. (No RTP is no RTP: the
+    call is still ended by webrtc.media_timeout_s, here the default 10 s rather than the
+    module's 2 s, so that the reply has time to come.)"""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc.contrib.media import MediaPlayer
+
+    texts = fixture_texts()
+    speech = fixture_audio("command.wav")
+    loud = np.nonzero(np.abs(speech.astype(np.int32)) > 500)[0]
+    wav = tmp_path / "command-trimmed.wav"  # the speech, cut 40 ms after its last loud sample
+    wav.write_bytes(write_wav(speech[: loud[-1] + 640], 16_000))
+    await sessions_ended(call_server.runtime)
+    monkeypatch.setattr(call_server.runtime.settings.webrtc, "media_timeout_s", 10.0)
+    player = MediaPlayer(str(wav))
+    assert player.audio is not None
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(player.audio)
+    channel = pc.createDataChannel("oai-events")
+    events: list[dict[str, Any]] = []
+    channel.on("message", lambda text: events.append(json.loads(text)))
+
+    async def first(kind: str, timeout_s: float) -> dict[str, Any]:
+        await eventually(lambda: any(e["type"] == kind for e in events), timeout_s=timeout_s)
+        return next(e for e in events if e["type"] == kind)
+
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(timeout=15) as client:
+            answer = await client.post(
+                f"{call_server.http_url}/v1/realtime/calls",
+                content=pc.localDescription.sdp.encode(),
+                headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"},
+            )
+        assert answer.status_code == 201, answer.text
+        await pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+        final = await first(TRANSCRIPT, timeout_s=10)
+        done = await first("response.done", timeout_s=10)
+    finally:
+        await pc.close()
+    assert player.audio.readyState == "ended"  # the file played to its end
+    assert wer(texts["command.wav"], final["transcript"]) <= 0.2, final
+    assert done["response"]["status"] == "completed", done
+    assert [e["type"] for e in events].count("input_audio_buffer.speech_stopped") == 1
+    await sessions_ended(call_server.runtime)

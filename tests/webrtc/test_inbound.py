@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from fractions import Fraction
 
 import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
 from tests.webrtc.media import FramesTrack, peak_hz, rms, stereo_frame, tone, tone_frames
-from voxserve.server.webrtc_inbound import InboundAudio
+from voxserve.server.webrtc_inbound import PLAYOUT_S, InboundAudio
+
+SILENCE = bytes(640)
 
 
 async def read_all(inbound: InboundAudio) -> list[bytes]:
+    """The frames of a track that ends: read until it ended (then read() gives silence)."""
     frames = []
-    while (frame := await inbound.read()) is not None:
-        frames.append(frame)
+    while not inbound.ended:
+        frames.append(await inbound.read())
     return frames
 
 
@@ -25,7 +31,7 @@ async def test_exact_20ms_frames_at_16k() -> None:
     assert len(frames) == 50  # 1 s of 48 kHz in, 1 s of 16 kHz out
     assert inbound.packets_received == 50
     assert inbound.packets_lost == 0 and inbound.concealed_ms == 0
-    assert await inbound.read() is None  # stays ended
+    assert inbound.silence_ms == 0 and inbound.ended
 
 
 async def test_other_packet_time_is_reframed() -> None:
@@ -86,10 +92,10 @@ async def test_stereo_is_downmixed() -> None:
     assert 0.45 < half / full < 0.55
 
 
-async def test_ended_track_reads_none() -> None:
+async def test_ended_track_reads_silence() -> None:
     inbound = InboundAudio(FramesTrack([]))
-    assert await inbound.read() is None
-    assert inbound.ended
+    assert await inbound.read() == bytes(640)
+    assert inbound.ended and inbound.silence_ms == 20 and inbound.packets_lost == 0
 
 
 async def test_g711_mono_8k_frames_are_upsampled() -> None:
@@ -130,3 +136,152 @@ async def test_a_gap_within_the_allowance_is_still_filled() -> None:
     out = await read_all(inbound)
     assert inbound.concealed_ms == 400 and inbound.discontinuities == 0
     assert len(out) == 60
+
+
+# -- the clock: a caller that stops sending ----------------------------------------------------
+
+
+Step = AudioFrame | float | asyncio.Event
+
+
+class ScriptTrack(MediaStreamTrack):
+    """A remote track that plays a script: a frame (given now), a float (wait until that
+    many seconds after the first recv), an Event (wait for it); then it ends (`end`) or
+    stalls for good, as a caller that stopped sending without a BYE."""
+
+    kind = "audio"
+
+    def __init__(self, script: list[Step], *, end: bool) -> None:
+        super().__init__()
+        self._script = list(script)
+        self._end = end
+        self._start: float | None = None
+
+    async def recv(self) -> AudioFrame:
+        if self._start is None:
+            self._start = time.monotonic()
+        while self._script:
+            step = self._script.pop(0)
+            if isinstance(step, AudioFrame):
+                return step
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+            else:
+                await asyncio.sleep(max(0.0, self._start + step - time.monotonic()))
+        if not self._end:
+            await asyncio.Event().wait()
+        self.stop()
+        raise MediaStreamError
+
+
+async def timed_reads(inbound: InboundAudio, count: int) -> list[tuple[float, bytes]]:
+    """`count` frames, each with the time read() gave it."""
+    out = []
+    for _ in range(count):
+        frame = await inbound.read()
+        out.append((time.monotonic(), frame))
+    return out
+
+
+async def until_silence(inbound: InboundAudio) -> tuple[list[tuple[float, bytes]], float]:
+    """The real frames read until the first silence, and the time that silence came.
+    (How many frames N frames in make is the resampler's: soxr HQ holds ~28 ms back.)"""
+    real = []
+    while len(real) < 100:
+        frame = await inbound.read()
+        if frame == SILENCE:
+            return real, time.monotonic()
+        real.append((time.monotonic(), frame))
+    raise AssertionError("no silence")
+
+
+def pulling(inbound: InboundAudio) -> bool:
+    return any(t.get_name() == "webrtc-inbound" and not t.done() for t in asyncio.all_tasks())
+
+
+async def test_a_stalled_track_gives_silence_at_the_due_times() -> None:
+    """The caller stops sending (a muted track, DTX, a vanished peer): each 20 ms slot is
+    given as silence PLAYOUT_S after it was due, so the VAD hears the turn end."""
+    inbound = InboundAudio(ScriptTrack(tone_frames(440, 6), end=False))
+    before = time.monotonic()
+    real, silent_at = await until_silence(inbound)
+    stalled = [(silent_at, SILENCE), *await timed_reads(inbound, 9)]
+    first = real[0][0]
+    assert len(real) >= 4
+    for k, (at, frame) in enumerate(stalled, start=len(real)):
+        assert frame == SILENCE
+        assert at >= before + k * 0.02 + PLAYOUT_S - 0.002  # never early
+        assert at <= first + k * 0.02 + PLAYOUT_S + 0.1  # nor much late
+    assert inbound.silence_ms == 200 and not inbound.ended
+    assert inbound.packets_lost == 0 and inbound.concealed_ms == 0  # silence is not loss
+    assert pulling(inbound)
+    inbound.close()  # the call ended: the task pulling the track goes
+    await asyncio.sleep(0)
+    assert not pulling(inbound)
+
+
+async def test_an_ended_track_keeps_giving_silence_in_real_time() -> None:
+    """A file played to its end (aiortc's MediaPlayer): the track ends, the session still
+    hears time pass (never None), at real-time pace, until the call ends it."""
+    inbound = InboundAudio(ScriptTrack(tone_frames(440, 5), end=True))
+    reads = await timed_reads(inbound, 30)
+    assert all(frame != SILENCE for _, frame in reads[:5])
+    assert all(frame == SILENCE for _, frame in reads[5:])
+    assert inbound.ended and inbound.silence_ms == 500
+    elapsed = reads[-1][0] - reads[0][0]
+    assert 29 * 0.02 - 0.005 <= elapsed <= 29 * 0.02 + 0.15
+    assert not pulling(inbound)  # the track ended: nothing left pulling it
+    inbound.close()
+
+
+async def test_audio_resuming_after_silence_reanchors_the_timeline() -> None:
+    """The network held the audio back past PLAYOUT_S (silence was given): when it comes,
+    it plays from that moment, frame for frame, with no fill for the pause (its pts jumped
+    as a DTX caller's do) and no backlog; later slots are due from there."""
+    frames = tone_frames(440, 40)
+    gate = asyncio.Event()
+    script: list[Step] = [*frames[:12], gate, *frames[30:]]  # the pause: 18 frames of pts
+    inbound = InboundAudio(ScriptTrack(script, end=False))
+    real, _ = await until_silence(inbound)
+    silent = await timed_reads(inbound, 4)
+    assert all(frame == SILENCE for _, frame in silent)
+    gate.set()
+    opened = time.monotonic()
+    resumed, after = await until_silence(inbound)
+    heard = [
+        stereo_frame(m, m, (12 + j) * 960)
+        for j, m in enumerate(tone(440, 960, start=i * 960) for i in range(30, 40))
+    ]
+    reference = await read_all(InboundAudio(FramesTrack([*frames[:12], *heard])))
+    got = np.frombuffer(b"".join(frame for _, frame in real + resumed), dtype="<i2")
+    assert len(real) + len(resumed) >= 20
+    want = np.frombuffer(b"".join(reference[: len(real) + len(resumed)]), dtype="<i2")
+    assert np.abs(got.astype(np.int32) - want).max() <= 4  # the same audio: nothing filled
+    assert resumed[0][0] - opened < 0.1  # played at once, not at the old timeline's slot
+    assert inbound.packets_lost == 0 and inbound.concealed_ms == 0
+    assert inbound.reanchors == 1 and inbound.silence_ms == 120  # 5 before, 1 after
+    # the next slot is due after the resumed frames, from the resumption (the old
+    # timeline's slot is long past)
+    assert after >= opened + len(resumed) * 0.02 + PLAYOUT_S - 0.002
+    inbound.close()
+
+
+async def test_dtx_pauses_are_silence_short_holes_are_loss() -> None:
+    """A DTX caller paced in real time: a 400 ms pause (no packets, pts jump) is given as
+    silence once PLAYOUT_S passed, not counted as loss; a 40 ms hole (within PLAYOUT_S) is
+    a lost stretch: concealed and counted as before."""
+    frames = tone_frames(440, 60)
+    script: list[Step] = []
+    for i in [*range(10), *range(30, 40), *range(42, 60)]:  # pause 10..29; hole 40, 41
+        script += [i * 0.02, frames[i]]
+    inbound = InboundAudio(ScriptTrack(script, end=True))
+    started = time.monotonic()
+    out = await read_all(inbound)
+    took = time.monotonic() - started
+    silence = (0.4 - PLAYOUT_S) * 1000  # the pause's slots PLAYOUT_S past due
+    assert silence - 60 <= inbound.silence_ms <= silence + 100
+    assert inbound.packets_lost == 2 and inbound.concealed_ms == 40
+    assert inbound.reanchors == 1 and inbound.packets_received == 38
+    assert len(out) == 38 + 2 + inbound.silence_ms // 20
+    assert took < 60 * 0.02 + 0.3  # real time, no backlog built up
+    inbound.close()

@@ -65,8 +65,9 @@ async def call(
         await sender.close()
         await receiver.close()
     async with asyncio.timeout(2):
-        while await inbound.read() is not None:
-            pass
+        while not inbound.ended:
+            await inbound.read()
+    inbound.close()
     assert inbound.ended
     return frames, inbound, outbound, dropped
 

@@ -382,8 +382,9 @@ class WebRtcLink:
         """Nothing is held back: each frame is queued as it comes."""
 
     async def _read_audio(self, inbound: Inbound) -> None:
-        """The caller's audio into the inbox, numbered; its end is not the call's (a
-        caller may only listen), so it just stops."""
+        """The caller's audio into the inbox, numbered. InboundAudio's runs on a clock and
+        never ends (silence once the caller's track ended: the VAD hears the turn end); an
+        Inbound that does end (None) just stops: its end is not the call's."""
         try:
             while (pcm := await inbound.read()) is not None:
                 await self.inbox.frame(self._seq, pcm)

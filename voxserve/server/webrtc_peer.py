@@ -240,6 +240,8 @@ class Peer:
                         await asyncio.sleep(0.01)
         with contextlib.suppress(Exception):
             await self.pc.close()
+        if self.inbound is not None:
+            self.inbound.close()
         self.outbound.stop()
         self.gone.set()
 
