@@ -169,7 +169,8 @@ def test_serve_refuses_a_table_naming_no_voice(
 ) -> None:
     config = tmp_path / "voxserve.json"
     config.write_text(json.dumps({"tts": {"openai_voices": table}}))
-    proc = run_cli("serve", "--config", str(config), "--port", "0", timeout=60)
+    ports = ("--port", "0", "--grpc-port", "0", "--wyoming-port", "0")  # none shared
+    proc = run_cli("serve", "--config", str(config), *ports, timeout=60)
     assert proc.returncode == 2
     assert_one_error_line(proc, *needles)
     assert "http://" not in proc.stdout  # stopped before saying where to connect
