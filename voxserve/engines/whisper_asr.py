@@ -146,6 +146,9 @@ class WhisperAsr:
         )
         self._tokenizers: dict[str, Tokenizer] = {"transcribe": tok}
         if multilingual:
+            # Not reached yet: this engine loads tiny.en only. A multilingual model (issue 24)
+            # must put the source language's token here (given or detected per window), not
+            # `en`: Whisper reads `<|en|><|translate|>` as English speech to translate.
             translator = Tokenizer(
                 self.whisper_model.hf_tokenizer, True, task="translate", language="en"
             )
