@@ -106,45 +106,36 @@ def make_stream(
     )
 
 
-def _realtime_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> RealtimeStream:
+def _turn_stream_args(
+    spec: StepSpec, index: int, raw: Raw, end_at: float, mode: str
+) -> dict[str, Any]:
+    """What a Realtime session and a WebRTC call are both given: the stream's script (its
+    audio program's), its clock and drain, the key and the session's settings."""
     if spec.program is None:
-        raise ValueError("mode realtime needs an audio program")
+        raise ValueError(f"mode {mode} needs an audio program")
     (script,) = scripts(spec.program, [index])
-    return RealtimeStream(
-        realtime_url(spec.url, spec.model),
-        raw,
-        script=script,
-        end_at=end_at,
-        drain_s=spec.drain_s,
-        hangover_s=spec.hangover_s,
-        lateness=raw.lateness,
-        api_key=spec.api_key,
-        piece_ms=spec.piece_ms,
-        transcription_model=spec.transcription_model,
-        voice=spec.session.get("voice"),
-    )
+    return {
+        "script": script,
+        "end_at": end_at,
+        "drain_s": spec.drain_s,
+        "hangover_s": spec.hangover_s,
+        "lateness": raw.lateness,
+        "api_key": spec.api_key,
+        "transcription_model": spec.transcription_model,
+        "voice": spec.session.get("voice"),
+    }
+
+
+def _realtime_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> RealtimeStream:
+    args = _turn_stream_args(spec, index, raw, end_at, "realtime")
+    return RealtimeStream(realtime_url(spec.url, spec.model), raw, piece_ms=spec.piece_ms, **args)
 
 
 def _webrtc_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WebRtcStream:
     from voxserve.bench.webrtc_stream import WebRtcStream  # aiortc: only for calls
 
-    if spec.program is None:
-        raise ValueError("mode webrtc needs an audio program")
-    (script,) = scripts(spec.program, [index])
-    return WebRtcStream(
-        http_base(spec.url),
-        raw,
-        script=script,
-        end_at=end_at,
-        drain_s=spec.drain_s,
-        hangover_s=spec.hangover_s,
-        lateness=raw.lateness,
-        api_key=spec.api_key,
-        transcription_model=spec.transcription_model,
-        voice=spec.session.get("voice"),
-        loss=spec.loss,
-        seed=spec.seed + index,
-    )
+    args = _turn_stream_args(spec, index, raw, end_at, "webrtc")
+    return WebRtcStream(http_base(spec.url), raw, loss=spec.loss, seed=spec.seed + index, **args)
 
 
 async def _at(when: float, work: Coroutine[Any, Any, None]) -> None:
