@@ -65,3 +65,21 @@ def wait_ready(
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the server did not get ready"
         time.sleep(0.1)
+
+
+def tts_calls_after_disconnect(base_url: str, stage: Any, body: dict[str, Any]) -> tuple[int, int]:
+    """POST /v1/audio/speech, leave after its first bytes, wait until the TTS stage settles:
+    (the stage's calls when it settled, its calls half a second later)."""
+    with (
+        httpx.Client(base_url=base_url, timeout=60) as http,
+        http.stream("POST", "/v1/audio/speech", json=body) as response,
+    ):
+        assert response.status_code == 200
+        next(response.iter_raw())
+    deadline = time.monotonic() + 5
+    while (stage.running or stage.waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    settled = stage.calls
+    time.sleep(0.5)
+    return settled, stage.calls

@@ -8,17 +8,16 @@ from __future__ import annotations
 import base64
 import io
 import json
-import time
 from collections.abc import Callable
 from typing import Literal
 
 import av
-import httpx
 import numpy as np
 import openai
 import pytest
 
 from tests.conftest import LiveServer
+from tests.helpers import tts_calls_after_disconnect
 from tests.test_http_audio import word_error_rate
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.wav import write_wav
@@ -213,17 +212,6 @@ def test_disconnect_mid_mp3_stops_synthesis(live_server: LiveServer) -> None:
     stage = live_server.runtime.stages.stage("tts")
     before = stage.calls
     body = {"input": text, "voice": "joe", "response_format": "mp3"}
-    with (
-        httpx.Client(base_url=live_server.http_url, timeout=60) as http,
-        http.stream("POST", "/v1/audio/speech", json=body) as response,
-    ):
-        assert response.status_code == 200
-        next(response.iter_raw())
-    deadline = time.monotonic() + 5
-    while (stage.running or stage.waiting) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    settled = stage.calls
-    time.sleep(0.5)
-    assert stage.calls == settled
+    settled, later = tts_calls_after_disconnect(live_server.http_url, stage, body)
+    assert later == settled
     assert settled - before < 20
