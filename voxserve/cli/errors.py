@@ -31,10 +31,10 @@ def import_hint(exc: ImportError) -> str:
 def describe_error(exc: BaseException) -> str:
     """One line a user can act on, for any exception the commands let through."""
     from voxserve.config import ConfigError
-    from voxserve.engines.registry import EngineNotFound
+    from voxserve.engines.registry import EngineConfigError, EngineNotFound
     from voxserve.errors import VoxError
 
-    if isinstance(exc, CliError | ConfigError | EngineNotFound):
+    if isinstance(exc, CliError | ConfigError | EngineNotFound | EngineConfigError):
         text = str(exc)
     elif isinstance(exc, VoxError):
         text = f"{exc.code.value}: {exc.message}"
@@ -50,10 +50,10 @@ def describe_error(exc: BaseException) -> str:
 
 def exit_code_for(exc: BaseException) -> int:
     from voxserve.config import ConfigError
-    from voxserve.engines.registry import EngineNotFound
+    from voxserve.engines.registry import EngineConfigError, EngineNotFound
 
     if isinstance(exc, CliError):
         return exc.exit_code
-    if isinstance(exc, ConfigError | EngineNotFound):
+    if isinstance(exc, ConfigError | EngineNotFound | EngineConfigError):
         return EXIT_USAGE
     return EXIT_FAILURE

@@ -16,6 +16,17 @@ class EngineNotFound(LookupError):
     pass
 
 
+class EngineConfigError(ValueError):
+    """An engine's options cannot work: an unknown option, a bad value, a model that is not
+    installed. The message names the engine, the bad key and the valid choices; `serve` and
+    every command print it as one line and exit 2 (bad configuration), before listening."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(f"{kind} engine {name!r}: {message}")
+        self.kind = kind
+        self.name = name
+
+
 def _group(kind: str) -> dict[str, EntryPoint]:
     if kind not in ENGINE_KINDS:
         raise EngineNotFound(f"unknown engine kind {kind!r}; kinds are {', '.join(ENGINE_KINDS)}")
