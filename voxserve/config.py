@@ -158,9 +158,19 @@ class DegradeConfig(BaseModel):
     first_audio_budget_ms: int = Field(default=800, ge=1)
     sustained_s: float = Field(default=2.0, ge=0)
     min_slow: int = Field(default=3, ge=1)
-    # ...or at once when this many syntheses already wait for a TTS slot: the queue never
-    # grows past it (2 slots: the 8th in line waits for ~4 others' chunks first).
-    max_waiting: int = Field(default=8, ge=1)
+    # A backstop only: at once when this many syntheses already wait for a TTS slot, so the
+    # queue's memory stays bounded. Admission itself is by predicted lateness (below).
+    max_waiting: int = Field(default=64, ge=1)
+    # Admission by predicted lateness (pipeline/tts_lateness.py): a synthesis is refused
+    # (a live reply speaks the fallback phrase) only when its first audio, predicted from
+    # the measured service rate and the work ahead of it in EDF order, would come later
+    # than first_audio_budget_ms after it arrived. False: no prediction (counts only).
+    predict: bool = True
+    # The service rate before any synthesis was measured: engine ms per character (piper
+    # medium: ~1-3 ms on a 2-vCPU box). Then an EWMA per engine/voice, each finished
+    # synthesis weighing `rate_smoothing`.
+    ms_per_char: float = Field(default=2.0, gt=0)
+    rate_smoothing: float = Field(default=0.2, gt=0, le=1)
     # HTTP Retry-After, and how long degraded lasts after the last slow miss: then uncached
     # speech is tried again, and one more slow miss degrades at once (a circuit breaker).
     retry_after_s: int = Field(default=2, ge=1)
@@ -323,8 +333,8 @@ class FlowConfig(BaseModel):
     slot (smoothed), or when a call timed out or started past its deadline since the last
     tick. Under pressure each stream's input window (VAD batches of audio in flight;
     default 8) halves, down to 1; without, it grows back by one a tick. New sessions are
-    refused (`overloaded`, retry hint) once a spell of pressure on any stage has lasted
-    `shed_after_s`; a spell ends after `calm_s` without pressure.
+    refused (`overloaded`, retry hint) once a spell of pressure on any stage (TTS only with
+    `shed_tts`) has lasted `shed_after_s`; a spell ends after `calm_s` without pressure.
     """
 
     credit_window: int = Field(default=8, ge=1)
@@ -334,6 +344,10 @@ class FlowConfig(BaseModel):
     shed_after_s: float = Field(default=1.0, ge=0)
     calm_s: float = Field(default=2.0, ge=0)
     retry_after_s: int = Field(default=2, ge=1)
+    # Whether pressure on the TTS stage sheds new sessions and requests too. Off: TTS
+    # admission is per synthesis, by predicted lateness (tts.degrade.predict), so a burst
+    # the engine can serve in time is queued, not refused for the queue's length.
+    shed_tts: bool = False
 
 
 class QuotaLimits(BaseModel):
