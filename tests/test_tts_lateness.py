@@ -6,7 +6,6 @@ one about to run dry does not, and the service rate is measured."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,10 +57,10 @@ def test_a_reply_buffered_ahead_of_playback_yields_to_a_new_first_clause() -> No
     s = schedule(clock)
     speaking = s.open("fake/fake", " ".join([CLAUSE] * 10), bulk=False)
     s.call_cost(speaking)
-    s.call_done(speaking, 0.2, 5.0)  # its first clause made 5 s of audio: buffered far ahead
+    s.call_done(speaking, 0.2, 1.3)  # its first clause: 1.3 s of audio, past our deadline
     new = s.open("fake/fake", CLAUSE, bulk=False)
     assert s.predict(new, slots=1).wait_s == 0.0  # its tail is not due before our deadline
-    clock.now += 4.5  # its playback has 0.5 s left: its next clause is due first
+    clock.now += 0.8  # its playback has 0.5 s left: its next clause is due first
     newer = s.open("fake/fake", CLAUSE, bulk=False)
     s.close(new)
     assert s.predict(newer, slots=1).wait_s > 0.2

@@ -321,6 +321,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     add_soak_arguments(soak)
     add_memory_parsers(add, streams)
+    from voxserve.bench.tts_burst import add_tts_burst_parsers
+
+    add_tts_burst_parsers(add)
 
 
 TRANSPORTS = ("stream", "realtime", "webrtc")

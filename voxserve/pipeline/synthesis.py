@@ -309,6 +309,11 @@ def _store(cache: TtsCache, flight: Flight) -> None:
         cache.store(flight.key, flight.pcm())
 
 
+def rate_key(request: SpeechRequest) -> str:
+    """Whose service rate a synthesis measures and is predicted by: engine/voice."""
+    return f"{request.engine.info.name}/{request.voice.id}"
+
+
 def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticket:
     """A synthesis that needs the engine: its ticket, or TtsDegraded when its first audio
     is predicted late (bulk spread over the stage's bulk slots, a live reply over all) or
@@ -316,8 +321,7 @@ def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticke
     whole queue for bulk), or `overloaded` over the memory threshold."""
     stage = ctx.stages.stage("tts")
     health = ctx.speech.health
-    key = f"{request.engine.info.name}/{request.voice.id}"
-    ticket = health.schedule.open(key, request.text, bulk=bulk)
+    ticket = health.schedule.open(rate_key(request), request.text, bulk=bulk)
     prediction = health.admit(
         ticket,
         stage.waiting if bulk else stage.live_waiting,
@@ -387,7 +391,9 @@ async def _engine_chunks(
         engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
     )
     schedule = ctx.speech.health.schedule
-    pull = source.next_chunk if ticket is None else _timed_pull(source, ticket, schedule.clock)
+    key = rate_key(request)
+    timing = ticket or schedule.untracked()  # every call measures the service rate
+    pull = _timed_pull(source, timing, schedule.clock)
     complete = False
     try:
         while True:
@@ -405,9 +411,11 @@ async def _engine_chunks(
                 schedule.call_cost(ticket)
             chunk = await stage.run(pull, deadline=due, priority=priority)
             took = time.monotonic() - asked
-            if ticket is not None:
-                size = 0 if chunk is None else chunk.size
-                schedule.call_done(ticket, ticket.spent_s, size / engine.sample_rate)
+            audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
+            if ticket is None:
+                schedule.rates.observe_call(key, timing.spent_s, audio_s)
+            else:
+                schedule.call_done(ticket, ticket.spent_s, audio_s)
             if chunk is None:
                 complete = True
                 break
@@ -422,6 +430,8 @@ async def _engine_chunks(
     finally:
         if ticket is not None:
             (schedule.finished if complete else schedule.close)(ticket)
+        elif complete:
+            schedule.rates.observe_text(key, len(request.text), made_s)
         # Closing waits for a chunk still being made, so do it on the executor.
         ctx.speech.executor.submit(source.close)
 

@@ -3,9 +3,10 @@
 Every synthesis that needs the engine holds a `Ticket` from start to end. A ticket knows its
 text's length, whether its first clause is done, and, once it speaks, when its listener's
 playback runs dry (its first chunk's time + the audio made so far). The service rate is
-measured, not configured: per engine/voice an EWMA of engine seconds per character and of
-audio seconds per character, from every finished synthesis (`tts.degrade.ms_per_char` is
-only the prior before the first).
+measured, not configured: per engine/voice an EWMA of engine seconds per audio second, from
+every engine call (so it follows the machine's load within a burst), and of audio seconds
+per character, from every finished synthesis; their product is engine seconds per
+character (`tts.degrade.ms_per_char` is only the prior before the first call).
 
 A new request is due its first audio `tts.degrade.first_audio_budget_ms` after it arrives.
 Its start is predicted from the work ahead of it in the TTS stage's earliest-deadline-first
@@ -41,21 +42,30 @@ def first_clause_chars(text: str) -> int:
     return max(1, min(len(first), len(text), FIRST_CLAUSE_MAX_CHARS))
 
 
+DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
+
+
 @dataclass
 class Rate:
-    """One engine/voice's measured cost: engine seconds and audio seconds per character."""
+    """One engine/voice's measured cost: engine seconds per audio second (per engine call:
+    it adapts within a burst) and audio seconds per character (per finished synthesis)."""
 
-    compute_s_per_char: float
+    compute_per_audio_s: float
     audio_s_per_char: float
-    samples: int = 0
+    calls: int = 0
+    texts: int = 0
+
+    @property
+    def compute_s_per_char(self) -> float:
+        return self.compute_per_audio_s * self.audio_s_per_char
 
 
 class ServiceRates:
-    """EWMAs per engine/voice key; unmeasured keys borrow the mean of the measured ones,
-    else the prior."""
+    """EWMAs per engine/voice key; an unmeasured key borrows the mean of the measured ones,
+    else the prior (`prior_s_per_char`)."""
 
     def __init__(self, prior_s_per_char: float, smoothing: float) -> None:
-        self.prior = prior_s_per_char
+        self.prior = Rate(prior_s_per_char / DEFAULT_AUDIO_S_PER_CHAR, DEFAULT_AUDIO_S_PER_CHAR)
         self.smoothing = smoothing
         self.rates: dict[str, Rate] = {}
 
@@ -66,25 +76,36 @@ class ServiceRates:
         if self.rates:
             known = list(self.rates.values())
             return Rate(
-                sum(r.compute_s_per_char for r in known) / len(known),
+                sum(r.compute_per_audio_s for r in known) / len(known),
                 sum(r.audio_s_per_char for r in known) / len(known),
             )
-        return Rate(self.prior, 0.06)  # ~15 characters a second of speech
+        return self.prior
 
-    def observe(self, key: str, chars: int, compute_s: float, audio_s: float) -> None:
-        """A finished synthesis of `chars` characters: `compute_s` in engine calls made
-        `audio_s` of audio. The first sets the rate; later ones move it by `smoothing`."""
-        if chars <= 0 or compute_s <= 0:
-            return
-        spc, apc = compute_s / chars, audio_s / chars
+    def _rate(self, key: str) -> Rate:
         rate = self.rates.get(key)
         if rate is None:
-            self.rates[key] = Rate(spc, apc, 1)
+            prior = self.of(key)
+            rate = self.rates[key] = Rate(prior.compute_per_audio_s, prior.audio_s_per_char)
+        return rate
+
+    def observe_call(self, key: str, compute_s: float, audio_s: float) -> None:
+        """One engine call took `compute_s` and made `audio_s` of audio. The first call of a
+        key sets its rate; later ones move it by `smoothing`."""
+        if compute_s <= 0 or audio_s <= 0:
             return
-        w = self.smoothing
-        rate.compute_s_per_char += (spc - rate.compute_s_per_char) * w
-        rate.audio_s_per_char += (apc - rate.audio_s_per_char) * w
-        rate.samples += 1
+        rate = self._rate(key)
+        weight = self.smoothing if rate.calls else 1.0
+        rate.compute_per_audio_s += (compute_s / audio_s - rate.compute_per_audio_s) * weight
+        rate.calls += 1
+
+    def observe_text(self, key: str, chars: int, audio_s: float) -> None:
+        """A finished synthesis of `chars` characters made `audio_s` of audio."""
+        if chars <= 0 or audio_s <= 0:
+            return
+        rate = self._rate(key)
+        weight = self.smoothing if rate.texts else 1.0
+        rate.audio_s_per_char += (audio_s / chars - rate.audio_s_per_char) * weight
+        rate.texts += 1
 
 
 @dataclass(eq=False)
@@ -149,6 +170,11 @@ class TtsSchedule:
     def ms_per_char(self) -> dict[str, float]:
         return {key: r.compute_s_per_char * 1000 for key, r in self.rates.rates.items()}
 
+    def untracked(self) -> Ticket:
+        """A ticket nobody waits on (prewarm, the fallback phrase): only its calls' times
+        are read, to measure the service rate; it is never ahead of anyone."""
+        return Ticket("", 0, 0, True, self.clock(), closed=True)
+
     def open(self, key: str, text: str, *, bulk: bool) -> Ticket:
         ticket = Ticket(key, len(text), first_clause_chars(text), bulk, self.clock())
         self.tickets.add(ticket)
@@ -162,8 +188,8 @@ class TtsSchedule:
         self.tickets.discard(ticket)
 
     def finished(self, ticket: Ticket) -> None:
-        """The engine said all of the text: measure the rate from it."""
-        self.rates.observe(ticket.key, ticket.chars, ticket.compute_s, ticket.audio_s)
+        """The engine said all of the text: its audio per character feeds the rate."""
+        self.rates.observe_text(ticket.key, ticket.chars, ticket.audio_s)
         self.close(ticket)
 
     def call_cost(self, ticket: Ticket) -> None:
@@ -174,8 +200,10 @@ class TtsSchedule:
         ticket.call_cost_s = chars * rate.compute_s_per_char
 
     def call_done(self, ticket: Ticket, compute_s: float, audio_s: float) -> None:
-        """An engine call of `compute_s` made `audio_s` of audio (0: the end)."""
+        """An engine call of `compute_s` made `audio_s` of audio (0: the end); it feeds the
+        rate."""
         now = self.clock()
+        self.rates.observe_call(ticket.key, compute_s, audio_s)
         ticket.call_started = None
         ticket.compute_s += compute_s
         if audio_s > 0:
