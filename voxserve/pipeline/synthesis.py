@@ -48,7 +48,7 @@ from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.tts_health import TtsHealth
-from voxserve.pipeline.tts_lateness import Ticket
+from voxserve.pipeline.tts_lateness import Ticket, first_clause_chars
 from voxserve.speakable import clean_text, is_speakable
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -414,6 +414,10 @@ async def _engine_chunks(
             audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
             if ticket is None:
                 schedule.rates.observe_call(key, timing.spent_s, audio_s)
+                if made_s == 0.0 and audio_s > 0:
+                    schedule.rates.observe_first(
+                        key, timing.spent_s, first_clause_chars(request.text)
+                    )
             else:
                 schedule.call_done(ticket, ticket.spent_s, audio_s)
             if chunk is None:

@@ -48,12 +48,16 @@ DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until mea
 @dataclass
 class Rate:
     """One engine/voice's measured cost: engine seconds per audio second (per engine call:
-    it adapts within a burst) and audio seconds per character (per finished synthesis)."""
+    it adapts within a burst), audio seconds per character (per finished synthesis), and
+    what a first call costs per character of the first clause (engines differ in how much
+    text their first call takes: a clause for piper, a word for some)."""
 
     compute_per_audio_s: float
     audio_s_per_char: float
+    first_s_per_char: float  # a first call's engine seconds per first-clause character
     calls: int = 0
     texts: int = 0
+    firsts: int = 0
 
     @property
     def compute_s_per_char(self) -> float:
@@ -65,7 +69,9 @@ class ServiceRates:
     else the prior (`prior_s_per_char`)."""
 
     def __init__(self, prior_s_per_char: float, smoothing: float) -> None:
-        self.prior = Rate(prior_s_per_char / DEFAULT_AUDIO_S_PER_CHAR, DEFAULT_AUDIO_S_PER_CHAR)
+        self.prior = Rate(
+            prior_s_per_char / DEFAULT_AUDIO_S_PER_CHAR, DEFAULT_AUDIO_S_PER_CHAR, prior_s_per_char
+        )
         self.smoothing = smoothing
         self.rates: dict[str, Rate] = {}
 
@@ -78,6 +84,7 @@ class ServiceRates:
             return Rate(
                 sum(r.compute_per_audio_s for r in known) / len(known),
                 sum(r.audio_s_per_char for r in known) / len(known),
+                sum(r.first_s_per_char for r in known) / len(known),
             )
         return self.prior
 
@@ -85,7 +92,9 @@ class ServiceRates:
         rate = self.rates.get(key)
         if rate is None:
             prior = self.of(key)
-            rate = self.rates[key] = Rate(prior.compute_per_audio_s, prior.audio_s_per_char)
+            rate = self.rates[key] = Rate(
+                prior.compute_per_audio_s, prior.audio_s_per_char, prior.first_s_per_char
+            )
         return rate
 
     def observe_call(self, key: str, compute_s: float, audio_s: float) -> None:
@@ -97,6 +106,16 @@ class ServiceRates:
         weight = self.smoothing if rate.calls else 1.0
         rate.compute_per_audio_s += (compute_s / audio_s - rate.compute_per_audio_s) * weight
         rate.calls += 1
+
+    def observe_first(self, key: str, compute_s: float, first_chars: int) -> None:
+        """A synthesis's first engine call took `compute_s` for a first clause of
+        `first_chars` characters."""
+        if compute_s <= 0 or first_chars <= 0:
+            return
+        rate = self._rate(key)
+        weight = self.smoothing if rate.firsts else 1.0
+        rate.first_s_per_char += (compute_s / first_chars - rate.first_s_per_char) * weight
+        rate.firsts += 1
 
     def observe_text(self, key: str, chars: int, audio_s: float) -> None:
         """A finished synthesis of `chars` characters made `audio_s` of audio."""
@@ -196,14 +215,18 @@ class TtsSchedule:
         """Before the ticket's next engine call: what it will cost (the worker then sets
         `call_started` when it begins: from then on only its rest is ahead of others)."""
         rate = self.rates.of(ticket.key)
-        chars = ticket.first_chars if not ticket.first_done else self._clause_chars(ticket)
-        ticket.call_cost_s = chars * rate.compute_s_per_char
+        if ticket.first_done:
+            ticket.call_cost_s = self._clause_chars(ticket) * rate.compute_s_per_char
+        else:
+            ticket.call_cost_s = ticket.first_chars * rate.first_s_per_char
 
     def call_done(self, ticket: Ticket, compute_s: float, audio_s: float) -> None:
         """An engine call of `compute_s` made `audio_s` of audio (0: the end); it feeds the
         rate."""
         now = self.clock()
         self.rates.observe_call(ticket.key, compute_s, audio_s)
+        if not ticket.first_done:
+            self.rates.observe_first(ticket.key, compute_s, ticket.first_chars)
         ticket.call_started = None
         ticket.compute_s += compute_s
         if audio_s > 0:
@@ -227,7 +250,7 @@ class TtsSchedule:
         rate = self.rates.of(ticket.key)
         wait = ahead / max(1, slots)
         self.last_wait_s = wait
-        own = ticket.first_chars * rate.compute_s_per_char
+        own = ticket.first_chars * rate.first_s_per_char
         return Prediction(wait, (now - ticket.arrived) + wait + own, self.budget_s)
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
@@ -239,7 +262,7 @@ class TtsSchedule:
         rate = self.rates.of(other.key)
         if not other.first_done:
             if other.call_started is None and other.arrived <= arrived:
-                work += other.first_chars * rate.compute_s_per_char
+                work += other.first_chars * rate.first_s_per_char
             return work
         left = other.chars - other.chars_done
         if left <= 0 or rate.audio_s_per_char <= 0:
