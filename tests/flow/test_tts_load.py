@@ -21,12 +21,14 @@ from voxserve.bench.tts_burst import (
     http_open_loop,
     summary,
     wyoming_burst,
-    wyoming_request,
 )
 from voxserve.config import StageConfig, load_settings
 
-BUDGET_S = 6.0
+BUDGET_S = 3.0  # the least budget; the fixture raises it to fit this machine's capacity
 REFUSAL_S = 0.05  # refusals are answered before any synthesis
+# The prediction is made once, at admission, server side: the client's own time and a
+# shared machine slowing down afterwards come on top.
+SLACK_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +49,16 @@ def server() -> Iterator[LiveServer]:
         }
     )
     live = start_server(settings, wyoming_port=free_port())
+    # The budget follows this machine's capacity (CI boxes differ, and are shared): a
+    # closed-loop second on the real engine, then room for a burst of 16 whole requests.
+    rps, _ = asyncio.run(http_capacity(live.http_url, 2, 2.0))
+    live.runtime.tts_health.schedule.budget_s = max(BUDGET_S, 16 / rps)
     yield live
     stop_server(live)
+
+
+def budget(server: LiveServer) -> float:
+    return server.runtime.tts_health.schedule.budget_s
 
 
 @pytest.mark.parametrize("n", [8, 16])
@@ -58,7 +68,7 @@ async def test_a_wyoming_burst_that_fits_is_served_within_budget(
     results, wall = await wyoming_burst("127.0.0.1", server.settings.wyoming_port, n, 1)
     row = summary(results, wall)
     assert row["refused"] == 0, row
-    assert row["first_audio_p99_s"] <= BUDGET_S, row
+    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
 
 
 @pytest.mark.parametrize("n", [8, 16])
@@ -66,22 +76,23 @@ async def test_an_http_burst_that_fits_is_served_within_budget(server: LiveServe
     results = await http_burst(server.http_url, n)
     row = summary(results, max(r.total_s for r in results))
     assert row["refused"] == 0, row
-    assert row["first_audio_p99_s"] <= BUDGET_S, row
+    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
 
 
 async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_at_once(
     server: LiveServer,
 ) -> None:
     rps, audio_rate = await http_capacity(server.http_url, 4, 3.0)
-    results, wall = await http_open_loop(server.http_url, 4 * rps, 4.0, offset=3)
+    seconds = max(4.0, budget(server))  # long enough to overflow the budget
+    results, wall = await http_open_loop(server.http_url, 4 * rps, seconds, offset=3)
     row = summary(results, wall)
     refused = [r for r in results if not r.ok]
-    assert refused, row  # 4x capacity for 4 s does not fit a 6 s budget
+    assert refused, row  # 4x capacity: more than the budget's worth of work
     assert {r.code for r in refused} == {"tts_degraded"}, row
     assert all(r.retry_after and int(r.retry_after) >= 1 for r in refused), row
     quick = sorted(r.total_s for r in refused)
     assert quick[len(quick) // 2] < REFUSAL_S, quick  # typical refusal: no synthesis first
-    assert row["first_audio_p99_s"] <= BUDGET_S, row
+    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
 
@@ -89,34 +100,27 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
 async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_usable(
     server: LiveServer,
 ) -> None:
-    """Overload the stage from HTTP, then on one Wyoming connection: `error`, then served."""
+    """While every new synthesis is predicted late (a budget of 1 ms, set on the running
+    server), a Wyoming `synthesize` gets `error` (tts_degraded) at once; on the same
+    connection, with the budget back, the next one is served."""
     from wyoming.audio import AudioStop
     from wyoming.client import AsyncTcpClient
     from wyoming.error import Error
     from wyoming.tts import Synthesize
 
-    rps, _ = await http_capacity(server.http_url, 2, 1.0)
-    flood = asyncio.create_task(http_open_loop(server.http_url, 8 * rps, 2.0))
-    port = server.settings.wyoming_port
-    async with AsyncTcpClient("127.0.0.1", port) as client:
-        error = None
-        for _ in range(40):
-            await asyncio.sleep(0.1)
+    schedule = server.runtime.tts_health.schedule
+    async with AsyncTcpClient("127.0.0.1", server.settings.wyoming_port) as client:
+        before, schedule.budget_s = schedule.budget_s, 0.001
+        try:
             await client.write_event(Synthesize(text="Are you there? Say something.").event())
-            while True:
-                event = await client.read_event()
-                assert event is not None
-                if Error.is_type(event.type) or AudioStop.is_type(event.type):
-                    break
-            if Error.is_type(event.type):
-                error = Error.from_event(event)
-                break
-        assert error is not None and error.code == "tts_degraded", error
-        await flood
+            event = await client.read_event()
+        finally:
+            schedule.budget_s = before
+        assert event is not None and Error.is_type(event.type), event
+        assert Error.from_event(event).code == "tts_degraded"
         await client.write_event(Synthesize(text="Now there is room again.").event())
         while True:
             event = await client.read_event()
             assert event is not None and not Error.is_type(event.type), event
             if AudioStop.is_type(event.type):
                 break
-    assert (await wyoming_request("127.0.0.1", port, "Still here.", None)).ok

@@ -74,6 +74,7 @@ class ServiceRates:
         )
         self.smoothing = smoothing
         self.rates: dict[str, Rate] = {}
+        self._warm: set[str] = set()  # keys whose first (set-up) call was seen
 
     def of(self, key: str) -> Rate:
         rate = self.rates.get(key)
@@ -98,19 +99,29 @@ class ServiceRates:
         return rate
 
     def observe_call(self, key: str, compute_s: float, audio_s: float) -> None:
-        """One engine call took `compute_s` and made `audio_s` of audio. The first call of a
-        key sets its rate; later ones move it by `smoothing`."""
+        """One engine call took `compute_s` and made `audio_s` of audio. A key's first call
+        is not counted (an engine's first inference pays one-time set-up); the next sets the
+        rate, and later ones move it by `smoothing`."""
         if compute_s <= 0 or audio_s <= 0:
+            return
+        if key not in self._warm:
+            self._warm.add(key)
             return
         rate = self._rate(key)
         weight = self.smoothing if rate.calls else 1.0
         rate.compute_per_audio_s += (compute_s / audio_s - rate.compute_per_audio_s) * weight
         rate.calls += 1
 
+    def _first_call(self, key: str) -> bool:
+        """Whether the call just seen was the key's set-up call (observe_call, which runs
+        first, counted none yet)."""
+        rate = self.rates.get(key)
+        return rate is None or rate.calls == 0
+
     def observe_first(self, key: str, compute_s: float, first_chars: int) -> None:
         """A synthesis's first engine call took `compute_s` for a first clause of
         `first_chars` characters."""
-        if compute_s <= 0 or first_chars <= 0:
+        if compute_s <= 0 or first_chars <= 0 or self._first_call(key):
             return
         rate = self._rate(key)
         weight = self.smoothing if rate.firsts else 1.0
@@ -159,7 +170,10 @@ class Prediction:
 
     @property
     def fits(self) -> bool:
-        return self.first_audio_s <= self.budget_s
+        """Within budget, or nothing ahead of it: refusing a request that would start at
+        once spares nobody (an engine slower than the budget is the budget's problem), and
+        admitted requests are what keeps the measured rate fresh."""
+        return self.first_audio_s <= self.budget_s or self.wait_s <= 0.0
 
     def retry_after_s(self) -> int:
         """Whole seconds until the work ahead has drained enough for this to fit."""
