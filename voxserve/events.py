@@ -368,7 +368,7 @@ class TtsFallback(Event, frozen=True, tag="tts.fallback"):
     """TTS is degraded: the reply speaks the fallback phrase `text` instead."""
 
     reply: int
-    reason: str  # slow | queue
+    reason: str  # late | slow | queue (pipeline/tts_health.py)
     text: str
 
 

@@ -10,8 +10,10 @@ properties (none refused, within the budget, refusals immediate), not exact time
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
@@ -95,6 +97,13 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
+    # The rule and its inputs are metrics.
+    async with httpx.AsyncClient() as client:
+        metrics = (await client.get(f"{server.http_url}/metrics")).text
+    late = re.search(r'^voxserve_tts_refusals_total\{reason="late"\} (\S+)', metrics, re.M)
+    assert late is not None and float(late.group(1)) >= len(refused)
+    assert re.search(r"^voxserve_tts_predicted_wait_seconds_count [1-9]", metrics, re.M)
+    assert re.search(r'^voxserve_tts_service_ms_per_char\{voice="piper/joe"\} ', metrics, re.M)
 
 
 async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_usable(
