@@ -51,10 +51,11 @@ def server() -> Iterator[LiveServer]:
         }
     )
     live = start_server(settings, wyoming_port=free_port())
-    # The budget follows this machine's capacity (CI boxes differ, and are shared): a
-    # closed-loop second on the real engine, then room for a burst of 16 whole requests.
+    # The budget follows this machine's capacity (CI boxes differ, and are shared): two
+    # closed-loop seconds on the real engine, then room for a burst of 16 whole requests
+    # and then some (the first calls of a burst run slower than a lone one).
     rps, _ = asyncio.run(http_capacity(live.http_url, 2, 2.0))
-    live.runtime.tts_health.schedule.budget_s = max(BUDGET_S, 16 / rps)
+    live.runtime.tts_health.schedule.budget_s = max(BUDGET_S, 24 / rps)
     yield live
     stop_server(live)
 
@@ -85,8 +86,14 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     server: LiveServer,
 ) -> None:
     rps, audio_rate = await http_capacity(server.http_url, 4, 3.0)
-    seconds = max(4.0, budget(server))  # long enough to overflow the budget
-    results, wall = await http_open_loop(server.http_url, 4 * rps, seconds, offset=3)
+    # A budget of ~4 requests' service: admitted work (first clauses and their tails) stays
+    # well inside the stage timeout; 4x for 4 s overflows it.
+    schedule = server.runtime.tts_health.schedule
+    before, schedule.budget_s = schedule.budget_s, max(1.0, 4 / rps)
+    try:
+        results, wall = await http_open_loop(server.http_url, 4 * rps, 4.0, offset=3)
+    finally:
+        schedule.budget_s, overload_budget = before, schedule.budget_s
     row = summary(results, wall)
     refused = [r for r in results if not r.ok]
     assert refused, row  # 4x capacity: more than the budget's worth of work
@@ -94,7 +101,7 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     assert all(r.retry_after and int(r.retry_after) >= 1 for r in refused), row
     quick = sorted(r.total_s for r in refused)
     assert quick[len(quick) // 2] < REFUSAL_S, quick  # typical refusal: no synthesis first
-    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
+    assert row["first_audio_p99_s"] <= overload_budget + SLACK_S, row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
     # The rule and its inputs are metrics.
@@ -109,8 +116,8 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
 async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_usable(
     server: LiveServer,
 ) -> None:
-    """While every new synthesis is predicted late (a budget of 1 ms, set on the running
-    server), a Wyoming `synthesize` gets `error` (tts_degraded) at once; on the same
+    """With syntheses in progress and a budget of 1 ms (set on the running server), a new
+    Wyoming `synthesize` is predicted late: `error` (tts_degraded) at once; on the same
     connection, with the budget back, the next one is served."""
     from wyoming.audio import AudioStop
     from wyoming.client import AsyncTcpClient
@@ -118,6 +125,9 @@ async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_
     from wyoming.tts import Synthesize
 
     schedule = server.runtime.tts_health.schedule
+    busy = asyncio.create_task(http_burst(server.http_url, 4))
+    while not schedule.active:
+        await asyncio.sleep(0.005)
     async with AsyncTcpClient("127.0.0.1", server.settings.wyoming_port) as client:
         before, schedule.budget_s = schedule.budget_s, 0.001
         try:
@@ -127,6 +137,7 @@ async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_
             schedule.budget_s = before
         assert event is not None and Error.is_type(event.type), event
         assert Error.from_event(event).code == "tts_degraded"
+        await busy
         await client.write_event(Synthesize(text="Now there is room again.").event())
         while True:
             event = await client.read_event()
