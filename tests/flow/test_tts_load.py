@@ -54,8 +54,11 @@ def server() -> Iterator[LiveServer]:
     # The budget follows this machine's capacity (CI boxes differ, and are shared): two
     # closed-loop seconds on the real engine, then room for a burst of 16 whole requests
     # and then some (the first calls of a burst run slower than a lone one).
+    # At most half the stage timeout (15 s a chunk, its wait for a slot included): the
+    # tails of a burst admitted at the budget's edge still finish; a machine too slow for
+    # 16 requests in that is too slow for this test.
     rps, _ = asyncio.run(http_capacity(live.http_url, 2, 2.0))
-    live.runtime.tts_health.schedule.budget_s = max(BUDGET_S, 24 / rps)
+    live.runtime.tts_health.schedule.budget_s = min(max(BUDGET_S, 24 / rps), 7.5)
     yield live
     stop_server(live)
 
@@ -86,10 +89,10 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     server: LiveServer,
 ) -> None:
     rps, audio_rate = await http_capacity(server.http_url, 4, 3.0)
-    # A budget of ~4 requests' service: admitted work (first clauses and their tails) stays
-    # well inside the stage timeout; 4x for 4 s overflows it.
+    # A budget of ~2 requests' service: admitted work (first clauses and their tails) stays
+    # well inside the stage timeout; 4x for 4 s overflows it many times.
     schedule = server.runtime.tts_health.schedule
-    before, schedule.budget_s = schedule.budget_s, max(1.0, 4 / rps)
+    before, schedule.budget_s = schedule.budget_s, max(1.0, 2 / rps)
     try:
         results, wall = await http_open_loop(server.http_url, 4 * rps, 4.0, offset=3)
     finally:
@@ -100,7 +103,7 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     assert {r.code for r in refused} == {"tts_degraded"}, row
     assert all(r.retry_after and int(r.retry_after) >= 1 for r in refused), row
     quick = sorted(r.total_s for r in refused)
-    assert quick[len(quick) // 2] < REFUSAL_S, quick  # typical refusal: no synthesis first
+    assert quick[len(quick) // 2] < REFUSAL_S, (quick, row)  # refused before any synthesis
     assert row["first_audio_p99_s"] <= overload_budget + SLACK_S, row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
