@@ -10,7 +10,8 @@
 #
 # Env: PY (voxserve's python, default .venv/bin/python), PEER (the wyoming-piper
 # executable, default /work/wt/peers/.venv/bin/wyoming-piper), CONC (1,8,16,64), ROUNDS (5),
-# OUT (bench-results/tts-burst), VOXSERVE_* settings for the voxserve runs.
+# OUT (bench-results/tts-burst), LABEL (the voxserve row's name), VOXSERVE_* settings for
+# the voxserve runs (e.g. VOXSERVE_TTS__DEGRADE__FIRST_AUDIO_BUDGET_MS=20000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -68,7 +69,7 @@ run_peer() {
 run_voxserve() {  # cache on|off
     rm -rf "$OUT/cache"
     voxserve "$1"
-    burst "voxserve-cache-$1"
+    burst "${LABEL:-voxserve-cache-$1}"
     stop
 }
 
