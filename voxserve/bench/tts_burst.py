@@ -20,11 +20,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from voxserve.bench.stats import percentile
+
+if TYPE_CHECKING:  # imported where used: `voxserve bench --help` builds this module's parsers
+    import httpx
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog. Then it runs into the forest.",
@@ -127,6 +128,8 @@ async def http_request(
 async def http_burst(
     base_url: str, concurrency: int, voice: str | None = None, offset: int = 0
 ) -> list[Result]:
+    import httpx
+
     limits = httpx.Limits(max_connections=concurrency + 8)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
         texts = [TEXTS[(offset + i) % len(TEXTS)] for i in range(concurrency)]
@@ -140,6 +143,8 @@ async def http_capacity(
 ) -> tuple[float, float]:
     """Closed loop, `concurrency` clients back to back for `seconds`: (requests per second,
     audio seconds per second) served, refusals excluded (there should be none)."""
+    import httpx
+
     done: list[Result] = []
     limits = httpx.Limits(max_connections=concurrency + 8)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
@@ -164,6 +169,8 @@ async def http_open_loop(
 ) -> tuple[list[Result], float]:
     """Requests at `rate` per second for `seconds` (evenly spaced, whether or not earlier
     ones finished); the results and the wall time until the last answer."""
+    import httpx
+
     async with httpx.AsyncClient(timeout=120.0, limits=httpx.Limits(max_connections=None)) as c:
         started = time.monotonic()
         tasks = []
