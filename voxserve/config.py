@@ -409,6 +409,23 @@ class ClusterConfig(BaseModel):
     credits: ClusterCredits = ClusterCredits()
 
 
+class WakeConfig(BaseModel):
+    """Wake words (microWakeWord models of the `pymicro-wakeword` package): the Wyoming wake
+    service and /v1/stream's `wake_word` (docs/protocol.md)."""
+
+    enabled: bool = True  # load the models at start (needs the `wyoming` extra)
+    # Model names as pymicro-wakeword's; an unknown one stops the server at start.
+    models: list[str] = Field(
+        default_factory=lambda: ["okay_nabu", "hey_jarvis", "hey_mycroft", "alexa"]
+    )
+    # Audio after a detection in which the same word is not reported again (one utterance
+    # fires once; wyoming-microwakeword's --refractory-seconds default).
+    refractory_s: float = Field(default=2.0, ge=0)
+    # Per model, overriding the model's own JSON (okay_nabu: 0.85 and 5 probabilities).
+    probability_cutoff: dict[str, float] = Field(default_factory=dict)
+    sliding_window_size: dict[str, int] = Field(default_factory=dict)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="VOXSERVE_", env_nested_delimiter="__", extra="forbid"
@@ -430,6 +447,7 @@ class Settings(BaseSettings):
     gc: GcConfig = GcConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    wake: WakeConfig = WakeConfig()
     # Server processes sharing the port (`serve --workers N`); engines that start no
     # threads are loaded once before fork and shared copy-on-write (server/workers.py).
     workers: int = Field(default=1, ge=1, le=64)

@@ -15,6 +15,7 @@ from typing import Any
 
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
+from voxserve.engines.micro_wakeword import WakeEngine, load_wake
 from voxserve.engines.registry import ENGINE_KINDS, engine_class
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import Voice
@@ -32,6 +33,7 @@ class Engines:
     responder: Responder
     default_voice: str
     load_seconds: dict[str, float] = field(default_factory=dict)
+    wake: WakeEngine | None = None  # wake.enabled (engines/micro_wakeword.py)
     _voices: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
     _aliases: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
 
@@ -70,6 +72,8 @@ class Engines:
     def close(self) -> None:
         for engine in (self.vad, self.asr, *self.tts, self.responder):
             close_engine(engine)
+        if self.wake is not None:
+            close_engine(self.wake)
 
 
 def build_engine(
@@ -131,6 +135,7 @@ def load_engines(
     asr = one("asr", "asr", cfg.asr)
     tts = [one("tts", f"tts.{spec.name}", spec) for spec in cfg.tts]
     responder = one("responder", "responder", cfg.responder)
+    wake = current.wake if current is not None else load_wake(settings.wake, seconds)
     for name, took in seconds.items():
         log.info("engine loaded", extra={"engine": name, "seconds": round(took, 3)})
-    return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds)
+    return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds, wake=wake)
