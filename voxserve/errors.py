@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODE = "unknown_mode"
     UNKNOWN_VOICE = "unknown_voice"
     UNKNOWN_LANGUAGE = "unknown_language"
+    UNKNOWN_WAKE_WORD = "unknown_wake_word"  # not an enabled wake model; lists the valid ones
     UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
     UNSUPPORTED_ENCODING = "unsupported_encoding"
     ODD_LENGTH_PCM = "odd_length_pcm"

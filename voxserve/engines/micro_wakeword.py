@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ import numpy as np
 from voxserve.config import WakeConfig
 from voxserve.engines._versions import dist_version
 from voxserve.engines.registry import EngineConfigError
+from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import EngineInfo
 
 SAMPLE_RATE = 16_000
@@ -174,9 +176,16 @@ class MicroWakeStream:
         self._pending = b""
         refractory = int(refractory_s * SAMPLE_RATE)
         self._words = [_Interpreter(model, refractory) for model in models]
+        # `close` may come from the event loop while a call runs in a thread (a connection
+        # cancelled mid-chunk): it waits for the call, never frees an interpreter under it.
+        self._lock = threading.Lock()
         self.position = 0  # samples through the frontend
 
     def process(self, pcm: bytes) -> list[Detection]:
+        with self._lock:
+            return self._process(pcm)
+
+    def _process(self, pcm: bytes) -> list[Detection]:
         data = self._pending + pcm if self._pending else pcm
         heard: list[Detection] = []
         at, end = 0, len(data) - FRONTEND_BYTES
@@ -195,9 +204,10 @@ class MicroWakeStream:
         return heard
 
     def close(self) -> None:
-        for word in self._words:
-            word.close()
-        self._words = []
+        with self._lock:
+            for word in self._words:
+                word.close()
+            self._words = []
 
 
 class MicroWakeWordEngine:
@@ -301,3 +311,20 @@ def load_wake(config: WakeConfig, seconds: dict[str, float]) -> MicroWakeWordEng
     )
     seconds["wake"] = time.perf_counter() - started
     return engine
+
+
+def wake_names(engine: WakeEngine | None, names: Iterable[str]) -> tuple[str, ...]:
+    """The models a request asks for (none named: every enabled one), or
+    `unknown_wake_word` naming the bad one and the valid ones."""
+    if engine is None:
+        raise VoxError(
+            ErrorCode.UNKNOWN_WAKE_WORD, "wake words are not enabled on this server (wake.enabled)"
+        )
+    wanted = tuple(dict.fromkeys(names))
+    for name in wanted:
+        if name not in engine.names:
+            raise VoxError(
+                ErrorCode.UNKNOWN_WAKE_WORD,
+                f"unknown wake word {quoted(name)}; valid: {', '.join(engine.names)}",
+            )
+    return wanted or engine.names

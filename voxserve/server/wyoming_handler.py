@@ -50,6 +50,7 @@ from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
 from voxserve.server.wyoming_recording import PCM_WIDTH, Recording
 from voxserve.server.wyoming_tts import WyomingSpeech
+from voxserve.server.wyoming_wake import WyomingWake
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class WyomingHandler(AsyncEventHandler):
         self._recording: Recording | None = None
         self._asr: SessionSlot | None = None
         self._speech = WyomingSpeech(runtime, self.write_event)
+        self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming_wake.py)
         self._audio_open = False  # an audio-start was sent and its audio-stop not yet
         bind_session(self.trace_id)
 
@@ -114,7 +116,7 @@ class WyomingHandler(AsyncEventHandler):
         )
 
     async def handle_event(self, event: Event) -> bool:
-        handler = self._handlers().get(event.type)
+        handler = self._wake.route(event.type) or self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
         try:
@@ -139,6 +141,7 @@ class WyomingHandler(AsyncEventHandler):
             "synthesize-start": self._speech.synthesize_start,
             "synthesize-chunk": self._speech.synthesize_chunk,
             "synthesize-stop": self._speech.synthesize_stop,
+            "detect": self._wake.detect,
         }
 
     async def write_event(self, event: Event) -> None:
@@ -153,6 +156,7 @@ class WyomingHandler(AsyncEventHandler):
     async def disconnect(self) -> None:
         self._end_asr()
         self._speech.end()
+        self._wake.end()
 
     async def _error(self, error: VoxError) -> None:
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
@@ -161,6 +165,7 @@ class WyomingHandler(AsyncEventHandler):
         # A failed request is over: its slot is free and its state forgotten.
         self._end_asr()
         self._speech.end()
+        self._wake.end()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
             if self._audio_open:  # a reply cut short still ends: audio-stop, then why
                 await self.write_event(AudioStop().event())

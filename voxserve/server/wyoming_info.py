@@ -7,6 +7,7 @@ from wyoming.info import AsrModel, AsrProgram, Attribution, Info, TtsProgram, Tt
 
 from voxserve import __version__
 from voxserve.engines.loaded import Engines
+from voxserve.server.wyoming_wake import wake_programs
 from voxserve.types import EngineInfo
 
 PROGRAM = "voxserve"
@@ -65,4 +66,5 @@ def server_info(engines: Engines) -> Info:
                 supports_synthesize_streaming=True,
             )
         ],
+        wake=wake_programs(engines.wake),
     )
