@@ -421,6 +421,9 @@ class WakeConfig(BaseModel):
     # Audio after a detection in which the same word is not reported again (one utterance
     # fires once; wyoming-microwakeword's --refractory-seconds default).
     refractory_s: float = Field(default=2.0, ge=0)
+    # /v1/stream `wake_word`: after the word, a command must start within this much audio,
+    # else ASR waits for the word again (as a voice assistant goes back to sleep).
+    command_window_s: float = Field(default=8.0, gt=0)
     # Per model, overriding the model's own JSON (okay_nabu: 0.85 and 5 probabilities).
     probability_cutoff: dict[str, float] = Field(default_factory=dict)
     sliding_window_size: dict[str, int] = Field(default_factory=dict)

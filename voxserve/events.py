@@ -104,6 +104,9 @@ class StreamConfig:
     resumable: bool = False
     # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
     conversation: ConversationConfig | None = None
+    # /v1/stream audio modes: ASR waits for this wake word (a pymicro-wakeword model name),
+    # then takes one turn, then waits again (pipeline/wake_gate.py). None: no wake word.
+    wake_word: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +324,13 @@ class VadEnd(Event, frozen=True, tag="vad.end"):
     end_ms: int
 
 
+class WakeDetected(Event, frozen=True, tag="wake.detected"):
+    """The session's `wake_word` was heard: the next turn is transcribed (docs/protocol.md)."""
+
+    name: str
+    timestamp_ms: int  # where the word ended in the session's audio (ms from its start)
+
+
 class TranscriptPartial(Event, frozen=True, tag="transcript.partial"):
     """Replaceable; never sent after its segment's final."""
 
@@ -526,6 +536,7 @@ StreamEvent: TypeAlias = (
     | SessionEnded
     | VadStart
     | VadEnd
+    | WakeDetected
     | TranscriptPartial
     | TranscriptFinal
     | ResponseDelta

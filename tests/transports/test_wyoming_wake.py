@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
-import soxr
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -16,25 +14,15 @@ from wyoming.info import Describe, Info
 from wyoming.wake import Detect, Detection, NotDetected
 
 from tests.conftest import LiveServer
+from tests.helpers import spoken
 from voxserve.types import SAMPLE_RATE
 
 TIMEOUT_S = 30.0
 CHUNK = 1024 * 2  # 64 ms of 16 kHz 16-bit mono per audio-chunk, as satellites send
 
 
-_SPOKEN: dict[str, bytes] = {}
-
-
-def spoken(live: LiveServer, text: str) -> bytes:
-    """`text` in the server's own `joe` voice, 16 kHz s16le, with 0.5 s of silence around."""
-    if text in _SPOKEN:
-        return _SPOKEN[text]
-    _, engine = live.runtime.engines.voice("joe")
-    audio = np.concatenate(list(engine.synthesize(text, voice="joe"))).astype(np.float32)
-    audio = soxr.resample(audio / 32768.0, engine.sample_rate, SAMPLE_RATE)
-    pad = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
-    pcm = (np.concatenate([pad, audio, pad]) * 32767).astype("<i2").tobytes()
-    return _SPOKEN.setdefault(text, pcm)
+def pcm_of(live: LiveServer, text: str) -> bytes:
+    return spoken(live.runtime, text).astype("<i2").tobytes()
 
 
 def client(live: LiveServer) -> AsyncTcpClient:
@@ -84,7 +72,7 @@ async def test_info_lists_the_wake_models(live_server: LiveServer) -> None:
 
 
 async def test_okay_nabu_is_detected_once(live_server: LiveServer) -> None:
-    pcm = spoken(live_server, "Okay, Nabu, turn on the lights.")
+    pcm = pcm_of(live_server, "Okay, Nabu, turn on the lights.")
     events = await detect(live_server, pcm, ["okay_nabu"])
     detections = [Detection.from_event(e) for e in events if Detection.is_type(e.type)]
     assert [d.name for d in detections] == ["okay_nabu"], events  # refractory: once
@@ -95,14 +83,14 @@ async def test_okay_nabu_is_detected_once(live_server: LiveServer) -> None:
 
 
 async def test_no_names_listens_for_every_model(live_server: LiveServer) -> None:
-    events = await detect(live_server, spoken(live_server, "Hey Jarvis."), None)
+    events = await detect(live_server, pcm_of(live_server, "Hey Jarvis."), None)
     assert [Detection.from_event(e).name for e in events if e.type == "detection"] == [
         "hey_jarvis"
     ]
 
 
 async def test_another_word_and_silence_are_not_detected(live_server: LiveServer) -> None:
-    jarvis = await detect(live_server, spoken(live_server, "Hey Jarvis."), ["okay_nabu"])
+    jarvis = await detect(live_server, pcm_of(live_server, "Hey Jarvis."), ["okay_nabu"])
     assert [e.type for e in jarvis] == ["not-detected"]
     silence = await detect(live_server, bytes(SAMPLE_RATE * 2 * 2), ["okay_nabu"])
     assert [e.type for e in silence] == ["not-detected"]
@@ -115,8 +103,8 @@ async def test_unknown_name_is_refused_with_the_valid_ones(live_server: LiveServ
 
 
 async def test_20_concurrent_streams_each_get_their_own_answer(live_server: LiveServer) -> None:
-    nabu = spoken(live_server, "Okay Nabu.")
-    other = spoken(live_server, "Turn on the lights.")
+    nabu = pcm_of(live_server, "Okay Nabu.")
+    other = pcm_of(live_server, "Turn on the lights.")
     # Even streams say the word, odd ones do not; chunks interleave across the 20.
     answers = await asyncio.gather(
         *(detect(live_server, nabu if i % 2 == 0 else other, ["okay_nabu"]) for i in range(20))

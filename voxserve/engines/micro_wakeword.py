@@ -58,10 +58,12 @@ class WakeModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """A wake word heard: its model name and where in the stream's audio (ms from start)."""
+    """A wake word heard: its model name and where in the stream's audio it was heard (the
+    sample, and ms, from the stream's start)."""
 
     name: str
     timestamp_ms: int
+    sample: int
 
 
 class WakeStream(Protocol):
@@ -199,7 +201,7 @@ class MicroWakeStream:
                     prob = word.feed(result.features)
                     if prob is not None and prob > word.cutoff and now >= word.quiet_until:
                         word.quiet_until = now + word.refractory
-                        heard.append(Detection(word.info.name, now * 1000 // SAMPLE_RATE))
+                        heard.append(Detection(word.info.name, now * 1000 // SAMPLE_RATE, now))
         self._pending = data[at:]
         return heard
 
