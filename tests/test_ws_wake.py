@@ -58,3 +58,16 @@ async def test_an_unknown_wake_word_is_refused_with_the_valid_ones(
         await ws.send(json.dumps({"type": "session.start", "mode": "tts", "wake_word": "alexa"}))
         error = json.loads(await ws.recv())
     assert error["code"] == "invalid_parameter", error
+
+
+async def test_a_command_said_in_one_breath_with_the_word(live_server: LiveServer) -> None:
+    audio = np.concatenate(
+        [spoken(live_server.runtime, "Okay, Nabu, turn on the lights."), int16(silence(0.8))]
+    )
+    _, _, events = await run_asr(
+        live_server.ws_url, audio, speedup=8.0, wake_word="okay_nabu", partials=False
+    )
+    assert len(of_type(events, "wake.detected")) == 1
+    (final,) = of_type(events, "transcript.final")
+    text = final["text"].lower()
+    assert "lights" in text and "nabu" not in text, text
