@@ -84,9 +84,7 @@ async def test_okay_nabu_is_detected_once(live_server: LiveServer) -> None:
 
 async def test_no_names_listens_for_every_model(live_server: LiveServer) -> None:
     events = await detect(live_server, pcm_of(live_server, "Hey Jarvis."), None)
-    assert [Detection.from_event(e).name for e in events if e.type == "detection"] == [
-        "hey_jarvis"
-    ]
+    assert [Detection.from_event(e).name for e in events if e.type == "detection"] == ["hey_jarvis"]
 
 
 async def test_another_word_and_silence_are_not_detected(live_server: LiveServer) -> None:
