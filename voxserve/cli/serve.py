@@ -62,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
         _configure_otel()
     check_engines_import(settings)
     check_transports(settings)
+    check_wake_settings(settings)
     settings = workers_transports(settings)  # --workers N: HTTP/WebSocket only
     sockets = bind_sockets(settings.host, settings.port)
     try:
@@ -170,6 +171,13 @@ def check_transports(settings: Settings) -> None:
     check_tls(settings)
     check_transport_packages(settings)
     check_auth(settings)
+
+
+def check_wake_settings(settings: Settings) -> None:
+    """Wake model names, checked before listening (engines/micro_wakeword.py)."""
+    from voxserve.engines.micro_wakeword import check_wake
+
+    check_wake(settings.wake)
 
 
 def check_auth(settings: Settings) -> None:

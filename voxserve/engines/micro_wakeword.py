@@ -212,6 +212,54 @@ class MicroWakeStream:
             self._words = []
 
 
+def _package() -> tuple[Path, list[str]] | None:
+    """pymicro-wakeword's directory and its model names; None when it is not installed
+    (`pip install voxserve` without the `wyoming` extra: no wake words, nothing fails)."""
+    try:
+        import pymicro_wakeword
+        from pymicro_wakeword import Model
+    except ImportError:
+        return None
+    return Path(pymicro_wakeword.__file__).parent, [m.value for m in Model]
+
+
+def _installed() -> tuple[Path, list[str]]:
+    package = _package()
+    if package is None:
+        raise EngineConfigError(
+            "wake",
+            "micro_wakeword",
+            "wake words need pymicro-wakeword (the `wyoming` extra); or set wake.enabled=false",
+        )
+    return package
+
+
+def _check_names(
+    valid: list[str], models: list[str], cutoffs: dict[str, float], windows: dict[str, int]
+) -> None:
+    for key, names in (
+        ("wake.models", models),
+        ("wake.probability_cutoff", list(cutoffs)),
+        ("wake.sliding_window_size", list(windows)),
+    ):
+        unknown = [name for name in names if name not in valid]
+        if unknown:
+            raise EngineConfigError(
+                "wake",
+                "micro_wakeword",
+                f"{key}: unknown model {unknown[0]!r}; valid: {', '.join(valid)}",
+            )
+
+
+def check_wake(config: WakeConfig) -> None:
+    """`serve`, before it listens: the wake settings name installed models (one line and
+    exit 2 otherwise, not an engine load failing after the port is open)."""
+    package = _package()
+    if config.enabled and package is not None:
+        _, valid = package
+        _check_names(valid, config.models, config.probability_cutoff, config.sliding_window_size)
+
+
 class MicroWakeWordEngine:
     """The enabled models, loaded once; `new_stream` gives each stream its interpreters."""
 
@@ -223,35 +271,14 @@ class MicroWakeWordEngine:
         probability_cutoff: dict[str, float] | None = None,
         sliding_window_size: dict[str, int] | None = None,
     ) -> None:
-        try:
-            import pymicro_wakeword
-            from pymicro_wakeword import Model
-            from pymicro_wakeword.wakeword import TfLiteWakeWord
-        except ImportError:
-            raise EngineConfigError(
-                "wake",
-                "micro_wakeword",
-                "wake words need pymicro-wakeword (the `wyoming` extra); or set wake.enabled=false",
-            ) from None
-
-        root = Path(pymicro_wakeword.__file__).parent
-        valid = [m.value for m in Model]
+        root, valid = _installed()
         wanted = list(models) if models is not None else valid
         cutoffs, windows = probability_cutoff or {}, sliding_window_size or {}
-        for key, names in (
-            ("wake.models", wanted),
-            ("wake.probability_cutoff", list(cutoffs)),
-            ("wake.sliding_window_size", list(windows)),
-        ):
-            unknown = [name for name in names if name not in valid]
-            if unknown:
-                raise EngineConfigError(
-                    "wake",
-                    "micro_wakeword",
-                    f"{key}: unknown model {unknown[0]!r}; valid: {', '.join(valid)}",
-                )
+        _check_names(valid, wanted, cutoffs, windows)
         if refractory_s < 0:
             raise EngineConfigError("wake", "micro_wakeword", "wake.refractory_s must be >= 0")
+        from pymicro_wakeword.wakeword import TfLiteWakeWord
+
         lib_path = next(iter((root / "lib").glob("*tensorflowlite_c.*")), None)
         if lib_path is None:
             raise EngineConfigError("wake", "micro_wakeword", "pymicro-wakeword has no TFLite lib")
@@ -301,8 +328,9 @@ class MicroWakeWordEngine:
 
 
 def load_wake(config: WakeConfig, seconds: dict[str, float]) -> MicroWakeWordEngine | None:
-    """The wake engine of `wake.*` (None when off); its load time goes into `seconds`."""
-    if not config.enabled:
+    """The wake engine of `wake.*` (None when off, or pymicro-wakeword is not installed);
+    its load time goes into `seconds`."""
+    if not config.enabled or _package() is None:
         return None
     started = time.perf_counter()
     engine = MicroWakeWordEngine(
