@@ -6,8 +6,8 @@
 
 Starts voxserve (the `load` engines for VAD/ASR/TTS, so the wake models are all that
 works; the wake service is the real one) or a peer Wyoming wake server (`--peer`, a command
-with `{port}`), pinned to core 0 (`taskset`), and for each step runs N streams from this
-process pinned to core 1: `detect` (--names), `audio-start`, then 64 ms `audio-chunk`s on a
+with `{port}`), pinned to core 0, and for each step runs N streams from this process
+pinned to core 1: `detect` (--names), `audio-start`, then 64 ms `audio-chunk`s on a
 real-time schedule for --duration seconds (speech: the test fixtures, looped), `audio-stop`.
 Per step: the server's CPU over the steady part (after 2 s), less its idle CPU, per stream
 (% of one core), streams per core (100 / that), detections per stream, and how late this
@@ -23,11 +23,9 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import wave
@@ -35,39 +33,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.wake import Detect
 
-HOST = "127.0.0.1"
+from voxserve.bench.servers import HOST, free_port, spawn_voxserve
+
 RATE = 16_000
 CHUNK_SAMPLES = 1024  # 64 ms, what satellites send
 RAMP_S = 2.0
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
-LOAD_CONFIG = """
-[engines]
-vad = { name = "load" }
-asr = { name = "load", options = { text = "load test" } }
-tts = [{ name = "load" }]
-responder = { name = "echo" }
-default_voice = "load"
-
-[limits]
-max_sessions = 5000
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def pinned(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if shutil.which("taskset") else []
+# The `load` engines for VAD/ASR/TTS (cost ~0): the wake models are all the server runs.
+LOAD_ENGINES = {
+    "VOXSERVE_ENGINES__VAD": '{"name": "load"}',
+    "VOXSERVE_ENGINES__ASR": '{"name": "load", "options": {"text": "load test"}}',
+    "VOXSERVE_ENGINES__TTS": '[{"name": "load"}]',
+    "VOXSERVE_ENGINES__RESPONDER": '{"name": "echo"}',
+    "VOXSERVE_ENGINES__DEFAULT_VOICE": "load",
+    "VOXSERVE_LIMITS__MAX_SESSIONS": "5000",
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -89,41 +74,31 @@ def speech() -> bytes:
 def server(peer: str | None, log: Path) -> Iterator[tuple[int, int]]:
     """(pid, Wyoming port) of voxserve or the peer, pinned to core 0; always stopped."""
     port = free_port()
-    if peer:
-        command = [*pinned(0), *shlex.split(peer.format(port=port))]
-    else:
-        config = Path(tempfile.mkdtemp()) / "load.toml"
-        config.write_text(LOAD_CONFIG)
-        http = free_port()
-        command = [*pinned(0), sys.executable, "-m", "voxserve", "serve", "--config", str(config)]
-        command += ["--port", str(http), "--grpc-port", "0", "--wyoming-port", str(port)]
-        command += ["--log-level", "warning"]
+    if not peer:
+        env = {**LOAD_ENGINES, "VOXSERVE_WYOMING_PORT": str(port)}
+        with spawn_voxserve(log, env=env) as spawned:
+            os.sched_setaffinity(spawned.pid, {0})
+            yield spawned.pid, port
+        return
     with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(shlex.split(peer.format(port=port)), stdout=out, stderr=out)
     try:
+        os.sched_setaffinity(proc.pid, {0})
         deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("server not ready in 90 s")
-            if peer:
-                with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
-                    break
-            else:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"http://{HOST}:{http}/readyz", timeout=1).status_code == 200:
-                        break
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
+                break
             time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the peer did not start; see {log}")
         yield proc.pid, port
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 async def one_stream(
@@ -241,8 +216,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="wake-")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if shutil.which("taskset"):
-        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
+    os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
     names = [n for n in args.names.split(",") if n]
     if args.engine_only:
         print(json.dumps(engine_only(names, 200)))
