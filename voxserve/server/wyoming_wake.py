@@ -18,8 +18,6 @@ core per stream (docs/benchmarks.md); `limits.max_session_s` still bounds the co
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -30,7 +28,6 @@ from wyoming.wake import Detect, Detection, NotDetected
 
 from voxserve import __version__
 from voxserve.audio.resample import StreamResampler
-from voxserve.engines.micro_wakeword import Detection as Found
 from voxserve.engines.micro_wakeword import WakeEngine, WakeStream, wake_names
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
@@ -74,14 +71,6 @@ def wake_programs(engine: WakeEngine | None) -> list[WakeProgram]:
     ]
 
 
-def _timed(stream: WakeStream, pcm: bytes, cost_us: float) -> tuple[list[Found], float]:
-    """`stream.process(pcm)` and the smoothed cost with this call's time in it."""
-    started = time.perf_counter()
-    heard = stream.process(pcm)
-    took = (time.perf_counter() - started) * 1e6
-    return heard, took if math.isinf(cost_us) else 0.8 * cost_us + 0.2 * took
-
-
 class WyomingWake:
     """The detect flow of one connection; `route` says which audio events are its own."""
 
@@ -94,10 +83,6 @@ class WyomingWake:
         self._resampler: StreamResampler | None = None
         self._rate = SAMPLE_RATE
         self._heard = False
-        # A chunk's model time (smoothed): under pipeline.inline_below_us it runs on the
-        # loop, as cheap stage calls do, since a thread hop costs as much (one word, 64 ms
-        # chunks: ~0.3 ms); the first chunk and costlier ones (many words) take a thread.
-        self._cost_us = math.inf
 
     def route(self, event_type: str) -> Callable[[Event], Awaitable[None]] | None:
         """This flow's handler for an audio event while a `detect` is open, else None."""
@@ -133,13 +118,9 @@ class WyomingWake:
         samples = resampler.process(mono_samples(chunk, self._rate))
         if not samples.size:
             return
+        loop = asyncio.get_running_loop()
         pcm = samples.astype("<i2", copy=False).tobytes()
-        if self._cost_us < self.runtime.settings.pipeline.inline_below_us:
-            heard, self._cost_us = _timed(stream, pcm, self._cost_us)
-        else:
-            loop = asyncio.get_running_loop()
-            call = partial(_timed, stream, pcm, self._cost_us)
-            heard, self._cost_us = await loop.run_in_executor(self.runtime.executor, call)
+        heard = await loop.run_in_executor(self.runtime.executor, partial(stream.process, pcm))
         for detection in heard:
             self._heard = True
             await self.write(Detection(detection.name, detection.timestamp_ms).event())
