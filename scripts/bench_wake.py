@@ -55,6 +55,13 @@ LOAD_ENGINES = {
 }
 
 
+def pin(pid: int) -> None:
+    """Every thread of the server on core 0 (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), {0})
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -77,13 +84,12 @@ def server(peer: str | None, log: Path) -> Iterator[tuple[int, int]]:
     if not peer:
         env = {**LOAD_ENGINES, "VOXSERVE_WYOMING_PORT": str(port)}
         with spawn_voxserve(log, env=env) as spawned:
-            os.sched_setaffinity(spawned.pid, {0})
+            pin(spawned.pid)
             yield spawned.pid, port
         return
     with log.open("ab") as out:
         proc = subprocess.Popen(shlex.split(peer.format(port=port)), stdout=out, stderr=out)
     try:
-        os.sched_setaffinity(proc.pid, {0})
         deadline = time.monotonic() + 90
         while proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
@@ -91,6 +97,7 @@ def server(peer: str | None, log: Path) -> Iterator[tuple[int, int]]:
             time.sleep(0.2)
         else:
             raise RuntimeError(f"the peer did not start; see {log}")
+        pin(proc.pid)
         yield proc.pid, port
     finally:
         proc.send_signal(signal.SIGINT)
