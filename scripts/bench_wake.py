@@ -23,9 +23,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import wave
@@ -38,7 +35,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.wake import Detect
 
-from voxserve.bench.servers import HOST, free_port, spawn_voxserve
+from voxserve.bench.servers import HOST, free_port, spawn_tcp, spawn_voxserve
 
 RATE = 16_000
 CHUNK_SAMPLES = 1024  # 64 ms, what satellites send
@@ -87,25 +84,9 @@ def server(peer: str | None, log: Path) -> Iterator[tuple[int, int]]:
             pin(spawned.pid)
             yield spawned.pid, port
         return
-    with log.open("ab") as out:
-        proc = subprocess.Popen(shlex.split(peer.format(port=port)), stdout=out, stderr=out)
-    try:
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError(f"the peer did not start; see {log}")
-        pin(proc.pid)
-        yield proc.pid, port
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with spawn_tcp(shlex.split(peer.format(port=port)), port, log) as pid:
+        pin(pid)
+        yield pid, port
 
 
 async def one_stream(
