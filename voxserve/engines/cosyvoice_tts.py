@@ -222,6 +222,10 @@ class CosyVoiceTts:
         self._entries = {**self._prompted, **self._table}
         return entry.voice
 
+    def is_prompt_voice(self, voice_id: str) -> bool:
+        """Whether `voice_id` was registered through the admin API (not the table)."""
+        return voice_id in self._prompted
+
     def remove_prompt_voice(self, voice_id: str) -> bool:
         """Forget a registered voice and delete its files; False if there was none."""
         if voice_id not in self._prompted:
