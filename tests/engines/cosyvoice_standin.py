@@ -5,10 +5,11 @@ HTTP server of the FastAPI runtime's routes (runtime/python/fastapi/server.py: f
 in, raw int16 PCM streamed out). Each answers with a tone in `chunks` pieces, so the wire
 is tested, not the voice, and records every request's fields.
 
-`mode`: "normal"; "die" (after the first chunk the gRPC server stops, as a killed process
-does, and the HTTP handler breaks its connection, as a crashed worker does); "stall" (after
-the first chunk nothing more until `release` is set, or 30 s); "gated" (the first chunk,
-then the rest once `release` is set: a test sees audio before the stream ended).
+A request's behaviour is chosen by a word of its text: "normal" by default; "dies" (after
+the first chunk the gRPC server stops, as a killed process does, and the HTTP handler
+breaks its connection, as a crashed worker does); "stalls" (after the first chunk nothing
+more until `release` is set, or 30 s); "gated" (the first chunk, then the rest once
+`release` is set: a test sees audio before the stream ended).
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ class Standin:
     def __init__(self, sample_rate: int = 24_000, chunks: int = 3) -> None:
         self.sample_rate = sample_rate
         self.chunks = chunks
-        self.mode = "normal"
         self.requests: list[dict[str, Any]] = []
         self.ended = 0  # streams that sent their last chunk
         self.release = threading.Event()
         self.port = free_port()
 
-    def record(self, fields: dict[str, Any]) -> None:
+    def record(self, fields: dict[str, Any]) -> str:
+        """Keep the request's fields; its behaviour (module docstring)."""
         self.requests.append(fields)
+        words = str(fields.get("tts_text", "")).lower().replace(".", " ").split()
+        return next((mode for mode in ("dies", "stalls", "gated") if mode in words), "normal")
 
     def tone(self, index: int) -> bytes:
         n = int(self.sample_rate * CHUNK_S)
@@ -77,16 +80,16 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
         if self.server is not None:
             self.server.stop(None)
 
-    def Inference(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802 (the proto's)
+    def Inference(self, request: Any, context: Any) -> Iterator[Any]:  # the proto names it
         kind = request.WhichOneof("RequestPayload")
         payload = getattr(request, kind)
         fields = {"kind": kind, **{f.name: v for f, v in payload.ListFields()}}
-        self.record(fields)
+        mode = self.record(fields)
         for index in range(self.chunks):
-            if index == 1 and self.mode == "die":
+            if index == 1 and mode == "dies":
                 self.server.stop(None)  # every call cancelled, the port closed
                 return
-            if index == 1 and self.mode in ("stall", "gated"):
+            if index == 1 and mode in ("stalls", "gated"):
                 self.wait_release()
             yield cosyvoice_pb2.Response(tts_audio=self.tone(index))
         self.ended += 1
@@ -135,16 +138,15 @@ class HttpStandin(Standin):
                 samples, rate = read_wav(await wav.read())
                 fields["prompt_rate"] = rate
                 fields["prompt_audio"] = samples.tobytes()
-            self.record(fields)
-            return StreamingResponse(self._body())
+            return StreamingResponse(self._body(self.record(fields)))
 
         return handle
 
-    async def _body(self) -> AsyncIterator[bytes]:
+    async def _body(self, mode: str) -> AsyncIterator[bytes]:
         for index in range(self.chunks):
-            if index == 1 and self.mode == "die":
+            if index == 1 and mode == "dies":
                 raise RuntimeError("stand-in worker died")  # uvicorn drops the connection
-            if index == 1 and self.mode in ("stall", "gated"):
+            if index == 1 and mode in ("stalls", "gated"):
                 await asyncio.to_thread(self.wait_release)
             yield self.tone(index)
         self.ended += 1

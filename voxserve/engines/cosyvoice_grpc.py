@@ -3,14 +3,17 @@
 
 The channel reconnects by itself when the runtime comes back; its reconnect backoff is
 capped at `MAX_RECONNECT_BACKOFF_MS` (gRPC's default grows to two minutes, so a restarted
-runtime would be refused that long). A call does not wait for a down server
-(wait_for_ready off): it fails at once and the client hears so. Each streamed chunk has a
-deadline (engines/chunk_deadline.py): gRPC's own deadline bounds the whole call, not the
-silence between chunks.
+runtime would be refused that long). A call refused as UNAVAILABLE before any audio (nothing
+was made) is sent again every `RETRY_S` for at most `connect_s`: a runtime that is down
+fails the call in that time with a clear "unreachable", and one that is back is used as
+soon as the channel has reconnected. Each streamed chunk
+has a deadline (engines/chunk_deadline.py): gRPC's own deadline bounds the whole call, not
+the silence between chunks.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +24,8 @@ from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 from voxserve.engines.cosyvoice_request import CosyBusy, CosyFailed, CosyRequest, CosyUnavailable
 
 MAX_RECONNECT_BACKOFF_MS = 1000
+CONNECT_S = 2.0  # at most; less when timeout_s is less
+RETRY_S = 0.1
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # one chunk is one sentence of audio (~50 KB/s)
 
 
@@ -31,6 +36,7 @@ class GrpcTransport:
         """`target`: host:port of the runtime."""
         self.where = f"grpc://{target}"
         self._timeout_s = timeout_s
+        self._connect_s = min(timeout_s, CONNECT_S)
         self._channel = grpc.insecure_channel(
             target,
             options=[
@@ -45,16 +51,23 @@ class GrpcTransport:
         self._stub: Any = stub_class(self._channel)
 
     def stream(self, request: CosyRequest) -> Iterator[bytes]:
-        call = self._stub.Inference(to_message(request))
-        received = 0
-        try:
-            for response in with_chunk_deadline(call, self._timeout_s):
-                received += 1
-                yield response.tts_audio
-        except grpc.RpcError as exc:
-            raise _failure(exc, received) from None
-        finally:
-            call.cancel()  # a no-op once the call is over; stops it when the caller left
+        message = to_message(request)
+        give_up = time.monotonic() + self._connect_s
+        while True:
+            call = self._stub.Inference(message)
+            received = 0
+            try:
+                for response in with_chunk_deadline(call, self._timeout_s):
+                    received += 1
+                    yield response.tts_audio
+                return
+            except grpc.RpcError as exc:
+                unavailable = _code(exc) == grpc.StatusCode.UNAVAILABLE and received == 0
+                if not unavailable or time.monotonic() >= give_up:
+                    raise _failure(exc, received) from None
+            finally:
+                call.cancel()  # a no-op once the call is over; stops it when the caller left
+            time.sleep(RETRY_S)
 
     def close(self) -> None:
         self._channel.close()
@@ -82,8 +95,12 @@ def to_message(request: CosyRequest) -> Any:
     return message
 
 
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.Call) else None
+
+
 def _failure(exc: grpc.RpcError, received: int) -> Exception:
-    code = exc.code() if isinstance(exc, grpc.Call) else None
+    code = _code(exc)
     name = code.name if code is not None else type(exc).__name__
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return CosyBusy(name)
