@@ -31,8 +31,8 @@ from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.cosyvoice_voices import DEFAULT_LANGUAGE, MAX_PROMPT_S
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.runtime import Runtime
-from voxserve.server.http_admin import check_admin_key
-from voxserve.server.http_requests import Endpoint, guarded, read_form
+from voxserve.server.http_admin import admin_only
+from voxserve.server.http_requests import Endpoint, read_form
 
 PROMPT_BODY_BYTES = 16 * 1024 * 1024  # 30 s of WAV at 48 kHz stereo is 11 MB
 MAX_TEXT_CHARS = 1000
@@ -40,11 +40,7 @@ MAX_TEXT_CHARS = 1000
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
     def authorised(handler: Callable[[Request], Awaitable[Response]]) -> Endpoint:
-        async def checked(request: Request, trace_id: str) -> Response:
-            check_admin_key(runtime, request.headers.get("authorization", ""))
-            return await handler(request)
-
-        return guarded(checked)
+        return admin_only(runtime, handler)
 
     async def listing(request: Request) -> Response:
         engine = _engine(runtime)
