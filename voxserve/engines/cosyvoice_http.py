@@ -41,7 +41,7 @@ class HttpTransport:
                     raise CosyBusy(f"HTTP {response.status_code}")
                 if response.status_code != 200:
                     raise CosyFailed(f"HTTP {response.status_code} before any audio")
-                for chunk in response.iter_raw():
+                for chunk in response.iter_bytes():
                     if chunk:
                         received += 1
                         yield chunk

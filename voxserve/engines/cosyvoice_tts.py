@@ -59,6 +59,8 @@ MAX_SPEED = 4.0
 class CosyVoiceTts:
     """TtsEngine over one CosyVoice runtime (or the model in-process)."""
 
+    fork_safe = False  # a gRPC channel must be made in the process that uses it
+
     def __init__(
         self,
         *,
