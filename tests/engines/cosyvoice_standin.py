@@ -9,7 +9,9 @@ A request's behaviour is chosen by a word of its text: "normal" by default; "die
 the first chunk the gRPC server stops, as a killed process does, and the HTTP handler
 breaks its connection, as a crashed worker does); "stalls" (after the first chunk nothing
 more until `release` is set, or 30 s); "gated" (the first chunk, then the rest once
-`release` is set: a test sees audio before the stream ended).
+`release` is set: a test sees audio before the stream ended); "busy" (refused before any
+audio as each runtime refuses over its limit: gRPC RESOURCE_EXHAUSTED, which the gRPC
+runtime's `maximum_concurrent_rpcs` answers, and HTTP 503).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.conftest import free_port
@@ -53,7 +55,9 @@ class Standin:
         """Keep the request's fields; its behaviour (module docstring)."""
         self.requests.append(fields)
         words = str(fields.get("tts_text", "")).lower().replace(".", " ").split()
-        return next((mode for mode in ("dies", "stalls", "gated") if mode in words), "normal")
+        return next(
+            (mode for mode in ("dies", "stalls", "gated", "busy") if mode in words), "normal"
+        )
 
     def tone(self, index: int) -> bytes:
         n = int(self.sample_rate * CHUNK_S)
@@ -85,6 +89,8 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
         payload = getattr(request, kind)
         fields = {"kind": kind, **{f.name: v for f, v in payload.ListFields()}}
         mode = self.record(fields)
+        if mode == "busy":
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded")
         for index in range(self.chunks):
             if index == 1 and mode == "dies":
                 self.server.stop(None)  # every call cancelled, the port closed
@@ -128,7 +134,7 @@ class HttpStandin(Standin):
     def _handler(self, path: str) -> Any:
         kind, names = ROUTES[path]
 
-        async def handle(request: Request) -> StreamingResponse:
+        async def handle(request: Request) -> Response:
             form = await request.form()
             fields: dict[str, Any] = {"kind": kind}
             for name in names:
@@ -138,7 +144,10 @@ class HttpStandin(Standin):
                 samples, rate = read_wav(await wav.read())
                 fields["prompt_rate"] = rate
                 fields["prompt_audio"] = samples.tobytes()
-            return StreamingResponse(self._body(self.record(fields)))
+            mode = self.record(fields)
+            if mode == "busy":
+                return Response("busy", status_code=503)
+            return StreamingResponse(self._body(mode))
 
         return handle
 

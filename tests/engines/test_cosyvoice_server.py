@@ -96,6 +96,21 @@ def test_speech_streams_the_runtime_audio_as_it_comes(served: tuple[LiveServer, 
     assert dominant_hz(pcm, 24_000) == pytest.approx(440, abs=5)
 
 
+def test_a_busy_runtime_is_overloaded_for_that_request_only(
+    served: tuple[LiveServer, Standin],
+) -> None:
+    live, _ = served
+    with sdk(live) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.audio.speech.create(model="tts-1", voice="woman", input="I am busy.")
+        assert refused.value.status_code == 503
+        assert refused.value.code == "overloaded" and "is at capacity" in refused.value.message
+        audio = client.audio.speech.create(
+            model="tts-1", voice="woman", input="Not now.", response_format="pcm"
+        )
+    assert len(audio.content) == 3 * 2400 * 2
+
+
 async def test_a_stream_session_speaks_and_survives_a_stalled_runtime(
     served: tuple[LiveServer, Standin],
 ) -> None:
