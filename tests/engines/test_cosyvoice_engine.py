@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
-from tests.engines.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
+from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.engines import cosyvoice_local
 from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.registry import EngineConfigError

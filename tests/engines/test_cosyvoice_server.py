@@ -20,9 +20,9 @@ from pydantic import SecretStr
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.engines.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from tests.wsclient import collect, of_type, start
 from voxserve.audio.wav import write_wav
+from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.config import EngineSpec, Settings, load_settings
 
 ADMIN_KEY = "cosy-admin"

@@ -3,7 +3,8 @@ code, and with no model): a gRPC server of `cosyvoice.CosyVoice/Inference`
 (runtime/python/grpc/cosyvoice.proto, generated in voxserve/engines/cosyvoice_proto) and an
 HTTP server of the FastAPI runtime's routes (runtime/python/fastapi/server.py: form fields
 in, raw int16 PCM streamed out). Each answers with a tone in `chunks` pieces, so the wire
-is tested, not the voice, and records every request's fields.
+is tested, not the voice, and records every request's fields. Used by the tests
+(tests/engines/test_cosyvoice_*.py) and by `python -m voxserve.bench.cosyvoice_relay`.
 
 A request's behaviour is chosen by a word of its text: "normal" by default; "dies" (after
 the first chunk the gRPC server stops, as a killed process does, and the HTTP handler
@@ -32,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import free_port
 from voxserve.audio.wav import read_wav
+from voxserve.bench.servers import free_port
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 
 CHUNK_S = 0.1
@@ -75,7 +76,8 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
 
     def start(self) -> GrpcStandin:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(self, self.server)
+        register: Any = cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server  # generated
+        register(self, self.server)
         self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         self.server.start()
         return self
