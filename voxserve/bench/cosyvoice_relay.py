@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         "VOXSERVE_ENGINES__TTS": json.dumps(
             [{"name": "cosyvoice", "options": {"url": url, "voices": {"woman": "中文女"}}}]
         ),
-        "VOXSERVE_ENGINES__ASR": json.dumps({"name": "load"}),
+        "VOXSERVE_ENGINES__ASR": json.dumps({"name": "load"}),  # neither is measured
+        "VOXSERVE_ENGINES__VAD": json.dumps({"name": "load"}),
         "VOXSERVE_ENGINES__DEFAULT_VOICE": "woman",
         "VOXSERVE_CACHE__ENABLED": "false",
         "VOXSERVE_TTS__DEGRADE__ENABLED": "false",
