@@ -99,6 +99,8 @@ class StreamedTranscription:
         self.task = asyncio.get_running_loop().create_task(
             self._serve(), name="voxserve-wyoming-transcription"
         )
+        # Closed however the task ends, even cancelled before it ran (`_serve` never began).
+        self.task.add_done_callback(lambda _: self.driver.close())
 
     @property
     def done(self) -> bool:
@@ -146,12 +148,14 @@ class StreamedTranscription:
                     await self._chunk(self._chunks.final(item.segment, item.text))
                 case ErrorEvent():
                     self.failed = True
+                    await self._session_over(cancel=True)
                     await self._write(Error(text=item.message, code=item.code).event())
                     return
                 case SessionEnded():
                     ended = item
                 case _:
                     pass  # VAD, credit and the like: Wyoming has no words for them
+        await self._session_over(cancel=False)
         if ended is None or ended.reason != "completed":
             self.failed = True  # cut short (server shutdown): no transcript to give
             return
@@ -160,6 +164,17 @@ class StreamedTranscription:
         text = self._chunks.text
         await self._write(Transcript(text=text, language=self._language).event())
         await self._write(TranscriptStop().event())
+
+    async def _session_over(self, *, cancel: bool) -> None:
+        """The session's slot is free before the client reads the request's end (so the
+        client may open the next at once, under `limits.max_sessions` too): its pipeline
+        ends (it closed the outbox; after an error, it is stopped), then it is closed."""
+        pipeline = self.driver.pipeline
+        if pipeline is not None and not pipeline.done():
+            if cancel:
+                pipeline.cancel()
+            await asyncio.wait([pipeline])
+        self.driver.close()
 
     async def _start(self) -> None:
         self._started = True
