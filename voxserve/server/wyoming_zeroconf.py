@@ -103,7 +103,8 @@ class WyomingAdvertiser:
                 server=f"voxserve-{host_label()}.local.",
             )
             async with asyncio.timeout(REGISTER_TIMEOUT_S):
-                await self._zeroconf.async_register_service(info, allow_name_change=True)
+                # Probing (a name conflict renames), then the announcements it schedules.
+                await (await self._zeroconf.async_register_service(info, allow_name_change=True))
             self._info = info
             self.registered_name = info.name.removesuffix(f".{SERVICE_TYPE}")
         except Exception as exc:  # best effort: the port serves without it
@@ -131,7 +132,8 @@ class WyomingAdvertiser:
         if self._zeroconf is not None and self._info is not None:
             try:
                 async with asyncio.timeout(REGISTER_TIMEOUT_S):
-                    await self._zeroconf.async_unregister_service(self._info)
+                    # The goodbyes are sent before the sockets close (awaited twice).
+                    await (await self._zeroconf.async_unregister_service(self._info))
             except Exception as exc:  # shutting down: say so, go on
                 log.warning("zeroconf: goodbye not sent", extra={"error": repr(exc)})
         self._info = None
