@@ -275,6 +275,10 @@ def test_bad_config_files(tmp_path: Path) -> None:
     proc = run_cli("serve", "--config", str(tmp_path / "absent.toml"))
     assert_one_error_line(proc, "absent.toml")
 
+    proc = run_cli("serve", "--port", "0", "--zeroconf-name", "two.labels")
+    assert_one_error_line(proc, "--zeroconf-name", "without '.'")
+    assert proc.returncode == 2
+
 
 @pytest.mark.parametrize(
     ("variable", "value", "needle"),
