@@ -156,9 +156,11 @@ class StreamedTranscription:
                 case _:
                     pass  # VAD, credit and the like: Wyoming has no words for them
         await self._session_over(cancel=False)
-        if ended is None or ended.reason != "completed":
-            self.failed = True  # cut short (server shutdown): no transcript to give
+        if ended is None:
+            self.failed = True  # the client read nothing (stalled): nobody to tell
             return
+        # Ended without an error (completed, or the server drained it: what was heard so
+        # far is decoded first): the transcript of the audio it took.
         if not self._started:
             await self._start()
         text = self._chunks.text
