@@ -36,10 +36,8 @@ def test_one_recording_gives_the_latency_figures(
     add_bench_parser(parser.add_subparsers())
     out = tmp_path / "out"
     target = f"vox=127.0.0.1:{wyoming_server.settings.wyoming_port}"
-    args = parser.parse_args(
-        ["bench", "wyoming", "--target", target, "--rounds", "1", "--tail-ms", "600"]
-        + ["--audio-dir", str(tmp_path), "--out", str(out)]
-    )
+    flags = ["--rounds", "1", "--tail-ms", "600", "--audio-dir", str(tmp_path), "--out", str(out)]
+    args = parser.parse_args(["bench", "wyoming", "--target", target, *flags])
     assert run_bench(args) == 0
     row = json.loads((out / "summary.json").read_text())["vox"]
     assert row["requests"] == 1 and row["wer"] == 0.0 and row["chunks_join_to_final"]
