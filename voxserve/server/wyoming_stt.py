@@ -90,8 +90,6 @@ class StreamedTranscription:
         self._frame = rate * FRAME_MS // 1000 * 2  # bytes of one 20 ms frame
         self._seq = 0
         self._started = False  # transcript-start sent
-        self.failed = False  # an error ended the request
-        self.chunks_sent = 0
         self._language = language
         self._chunks = TranscriptChunks()
         self.driver.start()
@@ -147,7 +145,6 @@ class StreamedTranscription:
                     self._language = self._language or item.language or None
                     await self._chunk(self._chunks.final(item.segment, item.text))
                 case ErrorEvent():
-                    self.failed = True
                     await self._session_over(cancel=True)
                     await self._write(Error(text=item.message, code=item.code).event())
                     return
@@ -157,8 +154,7 @@ class StreamedTranscription:
                     pass  # VAD, credit and the like: Wyoming has no words for them
         await self._session_over(cancel=False)
         if ended is None:
-            self.failed = True  # the client read nothing (stalled): nobody to tell
-            return
+            return  # the client read nothing (stalled): nobody to tell
         # Ended without an error (completed, or the server drained it: what was heard so
         # far is decoded first): the transcript of the audio it took.
         if not self._started:
@@ -187,5 +183,4 @@ class StreamedTranscription:
             return
         if not self._started:
             await self._start()
-        self.chunks_sent += 1
         await self._write(TranscriptChunk(text=text).event())
