@@ -11,7 +11,7 @@ The timestamp is the detection's place in the audio, in ms from `audio-start`.
 
 Each stream has its own state (engines/micro_wakeword.py: one interpreter per word per
 stream) and holds a session slot from `audio-start` to `audio-stop`. Its audio is not
-charged to the audio quota: a satellite streams all day for a service that costs ~1% of a
+charged to the audio quota: a satellite streams all day for a service that costs ~2% of a
 core per stream (docs/benchmarks.md); `limits.max_session_s` still bounds the connection.
 """
 
