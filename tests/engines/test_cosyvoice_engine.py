@@ -212,6 +212,15 @@ def test_option_errors_name_the_option(tmp_path: Path, monkeypatch: pytest.Monke
     )
     assert "sample_rate 1000" in refused(url="http://h:1", sample_rate=1000)
     assert "timeout_s" in refused(url="http://h:1", timeout_s=0)
+    # JSON and TOML values of the wrong type: one line, not a TypeError traceback
+    assert "timeout_s must be a number, got 'abc'" in refused(url="grpc://h:1", timeout_s="abc")
+    assert "sample_rate must be an integer, got '24000'" in refused(
+        url="grpc://h:1", sample_rate="24000"
+    )
+    assert "max_concurrency must be an integer, got True" in refused(
+        url="grpc://h:1", max_concurrency=True
+    )
+    assert "url must be a string" in refused(url=["grpc://h:1"])
     monkeypatch.setattr(cosyvoice_local, "available", lambda: False)
     message = refused()
     assert "set url" in message and "cosyvoice package, which is not installed" in message

@@ -54,6 +54,7 @@ DEFAULT_SAMPLE_RATE = 24_000  # CosyVoice2/3; CosyVoice-300M is 22050
 SCHEMES = ("grpc", "http", "https")
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+KINDS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
 
 
 class CosyVoiceTts:
@@ -76,6 +77,17 @@ class CosyVoiceTts:
         max_piece_chars: int = MAX_PIECE_CHARS,
         threads: int = 1,  # the runtime passes it to every engine; the work is remote
     ) -> None:
+        _check_types(
+            url=(url, "string"),
+            sample_rate=(sample_rate, "integer"),
+            timeout_s=(timeout_s, "number"),
+            max_concurrency=(max_concurrency, "integer"),
+            credit_wait_ms=(credit_wait_ms, "integer"),
+            device=(device, "string"),
+            model_dir=(model_dir, "string"),
+            voice_dir=(voice_dir, "string"),
+            max_piece_chars=(max_piece_chars, "integer"),
+        )
         if timeout_s <= 0:
             raise _config("timeout_s must be > 0 (seconds for the first chunk and each next)")
         if max_concurrency < 1:
@@ -243,6 +255,17 @@ class CosyVoiceTts:
 
 def _config(message: str) -> EngineConfigError:
     return EngineConfigError("tts", ENGINE, message)
+
+
+def _check_types(**options: tuple[object, str]) -> None:
+    """Each option's value against its kind ("integer", "number", "string"): JSON and TOML
+    give strings or booleans where a number was meant, and a wrong one must be one line
+    naming the option, not a TypeError traceback. None passes (the option is unset)."""
+    for name, (value, kind) in options.items():
+        types = KINDS[kind]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            article = "an" if kind == "integer" else "a"
+            raise _config(f"{name} must be {article} {kind}, got {value!r}")
 
 
 def _transport(
