@@ -167,6 +167,9 @@ def test_a_zero_shot_voice_from_the_admin_api_survives_a_restart(tmp_path: Path)
             "aliases": [],
         }
         assert "clone" in voice_ids(live)
+        short = register(live, "brief", "Hi.", write_wav(prompt[:4_800], 48_000))  # 0.1 s
+        assert short.status_code == 400 and short.json()["error"]["code"] == "invalid_audio"
+        assert "at least 1 s" in short.json()["error"]["message"]
         taken = register(live, "woman", "", write_wav(prompt, 48_000))
         assert taken.status_code == 400 and "voices table" in taken.json()["error"]["message"]
     finally:
