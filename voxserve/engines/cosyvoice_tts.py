@@ -115,6 +115,8 @@ class CosyVoiceTts:
             self._table = parse_table(voices or {}, self.sample_rate)
         except ValueError as exc:
             raise _config(str(exc)) from None
+        if isinstance(self.transport, cosyvoice_local.LocalTransport):
+            _check_speakers(self.transport, self._table)
         directory = Path(voice_dir) if voice_dir else default_cache_dir() / "cosyvoice-voices"
         self.store = ZeroShotStore(directory, self.sample_rate)
         self._prompted = {
@@ -266,6 +268,27 @@ def _check_types(**options: tuple[object, str]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
             article = "an" if kind == "integer" else "a"
             raise _config(f"{name} must be {article} {kind}, got {value!r}")
+
+
+def _check_speakers(
+    local: cosyvoice_local.LocalTransport, table: dict[str, CosyVoiceEntry]
+) -> None:
+    """In-process the model is known at start: a table voice it cannot speak is a config
+    error now, not a failure at every request (CosyVoice2/3 have no built-in speakers and
+    no `inference_instruct`; a runtime's model cannot be asked, so this is in-process only)."""
+    speakers = set(local.speakers())
+    for voice_id, entry in table.items():
+        if entry.kind == "instruct" and local.model_name != "CosyVoice":
+            raise _config(
+                f"voices[{voice_id!r}] has instruct, which needs CosyVoice-300M-Instruct; "
+                f"the model is {local.model_name}"
+            )
+        if entry.spk_id not in speakers:
+            have = ", ".join(sorted(speakers)) or "none (use zero-shot voices)"
+            raise _config(
+                f"voices[{voice_id!r}]: spk_id {entry.spk_id!r} is not a speaker of the "
+                f"model ({local.model_name}); its speakers: {have}"
+            )
 
 
 def _transport(
