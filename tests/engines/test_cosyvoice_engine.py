@@ -1,5 +1,5 @@
 """The cosyvoice engine against stand-ins of CosyVoice's gRPC and FastAPI runtimes
-(tests/engines/cosyvoice_standin.py: built from the published protocol, tones, no model),
+(voxserve/bench/cosyvoice_standin.py: built from the published protocol, tones, no model),
 over real sockets: each request kind carries its fields, audio streams as it comes, and a
 runtime that is down, dies mid-stream or stalls fails that call with a clear error in time
 while other calls go on and the next call works. CosyVoice itself (weights, a GPU) is not
@@ -129,6 +129,19 @@ def test_death_mid_stream_is_a_clear_error_and_the_next_call_works(
         standin.start()
     assert speak(tts, "Back again.").size == 3 * CHUNK
     assert tts.credits.in_flight == 0
+    tts.close()
+
+
+def test_a_model_failure_before_audio_says_why(standin: Standin, tmp_path: Path) -> None:
+    tts = engine(standin, tmp_path)
+    with pytest.raises(VoxError) as failed:
+        speak(tts, "This one fails.")
+    assert failed.value.code is ErrorCode.ENGINE_ERROR
+    message = failed.value.message
+    assert "before any audio" in message and "spk_id '中文女' is a speaker" in message
+    if isinstance(standin, GrpcStandin):  # the runtime's own reason travels in the details
+        assert "UNKNOWN before any audio: Exception iterating responses" in message
+    assert speak(tts, "Next one.").size == 3 * CHUNK and tts.credits.in_flight == 0
     tts.close()
 
 

@@ -164,10 +164,12 @@ class CosyVoiceTts:
         if not self.credits.acquire():
             raise self._busy()
         settled = False
+        received = False
         carry = b""
         stream = self.transport.stream(request)
         try:
             for data in stream:
+                received = True
                 data = carry + data
                 whole = len(data) - len(data) % 2
                 carry = data[whole:]
@@ -197,9 +199,10 @@ class CosyVoiceTts:
                 retry_after_s=1,
             ) from None
         except CosyFailed as exc:
+            hint = "" if received else _speaker_hint(request)
             raise VoxError(
                 ErrorCode.ENGINE_ERROR,
-                f"the cosyvoice runtime at {self.transport.where} failed the call ({exc})",
+                f"the cosyvoice runtime at {self.transport.where} failed the call ({exc}){hint}",
                 stage="tts",
             ) from None
         finally:
@@ -257,6 +260,17 @@ class CosyVoiceTts:
 
 def _config(message: str) -> EngineConfigError:
     return EngineConfigError("tts", ENGINE, message)
+
+
+def _speaker_hint(request: CosyRequest) -> str:
+    """The usual cause of a built-in speaker's call failing before any audio: the runtime's
+    model lacks the spk_id (its frontend raises KeyError), which the protocols cannot ask."""
+    if request.kind not in ("sft", "instruct"):
+        return ""
+    return (
+        f"; check that spk_id {request.spk_id!r} is a speaker of the runtime's model "
+        "(CosyVoice2/3 have no built-in speakers: use CosyVoice-300M-SFT, or zero-shot voices)"
+    )
 
 
 def _check_types(**options: tuple[object, str]) -> None:
