@@ -50,6 +50,7 @@ from faster_whisper.transcribe import get_suppressed_tokens
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
 from voxserve.engines.blas import limit_blas_threads
+from voxserve.engines.devices import check_device
 from voxserve.engines.registry import EngineConfigError
 from voxserve.engines.whisper_models import ModelNotAvailable, resolve_model
 from voxserve.engines.whisper_words import WordTiming, align_words, words_of_runs
@@ -69,7 +70,6 @@ TIME_PRECISION_S = 0.02  # one timestamp token
 MAX_LENGTH = 448  # Whisper's decoder context
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # first timestamp <= 1.0 s, as faster-whisper does
 LATE_SLACK_S = 0.5  # text may start this far past the audio's end before it counts as made up
-DEVICES = ("cpu", "cuda", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,10 +557,7 @@ def _device_and_compute(device: str, compute_type: str | None) -> tuple[str, str
     """CTranslate2's device and compute type: `auto` is CUDA when a GPU is visible, else
     CPU; the compute type defaults to int8 on CPU and float16 on CUDA, and must be one the
     device supports (ctranslate2.get_supported_compute_types)."""
-    if device not in DEVICES:
-        raise EngineConfigError(
-            "asr", "whisper", f"device {device!r} is not known; valid devices: {', '.join(DEVICES)}"
-        )
+    check_device("asr", "whisper", device)
     gpus = ctranslate2.get_cuda_device_count()
     if device == "cuda" and gpus == 0:
         raise EngineConfigError(
