@@ -160,6 +160,7 @@ def test_engines_shows_the_model(cache_home: Path, base: WhisperAsr) -> None:
 def test_serve_with_an_unknown_model_exits_2_with_one_line() -> None:
     bad = json.dumps({"name": "whisper", "options": {"model": "large-v9"}})
     args = ("serve", "--port", str(free_port()), "--grpc-port", "0", "--wyoming-port", "0")
+    args += ("--log-level", "error")
     proc = run_cli(*args, env=clean_env(VOXSERVE_ENGINES__ASR=bad))
     assert proc.returncode == 2
     assert_one_error_line(proc, "whisper", "unknown model 'large-v9'", "tiny.en, base")
