@@ -148,8 +148,8 @@ def _deploy(
         signal.signal(signal.SIGTERM, interrupt)  # ray.init installs its own (exit 15)
         cluster = cluster.model_copy(update={"address": ray.get_runtime_context().gcs_address})
         settings = settings.model_copy(update={"cluster": cluster})
-        offered = ray.cluster_resources().get("CPU", 0.0)  # type: ignore[no-untyped-call]
-        _check_cpus(cluster, float(offered))
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        _check_cpus(cluster, float(resources.get("CPU", 0.0)), float(resources.get("GPU", 0.0)))
     deploy(settings)
     served = describe_tiers(cluster)
     print(
@@ -164,15 +164,22 @@ def _deploy(
             time.sleep(3600)
 
 
-def _check_cpus(cluster: ClusterConfig, offered: float) -> None:
-    """A local cluster that cannot place every replica would make Serve wait forever: say
-    so instead (a remote cluster may add nodes on demand, so it is not checked)."""
-    needed = 0.0
+def _check_cpus(cluster: ClusterConfig, offered: float, offered_gpus: float = 0.0) -> None:
+    """A local cluster that cannot place every replica (CPUs, GPUs) would make Serve wait
+    forever: say so instead (a remote cluster may add nodes on demand: not checked)."""
+    needed = gpus_needed = 0.0
     for tier in (cluster.asr, cluster.tts):
         replicas = tier.num_replicas
         if tier.autoscaling is not None:
             replicas = int(tier.autoscaling.get("min_replicas", 1))
         needed += replicas * tier.num_cpus
+        gpus_needed += replicas * tier.num_gpus
+    if gpus_needed > offered_gpus + 1e-9:
+        raise CliError(
+            f"the ASR and TTS replicas need {gpus_needed:g} GPUs and this cluster offers "
+            f"{offered_gpus:g}: lower cluster.asr/tts num_gpus or run on a node with GPUs",
+            EXIT_USAGE,
+        )
     if needed > offered + 1e-9:
         raise CliError(
             f"the ASR and TTS replicas need {needed:g} CPUs and this cluster offers "

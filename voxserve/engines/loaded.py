@@ -76,6 +76,14 @@ class Engines:
             ErrorCode.UNKNOWN_LANGUAGE, f"language {quoted(language)} is not served; valid: {valid}"
         )
 
+    def session_language(self, language: str | None) -> str | None:
+        """A session's language: the one asked for (checked), else the ASR engine's only
+        language, else None: a multilingual engine detects it per utterance."""
+        checked = self.check_language(language)
+        if checked is not None or len(self.asr.languages) > 1:
+            return checked
+        return self.asr.languages[0]
+
     def close(self) -> None:
         for engine in (self.vad, self.asr, *self.tts, self.responder):
             close_engine(engine)
