@@ -1,0 +1,147 @@
+"""TTS by a remote OpenAI-compatible server (OpenAI, Kokoro-FastAPI, speaches, another
+voxserve): `POST /audio/speech` with `response_format=pcm`, OpenAI's published raw format
+(24 kHz mono 16-bit little-endian), read as it arrives and yielded chunk by chunk, so the
+first audio reaches the pipeline (and the client) while the remote is still speaking.
+
+`voices` maps voxserve voice ids to the remote's voice names (and their languages), so a
+front server offers its own names over whichever remote voices it is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+
+from voxserve import __version__
+from voxserve.engines.base import Int16Array
+from voxserve.engines.openai_remote import Remote
+from voxserve.engines.registry import EngineConfigError
+from voxserve.types import EngineInfo, Voice
+
+PCM_RATE = 24_000
+"""OpenAI's `pcm` speech: 24 kHz, 16-bit signed little-endian, mono."""
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
+DEFAULT_VOICES: dict[str, Any] = {"alloy": {"voice": "alloy", "language": "en"}}
+
+
+class OpenAITts:
+    """TtsEngine streaming from `POST {base_url}/audio/speech`.
+
+    `voices`: {voxserve id: remote name} or {voxserve id: {"voice": remote name,
+    "language": code, "description": text}} (language "en" when not given). `device` is
+    accepted for the config shape of the local engines: the remote server chooses its own.
+    """
+
+    sample_rate = PCM_RATE
+
+    def __init__(
+        self,
+        *,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        model: str = "tts-1",
+        voices: Mapping[str, Any] | None = None,
+        timeout_s: float = 30.0,
+        max_concurrency: int = 8,
+        device: str = "remote",
+        threads: int = 1,
+    ) -> None:
+        self._voices, self._remote_names = _voice_table(
+            DEFAULT_VOICES if voices is None else voices
+        )
+        self.remote = Remote(
+            "tts",
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_concurrency=max_concurrency,
+            device=device,
+        )
+        self.model = model
+        self.info = EngineInfo("tts", "openai", "voxserve", __version__, "Apache-2.0", model)
+        # The cache keys of this engine's audio: which remote and which of its voices.
+        self.cache_fingerprint = json.dumps(
+            [self.remote.base_url, model, self._remote_names], sort_keys=True
+        )
+
+    def __repr__(self) -> str:  # never show the API key
+        return f"OpenAITts(base_url={self.remote.base_url!r}, model={self.model!r})"
+
+    def voices(self) -> tuple[Voice, ...]:
+        return self._voices
+
+    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
+        remote_voice = self._remote_names.get(voice)
+        if remote_voice is None:
+            valid = ", ".join(sorted(self._remote_names))
+            raise ValueError(f"unknown voice {voice!r}; the openai engine has {valid}")
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            raise ValueError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}")
+        body = {
+            "model": self.model,
+            "input": text,
+            "voice": remote_voice,
+            "response_format": "pcm",
+            "speed": speed,
+        }
+        return self._stream(body)
+
+    def _stream(self, body: dict[str, Any]) -> Iterator[Int16Array]:
+        """The remote's PCM as it arrives, in whole samples; each wait is bounded by
+        `timeout_s`. Closing the generator (a cancelled reply) closes the connection."""
+        remote = self.remote
+        carry = b""
+        try:
+            with remote.client.stream("POST", remote.url("audio/speech"), json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise remote.refused(response)
+                for data in response.iter_bytes():
+                    data = carry + data
+                    whole = len(data) - len(data) % 2
+                    carry = data[whole:]
+                    if whole:
+                        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.int16)
+        except httpx.HTTPError as exc:
+            raise remote.failed(exc) from exc
+
+    def close(self) -> None:
+        self.remote.close()
+
+
+def _voice_table(table: Mapping[str, Any]) -> tuple[tuple[Voice, ...], dict[str, str]]:
+    """The voices offered and each id's remote name, or EngineConfigError saying why not."""
+
+    def bad(message: str) -> EngineConfigError:
+        return EngineConfigError("tts", "openai", f"option 'voices': {message}")
+
+    if not isinstance(table, Mapping) or not table:
+        raise bad('give a table {"voxserve id": "remote voice name", ...}')
+    voices: list[Voice] = []
+    names: dict[str, str] = {}
+    for voice_id, entry in table.items():
+        if isinstance(entry, str):
+            entry = {"voice": entry}
+        if not isinstance(entry, Mapping):
+            raise bad(f"{voice_id!r} must map to a remote voice name or a table")
+        unknown = sorted(set(entry) - {"voice", "language", "description"})
+        if unknown:
+            raise bad(
+                f"{voice_id!r} has unknown key {', '.join(map(repr, unknown))}; "
+                "valid keys: voice, language, description"
+            )
+        remote = entry.get("voice")
+        language = entry.get("language", "en")
+        if not isinstance(remote, str) or not remote:
+            raise bad(f"{voice_id!r} needs 'voice': the remote voice name")
+        if not isinstance(language, str) or not language:
+            raise bad(f"{voice_id!r}: 'language' must be a language code such as 'en'")
+        description = str(entry.get("description") or f"remote voice {remote}")
+        voices.append(Voice(voice_id, "openai", language, PCM_RATE, description))
+        names[voice_id] = remote
+    return tuple(voices), names
