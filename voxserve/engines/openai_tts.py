@@ -10,6 +10,7 @@ front server offers its own names over whichever remote voices it is given.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,6 +27,10 @@ PCM_RATE = 24_000
 """OpenAI's `pcm` speech: 24 kHz, 16-bit signed little-endian, mono."""
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+FIRST_CHUNK_S = 0.25  # seconds of audio: chunk sizes, see OpenAITts._stream
+MAX_FIRST_CHUNK_S = 2.0
+NEXT_CHUNK_S = 0.5
+CHUNK_MARGIN_S = 0.15
 DEFAULT_VOICES: dict[str, Any] = {"alloy": {"voice": "alloy", "language": "en"}}
 
 
@@ -92,26 +97,50 @@ class OpenAITts:
         return self._stream(body)
 
     def _stream(self, body: dict[str, Any]) -> Iterator[Int16Array]:
-        """The remote's PCM as it arrives, in whole samples; each wait is bounded by
-        `timeout_s`. Closing the generator (a cancelled reply) closes the connection."""
+        """The remote's PCM as it arrives, in whole samples, each wait bounded by
+        `timeout_s`; closing the generator (a cancelled reply) closes the connection.
+
+        Reads are gathered into chunks (or what is left at the end): the TTS stage makes
+        each next chunk due when the audio already made would have played out, less what
+        the previous chunk took to come (pipeline/synthesis.py). A network read can be a
+        few ms of audio, and the first one comes after the remote's whole time to first
+        audio, so handed on as they come, every next chunk would be due before it is asked
+        for: "late", which is flow pressure, and admission sheds new work (seen with a
+        cold remote). So the first chunk holds at least the time it took to come plus a
+        margin (FIRST_CHUNK_S .. MAX_FIRST_CHUNK_S of audio), later ones NEXT_CHUNK_S."""
         remote = self.remote
-        carry = b""
+        pending = bytearray()
+        started = time.monotonic()
+        first = True
         try:
             with remote.client.stream("POST", remote.url("audio/speech"), json=body) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise remote.refused(response)
                 for data in response.iter_bytes():
-                    data = carry + data
-                    whole = len(data) - len(data) % 2
-                    carry = data[whole:]
-                    if whole:
-                        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.int16)
+                    pending += data
+                    if first:
+                        waited = time.monotonic() - started + CHUNK_MARGIN_S
+                        goal = _bytes_for(min(max(FIRST_CHUNK_S, waited), MAX_FIRST_CHUNK_S))
+                    else:
+                        goal = _bytes_for(NEXT_CHUNK_S)
+                    if len(pending) >= goal:
+                        whole = len(pending) - len(pending) % 2
+                        yield np.frombuffer(bytes(pending[:whole]), dtype="<i2").astype(np.int16)
+                        del pending[:whole]
+                        first = False
         except httpx.HTTPError as exc:
             raise remote.failed(exc) from exc
+        whole = len(pending) - len(pending) % 2
+        if whole:
+            yield np.frombuffer(bytes(pending[:whole]), dtype="<i2").astype(np.int16)
 
     def close(self) -> None:
         self.remote.close()
+
+
+def _bytes_for(seconds: float) -> int:
+    return int(seconds * PCM_RATE) * 2
 
 
 def _voice_table(table: Mapping[str, Any]) -> tuple[tuple[Voice, ...], dict[str, str]]:
