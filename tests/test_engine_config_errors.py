@@ -86,3 +86,12 @@ def test_every_place_that_builds_an_engine_checks_its_options(build: Any) -> Non
     spec = EngineSpec(name="load", options={"txet": "hi"})
     with pytest.raises(EngineConfigError, match=r"unknown option 'txet'; valid options: .*text"):
         build("asr", spec, 1)
+
+
+def test_cluster_up_checks_the_core_engines_before_deploying() -> None:
+    """The Ray core tier's engines (here its per-language ASR) say the same, before Ray."""
+    by_language = {"es": {"name": "whisper", "options": {"modle": "base"}}}
+    env = clean_env(VOXSERVE_CLUSTER__ASR_LANGUAGES=json.dumps(by_language))
+    proc = run_cli("cluster", "up", env=env)
+    assert proc.returncode == 2
+    assert_one_error_line(proc, "asr engine 'whisper'", "unknown option 'modle'", "valid options:")

@@ -4,6 +4,7 @@ configured engines, imported early so a missing package is one clear line."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.errors import CliError, import_hint
@@ -53,15 +54,16 @@ def selected_specs(settings: Settings) -> list[tuple[str, EngineSpec]]:
     ]
 
 
-def check_engines_import(settings: Settings) -> None:
+def check_engines_import(settings: Settings, extra: Sequence[tuple[str, EngineSpec]] = ()) -> None:
     """Import the configured engines' classes and check their option names now, so a
     missing optional package, an unknown engine name (EngineNotFound) or a misspelt option
     (EngineConfigError) is one clear line (exit 2 for the last two) before the port opens,
     not a failure deep inside model loading. Option values are the constructors' to judge:
-    they raise EngineConfigError while loading, which ends `serve` the same way."""
+    they raise EngineConfigError while loading, which ends `serve` the same way. `extra`:
+    more engines to check (the Ray core tier's ASR engine per language)."""
     from voxserve.engines.registry import check_options, engine_class
 
-    for kind, spec in selected_specs(settings):
+    for kind, spec in [*selected_specs(settings), *extra]:
         try:
             cls = engine_class(kind, spec.name)
         except ImportError as exc:
