@@ -30,7 +30,7 @@ from tests.test_cli import clean_env
 from tests.wsclient import collect, of_type, send_audio, start
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
-from voxserve.config import CacheConfig, load_settings
+from voxserve.config import CacheConfig, TtsConfig, load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.openai_asr import OpenAIAsr
 from voxserve.engines.openai_tts import OpenAITts
@@ -94,7 +94,14 @@ def front(remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     port = free_port()
     tmp = tmp_path_factory.mktemp("front")
     with launch(tmp, "front", port, env):
-        yield f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{port}"
+        # Ready, but a server's first synthesis (its fallback phrase) can count as late
+        # on a busy host (the stock server too: a stalled event loop at start), and
+        # admission then sheds for a moment with 503 + Retry-After: what the SDK retries.
+        with openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=5) as client:
+            wav = write_wav(fixture_audio("command.wav"), SAMPLE_RATE)
+            client.audio.transcriptions.create(model="whisper-1", file=("w.wav", wav))
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +176,10 @@ def failing(remote: str) -> Iterator[LiveServer]:
     listens on; `amy` is right. Its ASR has the wrong key."""
     closed = f"http://127.0.0.1:{free_port()}/v1"
     settings = load_settings(
-        port=free_port(), log_level="warning", cache=CacheConfig(enabled=False)
+        port=free_port(),
+        log_level="warning",
+        cache=CacheConfig(enabled=False),
+        tts=TtsConfig(fallback_text=None),  # nothing synthesised at start (see `front`)
     )
     tts = [
         OpenAITts(base_url=remote, api_key=REMOTE_KEY, voices={"amy": "joe"}),

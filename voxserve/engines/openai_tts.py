@@ -21,16 +21,18 @@ from voxserve import __version__
 from voxserve.engines.base import Int16Array
 from voxserve.engines.openai_remote import Remote
 from voxserve.engines.registry import EngineConfigError
+from voxserve.engines.remote_audio import StreamedBody
 from voxserve.types import EngineInfo, Voice
 
 PCM_RATE = 24_000
 """OpenAI's `pcm` speech: 24 kHz, 16-bit signed little-endian, mono."""
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
-FIRST_CHUNK_S = 0.25  # seconds of audio: chunk sizes, see OpenAITts._stream
-MAX_FIRST_CHUNK_S = 2.0
+FIRST_CHUNK_S = 0.3  # seconds of audio: chunk sizes, see OpenAITts._stream
+MAX_FIRST_CHUNK_S = 2.5
 NEXT_CHUNK_S = 0.5
-CHUNK_MARGIN_S = 0.15
+MAX_CHUNK_S = 5.0
+CHUNK_MARGIN_S = 0.3  # the playout margin (0.1 s) and the hops to the event loop
 DEFAULT_VOICES: dict[str, Any] = {"alloy": {"voice": "alloy", "language": "en"}}
 
 
@@ -97,43 +99,35 @@ class OpenAITts:
         return self._stream(body)
 
     def _stream(self, body: dict[str, Any]) -> Iterator[Int16Array]:
-        """The remote's PCM as it arrives, in whole samples, each wait bounded by
-        `timeout_s`; closing the generator (a cancelled reply) closes the connection.
-
-        Reads are gathered into chunks (or what is left at the end): the TTS stage makes
-        each next chunk due when the audio already made would have played out, less what
-        the previous chunk took to come (pipeline/synthesis.py). A network read can be a
-        few ms of audio, and the first one comes after the remote's whole time to first
-        audio, so handed on as they come, every next chunk would be due before it is asked
-        for: "late", which is flow pressure, and admission sheds new work (seen with a
-        cold remote). So the first chunk holds at least the time it took to come plus a
-        margin (FIRST_CHUNK_S .. MAX_FIRST_CHUNK_S of audio), later ones NEXT_CHUNK_S."""
+        """The remote's PCM, read as it arrives (engines/remote_audio.py) and handed on in
+        chunks: the first once it holds at least the time it took to come plus a margin
+        (FIRST_CHUNK_S .. MAX_FIRST_CHUNK_S of audio), so the next is not due before it is
+        asked for; later ones all that came meanwhile (at least NEXT_CHUNK_S, at most
+        MAX_CHUNK_S). Closing the generator (a cancelled reply) stops the reading."""
         remote = self.remote
-        pending = bytearray()
-        started = time.monotonic()
-        first = True
+
+        def check(response: httpx.Response) -> None:
+            if response.status_code >= 400:
+                response.read()
+                raise remote.refused(response)
+
+        body_stream = StreamedBody(
+            lambda: remote.client.stream("POST", remote.url("audio/speech"), json=body),
+            check,
+            remote.failed,
+        )
+
+        def first_size() -> int:
+            waited = time.monotonic() - body_stream.started + CHUNK_MARGIN_S
+            return _bytes_for(min(max(FIRST_CHUNK_S, waited), MAX_FIRST_CHUNK_S))
+
+        least = first_size
         try:
-            with remote.client.stream("POST", remote.url("audio/speech"), json=body) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise remote.refused(response)
-                for data in response.iter_bytes():
-                    pending += data
-                    if first:
-                        waited = time.monotonic() - started + CHUNK_MARGIN_S
-                        goal = _bytes_for(min(max(FIRST_CHUNK_S, waited), MAX_FIRST_CHUNK_S))
-                    else:
-                        goal = _bytes_for(NEXT_CHUNK_S)
-                    if len(pending) >= goal:
-                        whole = len(pending) - len(pending) % 2
-                        yield np.frombuffer(bytes(pending[:whole]), dtype="<i2").astype(np.int16)
-                        del pending[:whole]
-                        first = False
-        except httpx.HTTPError as exc:
-            raise remote.failed(exc) from exc
-        whole = len(pending) - len(pending) % 2
-        if whole:
-            yield np.frombuffer(bytes(pending[:whole]), dtype="<i2").astype(np.int16)
+            while (data := body_stream.take(least, _bytes_for(MAX_CHUNK_S))) is not None:
+                yield np.frombuffer(data, dtype="<i2").astype(np.int16)
+                least = _next_size
+        finally:
+            body_stream.close()
 
     def close(self) -> None:
         self.remote.close()
@@ -141,6 +135,10 @@ class OpenAITts:
 
 def _bytes_for(seconds: float) -> int:
     return int(seconds * PCM_RATE) * 2
+
+
+def _next_size() -> int:
+    return _bytes_for(NEXT_CHUNK_S)
 
 
 def _voice_table(table: Mapping[str, Any]) -> tuple[tuple[Voice, ...], dict[str, str]]:
