@@ -14,8 +14,9 @@ Client messages are frozen dataclasses: they are made by the validating parsers
 
 Each wire has one encoder: JSON for the WebSocket (`ws_protocol.encode_event`), protobuf for
 gRPC (`grpc_events.encode_event`, an exhaustive match that says which events voxserve.v1
-cannot carry). Wyoming does not carry these events at all: it calls the pipeline per request
-(transcribe, synthesize) and answers with Wyoming's own events (server/wyoming_handler.py).
+cannot carry). Wyoming does not carry these events: a transcription turns the partials and
+finals of its session into Wyoming's transcript events (server/wyoming_stt.py), speech is
+answered with Wyoming's audio events (server/wyoming_handler.py).
 
 Bottom layer: imports only the standard library and msgspec.
 """

@@ -36,14 +36,23 @@ class Engines:
     _aliases: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for engine in self.tts:
-            for voice in engine.voices():
-                self._voices.setdefault(voice.id, (voice, engine))
-        for voice, engine in list(self._voices.values()):
-            for alias in voice.aliases:
-                self._aliases.setdefault(alias, (voice, engine))
+        self.refresh_voices()
         if self.default_voice not in self._voices and self._voices:
             self.default_voice = next(iter(self._voices))
+
+    def refresh_voices(self) -> None:
+        """Read the engines' voices again: one added or removed while serving (a cosyvoice
+        zero-shot voice, server/http_admin_voices.py). The maps are swapped whole, so a
+        lookup on another thread sees the old set or the new one."""
+        voices: dict[str, tuple[Voice, TtsEngine]] = {}
+        aliases: dict[str, tuple[Voice, TtsEngine]] = {}
+        for engine in self.tts:
+            for voice in engine.voices():
+                voices.setdefault(voice.id, (voice, engine))
+        for voice, engine in list(voices.values()):
+            for alias in voice.aliases:
+                aliases.setdefault(alias, (voice, engine))
+        self._voices, self._aliases = voices, aliases
 
     def voices(self) -> list[Voice]:
         return [voice for voice, _ in self._voices.values()]
