@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.argtypes import Subparsers
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
-from voxserve.cli.settings import configure_cli_logging, load_cli_settings
+from voxserve.cli.settings import (
+    check_engines_import,
+    configure_cli_logging,
+    load_cli_settings,
+)
 from voxserve.cli.signals import interrupt, sigterm_interrupts
 
 if TYPE_CHECKING:
@@ -82,6 +86,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "up":
         if args.nodes < 1 or (args.nodes > 1 and args.address):
             raise CliError("--nodes takes N >= 1, and only for a local cluster", EXIT_USAGE)
+        # The core's engines, checked here as `serve` checks its own: a bad name or option
+        # is one line and exit 2, not a replica that fails inside Ray.
+        by_language = settings.cluster.asr_languages.values()
+        check_engines_import(settings, [("asr", spec) for spec in by_language])
         return _up(settings, local=not args.address, num_cpus=args.num_cpus, nodes=args.nodes)
     if args.action == "status":
         return _status(settings, as_json=args.json)

@@ -15,7 +15,7 @@ from typing import Any
 
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
-from voxserve.engines.registry import ENGINE_KINDS, engine_class
+from voxserve.engines.registry import ENGINE_KINDS, check_options, engine_class
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import Voice
 
@@ -101,10 +101,11 @@ def build_engine(
     cls = engine_class(kind, spec.name)
     options = dict(spec.options)
     started = time.perf_counter()
-    if kind != "responder" and "threads" not in options:
+    if kind != "responder" and "threads" not in options and _takes(cls, "threads"):
         options["threads"] = default_threads
     if parallel is not None and "num_workers" not in options and _takes(cls, "num_workers"):
         options["num_workers"] = parallel
+    check_options(kind, spec.name, cls, options)
     engine = cls(**options)
     return engine, time.perf_counter() - started
 
