@@ -398,6 +398,9 @@ class ClusterDeployment(BaseModel):
 
     num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
     num_cpus: float = Field(default=0.5, gt=0)  # per replica; fractional so it fits small hosts
+    # GPUs per replica (fractional shares one GPU between replicas); > 0 also wants the
+    # tier's engine on `device = "cuda"` (docs/engines.md), else the GPU sits idle.
+    num_gpus: float = Field(default=0.0, ge=0)
     max_ongoing_requests: int = Field(default=4, ge=1)  # per replica, running at once
     max_queued_requests: int = Field(default=16, ge=-1)  # per gateway handle; -1 unbounded
     max_models_per_replica: int = Field(default=3, ge=1)  # voices / languages kept loaded

@@ -267,6 +267,9 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     collector need not track the thousands a busy server makes each second."""
 
 
+AUTO_LANGUAGE = "auto"  # session.started's language when a multilingual ASR detects it
+
+
 class SessionStarted(Event, frozen=True, tag="session.started"):
     session_id: str
     trace_id: str

@@ -1,5 +1,5 @@
 """The cosyvoice engine against stand-ins of CosyVoice's gRPC and FastAPI runtimes
-(tests/engines/cosyvoice_standin.py: built from the published protocol, tones, no model),
+(voxserve/bench/cosyvoice_standin.py: built from the published protocol, tones, no model),
 over real sockets: each request kind carries its fields, audio streams as it comes, and a
 runtime that is down, dies mid-stream or stalls fails that call with a clear error in time
 while other calls go on and the next call works. CosyVoice itself (weights, a GPU) is not
@@ -132,6 +132,19 @@ def test_death_mid_stream_is_a_clear_error_and_the_next_call_works(
     tts.close()
 
 
+def test_a_model_failure_before_audio_says_why(standin: Standin, tmp_path: Path) -> None:
+    tts = engine(standin, tmp_path)
+    with pytest.raises(VoxError) as failed:
+        speak(tts, "This one fails.")
+    assert failed.value.code is ErrorCode.ENGINE_ERROR
+    message = failed.value.message
+    assert "before any audio" in message and "spk_id '中文女' is a speaker" in message
+    if isinstance(standin, GrpcStandin):  # the runtime's own reason travels in the details
+        assert "UNKNOWN before any audio: Exception iterating responses" in message
+    assert speak(tts, "Next one.").size == 3 * CHUNK and tts.credits.in_flight == 0
+    tts.close()
+
+
 def test_a_stall_times_out_while_other_calls_go_on(standin: Standin, tmp_path: Path) -> None:
     tts = engine(standin, tmp_path)
     outcome: list[BaseException] = []
@@ -212,6 +225,15 @@ def test_option_errors_name_the_option(tmp_path: Path, monkeypatch: pytest.Monke
     )
     assert "sample_rate 1000" in refused(url="http://h:1", sample_rate=1000)
     assert "timeout_s" in refused(url="http://h:1", timeout_s=0)
+    # JSON and TOML values of the wrong type: one line, not a TypeError traceback
+    assert "timeout_s must be a number, got 'abc'" in refused(url="grpc://h:1", timeout_s="abc")
+    assert "sample_rate must be an integer, got '24000'" in refused(
+        url="grpc://h:1", sample_rate="24000"
+    )
+    assert "max_concurrency must be an integer, got True" in refused(
+        url="grpc://h:1", max_concurrency=True
+    )
+    assert "url must be a string" in refused(url=["grpc://h:1"])
     monkeypatch.setattr(cosyvoice_local, "available", lambda: False)
     message = refused()
     assert "set url" in message and "cosyvoice package, which is not installed" in message

@@ -14,8 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from voxserve.engines import cosyvoice_local
 from voxserve.engines.cosyvoice_local import LocalTransport, _choose_device
 from voxserve.engines.cosyvoice_request import CosyRequest, Prompt
+from voxserve.engines.cosyvoice_tts import CosyVoiceTts
+from voxserve.engines.registry import EngineConfigError
 
 
 class Speech:
@@ -42,6 +45,9 @@ class Recorder:
     def _out(self, method: str, *args: Any, **kwargs: Any) -> Iterator[dict[str, Speech]]:
         self.calls.append((method, args, kwargs))
         yield {"tts_speech": Speech(np.array([[0.5, -0.5, 2.0]], dtype=np.float32))}
+
+    def list_available_spks(self) -> list[str]:
+        return ["中文女", "中文男"] if self.name == "CosyVoice" else []
 
     def inference_sft(
         self, tts_text: str, spk_id: str, stream: bool = False, speed: float = 1.0
@@ -95,7 +101,8 @@ def test_each_kind_calls_the_published_method_streaming(tmp_path: Path) -> None:
         (pcm,) = list(local.stream(request))
         assert np.frombuffer(pcm, dtype=np.int16).tolist() == [16383, -16383, 32767]
     assert recorder.calls == [
-        ("sft", ("hi", "中文女"), {"stream": True, "speed": 1.5}),
+        # CosyVoice applies speed only without streaming (its token2wav asserts it)
+        ("sft", ("hi", "中文女"), {"stream": False, "speed": 1.5}),
         ("zero_shot", ("hi", "prompt words", str(wav)), {"stream": True, "speed": 1.0}),
         ("cross_lingual", ("hi", str(wav)), {"stream": True, "speed": 1.0}),
         ("instruct", ("hi", "中文男", "calm"), {"stream": True, "speed": 1.0}),
@@ -127,3 +134,37 @@ def test_device_resolution() -> None:
         _choose_device(cpu_host, "cuda")
     with pytest.raises(ValueError, match="auto, cpu, cuda, cuda:N"):
         _choose_device(gpu_host, "tpu")
+
+
+@pytest.mark.parametrize(
+    ("model", "voices", "refused"),
+    [
+        ("CosyVoice2", {"w": "中文女"}, "spk_id '中文女' is not a speaker of the model"),
+        ("CosyVoice", {"w": "英文女"}, "its speakers: 中文女, 中文男"),
+        ("CosyVoice2", {"w": {"spk_id": "中文女", "instruct": "calm"}}, "CosyVoice-300M-Instruct"),
+        ("CosyVoice", {"w": "中文女", "c": {"spk_id": "中文男", "instruct": "calm"}}, ""),
+    ],
+)
+def test_in_process_the_table_is_checked_against_the_model_at_start(
+    model: str,
+    voices: dict[str, Any],
+    refused: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cosyvoice_local, "available", lambda: True)
+
+    class Loaded(LocalTransport):
+        def __init__(self, model_dir: str, device: str) -> None:  # no torch, no CosyVoice
+            self.model, self.model_name, self.sample_rate = Recorder(model), model, 24_000
+
+    monkeypatch.setattr(cosyvoice_local, "LocalTransport", Loaded)
+
+    def make() -> CosyVoiceTts:
+        return CosyVoiceTts(model_dir="/m", voices=voices, voice_dir=str(tmp_path))
+
+    if not refused:
+        assert {v.id for v in make().voices()} == set(voices)
+        return
+    with pytest.raises(EngineConfigError, match=refused):
+        make()

@@ -1,5 +1,5 @@
 """A real voxserve server whose TTS engine is cosyvoice, in front of a stand-in of
-CosyVoice's gRPC or FastAPI runtime (tests/engines/cosyvoice_standin.py, tones from the
+CosyVoice's gRPC or FastAPI runtime (voxserve/bench/cosyvoice_standin.py, tones from the
 published protocol): /v1/audio/speech through the official `openai` SDK and a /v1/stream
 session get the stand-in's audio, the first chunk before the runtime's stream ended; a
 stalled runtime is a clear error to that session in time and the next reply works; a
@@ -102,7 +102,7 @@ def test_a_busy_runtime_is_overloaded_for_that_request_only(
     live, _ = served
     with sdk(live) as client:
         with pytest.raises(openai.APIStatusError) as refused:
-            client.audio.speech.create(model="tts-1", voice="woman", input="I am busy.")
+            client.audio.speech.create(model="tts-1", voice="woman", input="I am overloaded.")
         assert refused.value.status_code == 503
         assert refused.value.code == "overloaded" and "is at capacity" in refused.value.message
         audio = client.audio.speech.create(
@@ -167,6 +167,9 @@ def test_a_zero_shot_voice_from_the_admin_api_survives_a_restart(tmp_path: Path)
             "aliases": [],
         }
         assert "clone" in voice_ids(live)
+        short = register(live, "brief", "Hi.", write_wav(prompt[:4_800], 48_000))  # 0.1 s
+        assert short.status_code == 400 and short.json()["error"]["code"] == "invalid_audio"
+        assert "at least 1 s" in short.json()["error"]["message"]
         taken = register(live, "woman", "", write_wav(prompt, 48_000))
         assert taken.status_code == 400 and "voices table" in taken.json()["error"]["message"]
     finally:

@@ -10,9 +10,13 @@ A request's behaviour is chosen by a word of its text: "normal" by default; "die
 the first chunk the gRPC server stops, as a killed process does, and the HTTP handler
 breaks its connection, as a crashed worker does); "stalls" (after the first chunk nothing
 more until `release` is set, or 30 s); "gated" (the first chunk, then the rest once
-`release` is set: a test sees audio before the stream ended); "busy" (refused before any
-audio as each runtime refuses over its limit: gRPC RESOURCE_EXHAUSTED, which the gRPC
-runtime's `maximum_concurrent_rpcs` answers, and HTTP 503).
+`release` is set: a test sees audio before the stream ended); "overloaded" (refused before
+any audio as each runtime refuses over its limit: gRPC RESOURCE_EXHAUSTED, which the gRPC
+runtime's `maximum_concurrent_rpcs` answers, and HTTP 503; not "busy", which voxserve's
+default fallback phrase says); "fails" (the model raises before any audio, as CosyVoice's
+frontend does for a spk_id its model lacks: KeyError; the gRPC runtime then ends the call
+UNKNOWN with the exception in its details, the FastAPI one drops the connection, its
+200 already sent).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from voxserve.bench.servers import free_port
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 
 CHUNK_S = 0.1
+MODES = ("dies", "stalls", "gated", "overloaded", "fails")
 STALL_LIMIT_S = 30.0
 
 
@@ -56,9 +61,7 @@ class Standin:
         """Keep the request's fields; its behaviour (module docstring)."""
         self.requests.append(fields)
         words = str(fields.get("tts_text", "")).lower().replace(".", " ").split()
-        return next(
-            (mode for mode in ("dies", "stalls", "gated", "busy") if mode in words), "normal"
-        )
+        return next((mode for mode in MODES if mode in words), "normal")
 
     def tone(self, index: int) -> bytes:
         n = int(self.sample_rate * CHUNK_S)
@@ -91,8 +94,10 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
         payload = getattr(request, kind)
         fields = {"kind": kind, **{f.name: v for f, v in payload.ListFields()}}
         mode = self.record(fields)
-        if mode == "busy":
+        if mode == "overloaded":
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded")
+        if mode == "fails":
+            raise KeyError(fields.get("spk_id", ""))
         for index in range(self.chunks):
             if index == 1 and mode == "dies":
                 self.server.stop(None)  # every call cancelled, the port closed
@@ -147,13 +152,15 @@ class HttpStandin(Standin):
                 fields["prompt_rate"] = rate
                 fields["prompt_audio"] = samples.tobytes()
             mode = self.record(fields)
-            if mode == "busy":
-                return Response("busy", status_code=503)
+            if mode == "overloaded":
+                return Response("overloaded", status_code=503)
             return StreamingResponse(self._body(mode))
 
         return handle
 
     async def _body(self, mode: str) -> AsyncIterator[bytes]:
+        if mode == "fails":
+            raise KeyError("spk_id")  # uvicorn drops the connection after the 200
         for index in range(self.chunks):
             if index == 1 and mode == "dies":
                 raise RuntimeError("stand-in worker died")  # uvicorn drops the connection

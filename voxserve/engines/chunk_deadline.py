@@ -40,4 +40,6 @@ def with_chunk_deadline(response: Any, timeout_s: float) -> Iterator[Any]:
             raise
         finally:
             timer.cancel()
+        if late.is_set():  # it came as the timer fired: the call is cancelled all the same
+            raise ChunkLate()
         yield item

@@ -26,6 +26,7 @@ from voxserve.engines.cosyvoice_request import CosyBusy, CosyFailed, CosyRequest
 MAX_RECONNECT_BACKOFF_MS = 1000
 CONNECT_S = 2.0  # at most; less when timeout_s is less
 RETRY_S = 0.1
+MAX_DETAILS_CHARS = 200
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # one chunk is one sentence of audio (~50 KB/s)
 
 
@@ -107,4 +108,14 @@ def _failure(exc: grpc.RpcError, received: int) -> Exception:
     if code == grpc.StatusCode.UNAVAILABLE and received == 0:
         return CosyUnavailable(name)
     where = "mid-stream" if received else "before any audio"
-    return CosyFailed(f"{name} {where}")
+    return CosyFailed(f"{name} {where}{_details(exc)}")
+
+
+def _details(exc: grpc.RpcError) -> str:
+    """The runtime's own reason, shortened: CosyVoice's gRPC server ends a call whose model
+    raised with UNKNOWN and the exception in the details ("Exception iterating responses:
+    '中文女'" for a spk_id its model lacks), the one clue to what went wrong."""
+    details = exc.details() if isinstance(exc, grpc.Call) else None
+    if not details:
+        return ""
+    return f": {details[:MAX_DETAILS_CHARS]}"

@@ -1,6 +1,7 @@
 """The cosyvoice engine in-process: CosyVoice's own model classes (`cosyvoice.cli.cosyvoice`
 AutoModel: CosyVoice, CosyVoice2, CosyVoice3) when the `cosyvoice` package is importable,
-streaming with `inference_*(..., stream=True)`.
+streaming with `inference_*(..., stream=True)` (at speed 1.0: CosyVoice applies another
+speed only to a whole sentence, so that sentence comes in one piece).
 
 Written from CosyVoice's published API (cosyvoice/cli/cosyvoice.py: prompt recordings are
 passed as a path, which its frontend loads at 16 kHz); the package is not on the package
@@ -56,9 +57,13 @@ class LocalTransport:
 
     def _outputs(self, request: CosyRequest) -> Iterator[dict[str, Any]]:
         model, text, speed = self.model, request.text, request.speed
+        # CosyVoice applies `speed` only without streaming (cosyvoice/cli/model.py: its
+        # streaming path never passes speed on, and token2wav asserts "speed change only
+        # support non-stream inference mode"): another speed costs the sentence's streaming.
+        stream = speed == 1.0
         outputs: Iterator[dict[str, Any]]
         if request.kind == "sft":
-            outputs = model.inference_sft(text, request.spk_id, stream=True, speed=speed)
+            outputs = model.inference_sft(text, request.spk_id, stream=stream, speed=speed)
         elif request.kind == "instruct":
             if self.model_name != "CosyVoice":
                 raise ValueError(
@@ -66,17 +71,17 @@ class LocalTransport:
                     f"this model is {self.model_name}"
                 )
             outputs = model.inference_instruct(
-                text, request.spk_id, request.instruct_text, stream=True, speed=speed
+                text, request.spk_id, request.instruct_text, stream=stream, speed=speed
             )
         else:
             assert request.prompt is not None
             wav = str(request.prompt.wav_path)
             if request.kind == "zero_shot":
                 outputs = model.inference_zero_shot(
-                    text, request.prompt.text, wav, stream=True, speed=speed
+                    text, request.prompt.text, wav, stream=stream, speed=speed
                 )
             else:
-                outputs = model.inference_cross_lingual(text, wav, stream=True, speed=speed)
+                outputs = model.inference_cross_lingual(text, wav, stream=stream, speed=speed)
         yield from outputs
 
     def close(self) -> None:

@@ -54,6 +54,7 @@ DEFAULT_SAMPLE_RATE = 24_000  # CosyVoice2/3; CosyVoice-300M is 22050
 SCHEMES = ("grpc", "http", "https")
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+KINDS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
 
 
 class CosyVoiceTts:
@@ -76,6 +77,17 @@ class CosyVoiceTts:
         max_piece_chars: int = MAX_PIECE_CHARS,
         threads: int = 1,  # the runtime passes it to every engine; the work is remote
     ) -> None:
+        _check_types(
+            url=(url, "string"),
+            sample_rate=(sample_rate, "integer"),
+            timeout_s=(timeout_s, "number"),
+            max_concurrency=(max_concurrency, "integer"),
+            credit_wait_ms=(credit_wait_ms, "integer"),
+            device=(device, "string"),
+            model_dir=(model_dir, "string"),
+            voice_dir=(voice_dir, "string"),
+            max_piece_chars=(max_piece_chars, "integer"),
+        )
         if timeout_s <= 0:
             raise _config("timeout_s must be > 0 (seconds for the first chunk and each next)")
         if max_concurrency < 1:
@@ -103,6 +115,8 @@ class CosyVoiceTts:
             self._table = parse_table(voices or {}, self.sample_rate)
         except ValueError as exc:
             raise _config(str(exc)) from None
+        if isinstance(self.transport, cosyvoice_local.LocalTransport):
+            _check_speakers(self.transport, self._table)
         directory = Path(voice_dir) if voice_dir else default_cache_dir() / "cosyvoice-voices"
         self.store = ZeroShotStore(directory, self.sample_rate)
         self._prompted = {
@@ -150,10 +164,12 @@ class CosyVoiceTts:
         if not self.credits.acquire():
             raise self._busy()
         settled = False
+        received = False
         carry = b""
         stream = self.transport.stream(request)
         try:
             for data in stream:
+                received = True
                 data = carry + data
                 whole = len(data) - len(data) % 2
                 carry = data[whole:]
@@ -183,9 +199,10 @@ class CosyVoiceTts:
                 retry_after_s=1,
             ) from None
         except CosyFailed as exc:
+            hint = "" if received else _speaker_hint(request)
             raise VoxError(
                 ErrorCode.ENGINE_ERROR,
-                f"the cosyvoice runtime at {self.transport.where} failed the call ({exc})",
+                f"the cosyvoice runtime at {self.transport.where} failed the call ({exc}){hint}",
                 stage="tts",
             ) from None
         finally:
@@ -243,6 +260,49 @@ class CosyVoiceTts:
 
 def _config(message: str) -> EngineConfigError:
     return EngineConfigError("tts", ENGINE, message)
+
+
+def _speaker_hint(request: CosyRequest) -> str:
+    """The usual cause of a built-in speaker's call failing before any audio: the runtime's
+    model lacks the spk_id (its frontend raises KeyError), which the protocols cannot ask."""
+    if request.kind not in ("sft", "instruct"):
+        return ""
+    return (
+        f"; check that spk_id {request.spk_id!r} is a speaker of the runtime's model "
+        "(CosyVoice2/3 have no built-in speakers: use CosyVoice-300M-SFT, or zero-shot voices)"
+    )
+
+
+def _check_types(**options: tuple[object, str]) -> None:
+    """Each option's value against its kind ("integer", "number", "string"): JSON and TOML
+    give strings or booleans where a number was meant, and a wrong one must be one line
+    naming the option, not a TypeError traceback. None passes (the option is unset)."""
+    for name, (value, kind) in options.items():
+        types = KINDS[kind]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            article = "an" if kind == "integer" else "a"
+            raise _config(f"{name} must be {article} {kind}, got {value!r}")
+
+
+def _check_speakers(
+    local: cosyvoice_local.LocalTransport, table: dict[str, CosyVoiceEntry]
+) -> None:
+    """In-process the model is known at start: a table voice it cannot speak is a config
+    error now, not a failure at every request (CosyVoice2/3 have no built-in speakers and
+    no `inference_instruct`; a runtime's model cannot be asked, so this is in-process only)."""
+    speakers = set(local.speakers())
+    for voice_id, entry in table.items():
+        if entry.kind == "instruct" and local.model_name != "CosyVoice":
+            raise _config(
+                f"voices[{voice_id!r}] has instruct, which needs CosyVoice-300M-Instruct; "
+                f"the model is {local.model_name}"
+            )
+        if entry.spk_id not in speakers:
+            have = ", ".join(sorted(speakers)) or "none (use zero-shot voices)"
+            raise _config(
+                f"voices[{voice_id!r}]: spk_id {entry.spk_id!r} is not a speaker of the "
+                f"model ({local.model_name}); its speakers: {have}"
+            )
 
 
 def _transport(

@@ -32,6 +32,7 @@ DEFAULT_LANGUAGE = "zh"
 TABLE_KEYS = ("spk_id", "language", "instruct", "description")
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_PROMPT_S = 30.0  # CosyVoice's prompts are a few seconds; longer ones only cost memory
+MIN_PROMPT_S = 1.0  # shorter gives CosyVoice's speech tokenizer next to nothing to clone
 
 
 @dataclass(frozen=True, slots=True)

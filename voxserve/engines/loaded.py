@@ -16,7 +16,7 @@ from typing import Any
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.micro_wakeword import WakeEngine, load_wake
-from voxserve.engines.registry import ENGINE_KINDS, engine_class
+from voxserve.engines.registry import ENGINE_KINDS, check_options, engine_class
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import Voice
 
@@ -78,6 +78,14 @@ class Engines:
             ErrorCode.UNKNOWN_LANGUAGE, f"language {quoted(language)} is not served; valid: {valid}"
         )
 
+    def session_language(self, language: str | None) -> str | None:
+        """A session's language: the one asked for (checked), else the ASR engine's only
+        language, else None: a multilingual engine detects it per utterance."""
+        checked = self.check_language(language)
+        if checked is not None or len(self.asr.languages) > 1:
+            return checked
+        return self.asr.languages[0]
+
     def close(self) -> None:
         for engine in (self.vad, self.asr, *self.tts, self.responder):
             close_engine(engine)
@@ -97,10 +105,11 @@ def build_engine(
     cls = engine_class(kind, spec.name)
     options = dict(spec.options)
     started = time.perf_counter()
-    if kind != "responder" and "threads" not in options:
+    if kind != "responder" and "threads" not in options and _takes(cls, "threads"):
         options["threads"] = default_threads
     if parallel is not None and "num_workers" not in options and _takes(cls, "num_workers"):
         options["num_workers"] = parallel
+    check_options(kind, spec.name, cls, options)
     engine = cls(**options)
     return engine, time.perf_counter() - started
 

@@ -29,6 +29,7 @@ from voxserve.audio.dedup import SeqDedup
 from voxserve.engines.micro_wakeword import wake_names
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import (
+    AUTO_LANGUAGE,
     CreateItem,
     ResponseOptions,
     SessionEnded,
@@ -96,7 +97,7 @@ class Session:
         self.trace_id = config.trace_id or self.id
         settings = ctx.settings
         engines = ctx.engines
-        self.language = engines.check_language(config.language) or engines.asr.languages[0]
+        self.language = engines.session_language(config.language)
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
         gate = wake_gate(ctx, config)  # checked before anything is acquired
@@ -205,7 +206,7 @@ class Session:
             mode=self.config.mode,
             sample_rate=self.config.sample_rate,
             encoding=self.config.encoding,
-            language=self.language,
+            language=self.language or AUTO_LANGUAGE,
             voice=self.voice,
             output_sample_rate=self.output_sample_rate,
             frame_ms=FRAME_MS,

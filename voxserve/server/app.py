@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
+from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
@@ -131,6 +132,9 @@ def start_watchdog(runtime: Runtime) -> LoopWatchdog | None:
 async def _load(runtime: Runtime) -> None:
     try:
         await runtime.load()
+    except EngineConfigError as exc:  # the config is wrong: stop, `serve` exits 2 with it
+        log.info("engine configuration error; stopping", extra={"error": str(exc)})
+        runtime.stop_for(exc)
     except Exception:
         # runtime.load_error is reported by /readyz; the process stays up to say so.
         log.exception("engines failed to load")

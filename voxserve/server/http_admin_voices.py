@@ -3,7 +3,7 @@
 
     GET    /admin/voices/cosyvoice          the registered prompt voices
     POST   /admin/voices/cosyvoice          multipart form: voice, prompt_wav (an audio
-                                            file, up to 30 s), prompt_text?, language?,
+                                            file, 1 to 30 s), prompt_text?, language?,
                                             description?  -> 201 {"voice": {...}}
     DELETE /admin/voices/cosyvoice/{voice}  forget it (its files too)
 
@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Route
 from voxserve.audio.decode import decode_audio
 from voxserve.engines.cosyvoice_request import PROMPT_RATE
 from voxserve.engines.cosyvoice_tts import CosyVoiceTts
-from voxserve.engines.cosyvoice_voices import DEFAULT_LANGUAGE, MAX_PROMPT_S
+from voxserve.engines.cosyvoice_voices import DEFAULT_LANGUAGE, MAX_PROMPT_S, MIN_PROMPT_S
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.runtime import Runtime
 from voxserve.server.http_admin import admin_only
@@ -67,6 +67,12 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         pcm = await asyncio.to_thread(
             decode_audio, data, max_seconds=MAX_PROMPT_S, rate=PROMPT_RATE
         )
+        if pcm.size < MIN_PROMPT_S * PROMPT_RATE:
+            raise VoxError(
+                ErrorCode.INVALID_AUDIO,
+                f"the prompt recording is {pcm.size / PROMPT_RATE:.2f} s; a voice prompt needs "
+                f"at least {MIN_PROMPT_S:g} s of speech (a few seconds work best)",
+            )
         prompt_text = _text(form, "prompt_text")
         language = _text(form, "language") or DEFAULT_LANGUAGE
         description = _text(form, "description")
