@@ -4,7 +4,8 @@ The request's audio goes into a session opened by the session driver like every
 transport's (its VAD, partials, finals, limits, drain); its partial and final transcripts
 come back as Wyoming >= 1.7 streaming events: `transcript-start`, `transcript-chunk`s
 (wyoming_chunks: append-only), then at `audio-stop`, once the session has decoded the
-last final, the remaining chunk, `transcript` (the chunks joined) and `transcript-stop`.
+last final, the remaining chunk, `transcript` (the finals joined: the same text as the
+chunks unless a partial sent words the final took back) and `transcript-stop`.
 Clients before 1.7 skip the events they do not know and read `transcript` as before.
 
 Wyoming differs from the WebSocket in three ways. Its audio is charged to the quota by
@@ -159,7 +160,7 @@ class StreamedTranscription:
         # far is decoded first): the transcript of the audio it took.
         if not self._started:
             await self._start()
-        text = self._chunks.text
+        text = self._chunks.transcript  # the finals: what the decoder settled on
         await self._write(Transcript(text=text, language=self._language).event())
         await self._write(TranscriptStop().event())
 
