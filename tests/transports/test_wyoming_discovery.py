@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import ifaddr
 import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
@@ -21,7 +22,12 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from voxserve.config import WyomingConfig, load_settings
-from voxserve.server.wyoming_zeroconf import SERVICE_TYPE, WyomingAdvertiser
+from voxserve.server.wyoming_zeroconf import (
+    SERVICE_TYPE,
+    WyomingAdvertiser,
+    advertised_addresses,
+    mdns_source_address,
+)
 
 WAIT_S = 10.0
 
@@ -151,3 +157,18 @@ async def test_zeroconf_that_cannot_start_is_one_warning(
         await advertiser.stop()
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "not advertised" in warnings[0].getMessage()
+
+
+def test_on_every_interface_the_record_has_the_lan_address_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--host 0.0.0.0` on a machine with a Docker bridge: Home Assistant connects to the
+    first address of the record it holds, so the record carries the one address mDNS
+    leaves from (the machine's own adapters, plus a bridge this test adds)."""
+    adapters = ifaddr.get_adapters()
+    bridge = ifaddr.Adapter("docker0", "docker0", [ifaddr.IP("172.17.0.1", 16, "docker0")])
+    monkeypatch.setattr(ifaddr, "get_adapters", lambda: [*adapters, bridge])
+    route = mdns_source_address()
+    assert route is not None and route != "172.17.0.1"
+    assert advertised_addresses("0.0.0.0") == [route]
+    assert advertised_addresses("192.0.2.7") == ["192.0.2.7"]  # a bind address stays
