@@ -22,6 +22,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from voxserve.config import WyomingConfig, load_settings
+from voxserve.server.wyoming_server import WyomingTransport
 from voxserve.server.wyoming_zeroconf import (
     SERVICE_TYPE,
     WyomingAdvertiser,
@@ -172,3 +173,23 @@ def test_on_every_interface_the_record_has_the_lan_address_only(
     assert route is not None and route != "172.17.0.1"
     assert advertised_addresses("0.0.0.0") == [route]
     assert advertised_addresses("192.0.2.7") == ["192.0.2.7"]  # a bind address stays
+
+
+async def test_the_record_appears_once_the_engines_are_loaded(browser: Browser) -> None:
+    """Home Assistant describes a record as soon as it sees it; before the models load
+    `describe` is `not_ready` and its discovery would give up for good."""
+    name = unique("voxserve-loading")
+    settings = load_settings(port=free_port(), log_level="warning")
+    settings = settings.model_copy(
+        update={"host": "127.0.0.1", "wyoming": WyomingConfig(zeroconf_name=name)}
+    )
+    transport = WyomingTransport(fake_runtime(settings), 0)  # not loaded yet
+    await transport.start()
+    try:
+        assert transport.advertiser is not None
+        assert await browser.resolve(name, timeout_ms=2500) is None
+        transport.runtime.loaded.set()  # what Runtime.load does once ready
+        assert await transport.advertiser.wait_registered() == name
+        assert await browser.until(browser.added, name)
+    finally:
+        await transport.stop()

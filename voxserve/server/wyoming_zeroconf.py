@@ -16,6 +16,11 @@ multicast (a container, a sandbox) gives one warning and no record; a name anoth
 already uses is changed (`name-2`), as DNS-SD wants, and logged. The record is withdrawn
 (goodbye packets) when the transport stops, SIGTERM included (the app's lifespan). With
 `--workers N` Wyoming is off (cli/workers.py), so only a one-process server advertises.
+
+The record appears once the engines are loaded, not when the port opens: Home Assistant
+answers a new record at once with `describe` (1 s timeout, 3 tries 2 s apart), and
+before the models load `describe` is an `error` (not_ready): the discovery would end in
+"no services", and no new record comes to start it again.
 """
 
 from __future__ import annotations
@@ -95,9 +100,10 @@ class WyomingAdvertiser:
         self._info: AsyncServiceInfo | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, after: asyncio.Event | None = None) -> None:
+        """Register once `after` is set (the engines loaded: see WyomingTransport)."""
         self._task = asyncio.get_running_loop().create_task(
-            self._register(), name="voxserve-zeroconf"
+            self._register(after), name="voxserve-zeroconf"
         )
 
     async def wait_registered(self) -> str | None:
@@ -106,7 +112,9 @@ class WyomingAdvertiser:
             await asyncio.wait([self._task])
         return self.registered_name
 
-    async def _register(self) -> None:
+    async def _register(self, after: asyncio.Event | None) -> None:
+        if after is not None:
+            await after.wait()
         try:
             addresses = advertised_addresses(self.host)
             if not addresses:
