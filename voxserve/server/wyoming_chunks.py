@@ -29,6 +29,7 @@ class TranscriptChunks:
     def __init__(self) -> None:
         self.text = ""
         self.transcript = ""
+        self.spoken_segments = 0  # segments whose final has text
         self._segment = 0  # the first segment without its final: the one being sent
         self._sent = ""  # that segment's text sent so far
         self._previous = ""  # its last partial
@@ -52,6 +53,7 @@ class TranscriptChunks:
         text = text.strip()
         if text:
             self.transcript = f"{self.transcript} {text}" if self.transcript else text
+            self.spoken_segments += 1
         if text.startswith(self._sent):
             rest = text[len(self._sent) :]
         else:  # the sent words stand; the final's words after as many follow them
