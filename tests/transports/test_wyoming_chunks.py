@@ -1,6 +1,6 @@
 """The append-only rule of Wyoming transcript chunks (server/wyoming_chunks.py): only words
-two partials agree on, never a retraction, segments in order, and the chunks joined are
-the transcript sent at the end."""
+two partials agree on, never a retraction, segments in order; the transcript sent at the
+end is the finals joined (the chunks joined, unless a final took back words sent)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ def run(steps: list[tuple[str, int, str]]) -> tuple[list[str], str]:
         if piece is not None:
             out.append(piece)
     assert "".join(out) == chunks.text
+    finals = [text.strip() for kind, _, text in steps if kind == "final" and text.strip()]
+    assert chunks.transcript == " ".join(finals)
     return out, chunks.text
 
 
@@ -41,6 +43,19 @@ def test_a_final_that_changed_its_mind_keeps_the_words_sent() -> None:
     )
     assert out == ["turn on ", "the kitchen lights."]  # "turn on " is never taken back
     assert text == "turn on the kitchen lights."
+
+
+def test_the_transcript_is_the_finals_not_a_wrong_partial_sent() -> None:
+    """Whisper on 0.5 s of "Stop." twice said "Stop. Stop. Stop." before its final said
+    "Stop." (the real model, paced like a microphone): Home Assistant, which reads only
+    `transcript`, must get the final."""
+    chunks = TranscriptChunks()
+    chunks.partial(0, "Stop. Stop. Stop.")
+    sent = chunks.partial(0, "Stop. Stop. Stop. Stop.")
+    assert sent == "Stop. Stop. "  # sent: chunks cannot take it back
+    chunks.final(0, "Stop.")
+    chunks.final(1, " Please. ")
+    assert chunks.transcript == "Stop. Please."
 
 
 def test_segments_in_order_a_later_partial_waits_for_the_earlier_final() -> None:

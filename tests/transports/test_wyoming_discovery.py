@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import ifaddr
 import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
@@ -21,7 +22,13 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from voxserve.config import WyomingConfig, load_settings
-from voxserve.server.wyoming_zeroconf import SERVICE_TYPE, WyomingAdvertiser
+from voxserve.server.wyoming_server import WyomingTransport
+from voxserve.server.wyoming_zeroconf import (
+    SERVICE_TYPE,
+    WyomingAdvertiser,
+    advertised_addresses,
+    mdns_source_address,
+)
 
 WAIT_S = 10.0
 
@@ -151,3 +158,38 @@ async def test_zeroconf_that_cannot_start_is_one_warning(
         await advertiser.stop()
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "not advertised" in warnings[0].getMessage()
+
+
+def test_on_every_interface_the_record_has_the_lan_address_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--host 0.0.0.0` on a machine with a Docker bridge: Home Assistant connects to the
+    first address of the record it holds, so the record carries the one address mDNS
+    leaves from (the machine's own adapters, plus a bridge this test adds)."""
+    adapters = ifaddr.get_adapters()
+    bridge = ifaddr.Adapter("docker0", "docker0", [ifaddr.IP("172.17.0.1", 16, "docker0")])
+    monkeypatch.setattr(ifaddr, "get_adapters", lambda: [*adapters, bridge])
+    route = mdns_source_address()
+    assert route is not None and route != "172.17.0.1"
+    assert advertised_addresses("0.0.0.0") == [route]
+    assert advertised_addresses("192.0.2.7") == ["192.0.2.7"]  # a bind address stays
+
+
+async def test_the_record_appears_once_the_engines_are_loaded(browser: Browser) -> None:
+    """Home Assistant describes a record as soon as it sees it; before the models load
+    `describe` is `not_ready` and its discovery would give up for good."""
+    name = unique("voxserve-loading")
+    settings = load_settings(port=free_port(), log_level="warning")
+    settings = settings.model_copy(
+        update={"host": "127.0.0.1", "wyoming": WyomingConfig(zeroconf_name=name)}
+    )
+    transport = WyomingTransport(fake_runtime(settings), 0)  # not loaded yet
+    await transport.start()
+    try:
+        assert transport.advertiser is not None
+        assert await browser.resolve(name, timeout_ms=2500) is None
+        transport.runtime.loaded.set()  # what Runtime.load does once ready
+        assert await transport.advertiser.wait_registered() == name
+        assert await browser.until(browser.added, name)
+    finally:
+        await transport.stop()

@@ -14,6 +14,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
 from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize
 
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
@@ -78,7 +79,8 @@ async def test_chunks_arrive_while_audio_is_sent_and_join_to_the_final(
     assert early, "no transcript-chunk before audio-stop was sent"
     assert TranscriptStart.from_event(events[0][1]).language == "en"
     final = Transcript.from_event(events[-2][1])
-    assert "".join(text for _, text in chunks) == final.text
+    # The chunks join to the final unless a final took back a partial's words.
+    assert wer(final.text, "".join(text for _, text in chunks)) <= 0.2
     assert wer(fixture_texts()["long.wav"], final.text) <= 0.2, final.text
     assert final.language == "en"
     assert live_server.runtime.active_sessions == 0 or await _sessions_end(live_server)
@@ -102,6 +104,48 @@ async def test_a_client_that_reads_only_transcript_gets_it(live_server: LiveServ
                 break
     text = Transcript.from_event(event).text
     assert wer(fixture_texts()["lights.wav"], text) <= 0.2, text
+
+
+async def spoken(live: LiveServer, text: str) -> np.ndarray:
+    """`text` in the server's own voice at 16 kHz, its leading and trailing silence off."""
+    async with client(live) as wyoming:
+        await wyoming.write_event(Synthesize(text=text).event())
+        pcm, rate = b"", RATE
+        while (event := await wyoming.read_event()) is not None and event.type != "audio-stop":
+            if AudioChunk.is_type(event.type):
+                chunk = AudioChunk.from_event(event)
+                pcm, rate = pcm + chunk.audio, chunk.rate
+    voice = np.frombuffer(pcm, "<i2").astype(np.float32)
+    loud = np.flatnonzero(np.abs(voice) > 300)
+    voice = voice[loud[0] : loud[-1] + 1]
+    at_16k = np.interp(np.arange(0, voice.size, rate / RATE), np.arange(voice.size), voice)
+    return at_16k.astype(np.int16)
+
+
+async def test_a_pause_inside_a_command_does_not_split_its_transcript(
+    live_server: LiveServer,
+) -> None:
+    """700 ms of silence (past the VAD's 500 ms hangover) inside one command: decoded as
+    two segments, the first said "Set a timer for it." (Whisper base, no context);
+    `transcript` is the whole command recognised at once."""
+    quiet = np.zeros(RATE * 7 // 10, np.int16)
+    head, tail = (
+        await spoken(live_server, "Set a timer for"),
+        await spoken(live_server, "five minutes"),
+    )
+    samples = np.concatenate([quiet[: RATE // 5], head, quiet, tail, quiet])
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Transcribe(language="en").event())
+        await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+        pcm = samples.astype("<i2").tobytes()
+        for i in range(0, len(pcm), 2048):  # Home Assistant's 1024-sample chunks
+            chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=pcm[i : i + 2048])
+            await wyoming.write_event(chunk.event())
+        await wyoming.write_event(AudioStop().event())
+        events = await read_until(wyoming, "transcript-stop")
+    final = Transcript.from_event(events[-2][1])
+    assert wer("set a timer for 5 minutes", final.text) == 0, final.text
+    assert final.language == "en"
 
 
 async def _sessions_end(live: LiveServer) -> bool:

@@ -1,7 +1,8 @@
 """The Wyoming server: a TCP port in the HTTP server's event loop, one WyomingHandler per
 connection, sharing the Runtime (and so the engines and stage limits) with every transport.
 Plain TCP: Home Assistant's Wyoming client does not speak TLS. Advertised over zeroconf
-(`wyoming.zeroconf`, server/wyoming_zeroconf.py) once bound, withdrawn at stop."""
+(`wyoming.zeroconf`, server/wyoming_zeroconf.py) once bound and the engines are loaded,
+withdrawn at stop."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class WyomingTransport:
         if wyoming.zeroconf:
             name = wyoming.zeroconf_name or default_name()
             self.advertiser = WyomingAdvertiser(name, host, self.port)
-            self.advertiser.start()
+            self.advertiser.start(after=self.runtime.loaded)  # `describe` answers then
 
     @staticmethod
     def _handler(

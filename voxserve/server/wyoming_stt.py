@@ -4,7 +4,8 @@ The request's audio goes into a session opened by the session driver like every
 transport's (its VAD, partials, finals, limits, drain); its partial and final transcripts
 come back as Wyoming >= 1.7 streaming events: `transcript-start`, `transcript-chunk`s
 (wyoming_chunks: append-only), then at `audio-stop`, once the session has decoded the
-last final, the remaining chunk, `transcript` (the chunks joined) and `transcript-stop`.
+last final, the remaining chunk, `transcript` (the finals joined: the same text as the
+chunks unless a partial sent words the final took back) and `transcript-stop`.
 Clients before 1.7 skip the events they do not know and read `transcript` as before.
 
 Wyoming differs from the WebSocket in three ways. Its audio is charged to the quota by
@@ -13,6 +14,14 @@ once), so the driver does not charge it again. Any error the session reports end
 request with that `error` (a Wyoming request has no place for an error it goes on after);
 the rest of its audio is dropped. Chunks of any size are cut into the session's 20 ms
 frames here.
+
+A pause in a command longer than the VAD's hangover (`vad.hangover_ms`, 500 ms) cuts it
+into segments decoded apart, and the first loses its context: "Set a timer for" / 700 ms
+/ "five minutes" came out "Set a timer for it. Five minutes." where the whole recording
+gives "Set a timer for 5 minutes." (Whisper base). The client's own VAD decides where a
+Wyoming command ends (`requires_external_vad`), so when the session heard more than one
+segment, `transcript` is the whole request's audio recognised in one go (as before
+streaming; the chunks stay a preview); one segment (most commands) keeps its final.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from voxserve.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
+from voxserve.pipeline.recognition import transcribe
 from voxserve.runtime import Runtime
 from voxserve.server.admission import admit
 from voxserve.server.auth import ANONYMOUS
@@ -92,6 +102,9 @@ class StreamedTranscription:
         self._started = False  # transcript-start sent
         self._language = language
         self._chunks = TranscriptChunks()
+        self._runtime = runtime
+        self._rate = rate
+        self._audio: list[np.ndarray] = []  # for a request the VAD cut in two (docstring)
         self.driver.start()
         self.driver.announce()
         self.task = asyncio.get_running_loop().create_task(
@@ -106,6 +119,7 @@ class StreamedTranscription:
 
     def add(self, samples: np.ndarray) -> None:
         """Mono 16-bit samples at the request's rate, as 20 ms frames (the last may be short)."""
+        self._audio.append(samples)
         pcm = memoryview(np.ascontiguousarray(samples, dtype="<i2").tobytes())
         frames: Frames = []
         for start in range(0, len(pcm), self._frame):
@@ -152,16 +166,32 @@ class StreamedTranscription:
                     ended = item
                 case _:
                     pass  # VAD, credit and the like: Wyoming has no words for them
-        await self._session_over(cancel=False)
         if ended is None:
+            await self._session_over(cancel=False)
             return  # the client read nothing (stalled): nobody to tell
         # Ended without an error (completed, or the server drained it: what was heard so
         # far is decoded first): the transcript of the audio it took.
+        text = await self._transcript()
+        await self._session_over(cancel=False)
         if not self._started:
             await self._start()
-        text = self._chunks.text
         await self._write(Transcript(text=text, language=self._language).event())
         await self._write(TranscriptStop().event())
+
+    async def _transcript(self) -> str:
+        """The finals joined; the whole audio recognised at once if the VAD cut the
+        request (docstring), the finals again if that fails (overload, say)."""
+        if self._chunks.spoken_segments < 2:
+            return self._chunks.transcript
+        try:
+            whole = await transcribe(
+                self._runtime, np.concatenate(self._audio), self._rate, language=self._language
+            )
+        except Exception as exc:
+            log.warning("wyoming: whole recognition failed", extra={"error": repr(exc)})
+            return self._chunks.transcript
+        self._language = self._language or whole.language or None
+        return whole.text.strip()
 
     async def _session_over(self, *, cancel: bool) -> None:
         """The session's slot is free before the client reads the request's end (so the

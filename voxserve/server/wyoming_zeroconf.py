@@ -6,13 +6,21 @@ server under the program's name (its unique id is the record's instance name plu
 name). So the record says: the instance name (`wyoming.zeroconf_name`, default
 `voxserve-<host>`), the bound port, and addresses HA can reach: the bind address when
 `host` is one address (127.0.0.1 stays on the loopback: nothing else could connect), else
-every non-loopback IPv4 address of the machine.
+the one address mDNS packets leave from (the LAN Home Assistant listens on), as the
+`wyoming` package's own `HomeAssistantZeroconf` does. Not every address: Home Assistant
+connects to the first IPv4 address of the record it happens to hold, and on a machine
+with Docker or a VPN that is as likely `172.17.0.1` (unreachable) as the LAN address.
 
 Advertising is best effort: the server serves the same without it. A network without
 multicast (a container, a sandbox) gives one warning and no record; a name another host
 already uses is changed (`name-2`), as DNS-SD wants, and logged. The record is withdrawn
 (goodbye packets) when the transport stops, SIGTERM included (the app's lifespan). With
 `--workers N` Wyoming is off (cli/workers.py), so only a one-process server advertises.
+
+The record appears once the engines are loaded, not when the port opens: Home Assistant
+answers a new record at once with `describe` (1 s timeout, 3 tries 2 s apart), and
+before the models load `describe` is an `error` (not_ready): the discovery would end in
+"no services", and no new record comes to start it again.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_wyoming._tcp.local."
+MDNS_GROUP = "224.0.0.251"  # the interface packets to it leave by is the LAN's
 ANY_HOST = ("", "0.0.0.0", "::")
 REGISTER_TIMEOUT_S = 10.0  # probing and announcing take ~2 s; a stuck network must not hang
 
@@ -46,7 +55,8 @@ def default_name() -> str:
 
 def advertised_addresses(host: str) -> list[str]:
     """The IPv4 addresses a client can connect to: the bind address if it is one, else
-    every non-loopback IPv4 address (the loopback's if the machine has no other)."""
+    the mDNS route's source address (without a route: every non-loopback IPv4 address,
+    the loopback's if the machine has no other)."""
     if host not in ANY_HOST:
         try:
             address = ipaddress.ip_address(host)
@@ -54,6 +64,8 @@ def advertised_addresses(host: str) -> list[str]:
             resolved = socket.getaddrinfo(host, None, socket.AF_INET)
             return sorted({str(info[4][0]) for info in resolved})
         return [str(address)] if address.version == 4 else []
+    if route := mdns_source_address():
+        return [route]
     found = {
         ip.ip
         for adapter in ifaddr.get_adapters()
@@ -61,6 +73,18 @@ def advertised_addresses(host: str) -> list[str]:
         if isinstance(ip.ip, str) and not ipaddress.ip_address(ip.ip).is_loopback
     }
     return sorted(found) or ["127.0.0.1"]
+
+
+def mdns_source_address() -> str | None:
+    """The local address packets to the mDNS group leave from (no packet is sent: a UDP
+    connect only picks the route), or None where there is no route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((MDNS_GROUP, 5353))
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return None
+    return None if ipaddress.ip_address(address).is_unspecified else address
 
 
 class WyomingAdvertiser:
@@ -76,9 +100,10 @@ class WyomingAdvertiser:
         self._info: AsyncServiceInfo | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, after: asyncio.Event | None = None) -> None:
+        """Register once `after` is set (the engines loaded: see WyomingTransport)."""
         self._task = asyncio.get_running_loop().create_task(
-            self._register(), name="voxserve-zeroconf"
+            self._register(after), name="voxserve-zeroconf"
         )
 
     async def wait_registered(self) -> str | None:
@@ -87,7 +112,9 @@ class WyomingAdvertiser:
             await asyncio.wait([self._task])
         return self.registered_name
 
-    async def _register(self) -> None:
+    async def _register(self, after: asyncio.Event | None) -> None:
+        if after is not None:
+            await after.wait()
         try:
             addresses = advertised_addresses(self.host)
             if not addresses:
