@@ -125,6 +125,10 @@ SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
         },
     ),
     (
+        ev.WakeDetected(name="okay_nabu", timestamp_ms=1430),
+        {"type": "wake.detected", "name": "okay_nabu", "timestamp_ms": 1430},
+    ),
+    (
         ev.VadStart(segment=0, start_ms=300),
         {"type": "vad.start", "segment": 0, "start_ms": 300},
     ),

@@ -325,6 +325,24 @@ class RealtimeConfig(BaseModel):
     max_client_secrets: int = Field(default=10_000, ge=1)
 
 
+class WyomingConfig(BaseModel):
+    """The Wyoming port's zeroconf record (server/wyoming_zeroconf.py): Home Assistant
+    discovers the server by it. `serve --no-zeroconf` / `--zeroconf-name NAME`."""
+
+    zeroconf: bool = True  # advertise `_wyoming._tcp.local.` while Wyoming is on
+    # The DNS-SD instance name ("" = voxserve-<host name>): what Home Assistant lists.
+    zeroconf_name: str = Field(default="", max_length=63)
+
+    @field_validator("zeroconf_name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        if len(value.encode()) > 63 or not value.isprintable() or "." in value:
+            raise ValueError(
+                "wyoming.zeroconf_name must be printable, without '.', 63 bytes at most"
+            )
+        return value
+
+
 class FlowConfig(BaseModel):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
@@ -394,6 +412,9 @@ class ClusterDeployment(BaseModel):
 
     num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
     num_cpus: float = Field(default=0.5, gt=0)  # per replica; fractional so it fits small hosts
+    # GPUs per replica (fractional shares one GPU between replicas); > 0 also wants the
+    # tier's engine on `device = "cuda"` (docs/engines.md), else the GPU sits idle.
+    num_gpus: float = Field(default=0.0, ge=0)
     max_ongoing_requests: int = Field(default=4, ge=1)  # per replica, running at once
     max_queued_requests: int = Field(default=16, ge=-1)  # per gateway handle; -1 unbounded
     max_models_per_replica: int = Field(default=3, ge=1)  # voices / languages kept loaded
@@ -423,6 +444,26 @@ class ClusterConfig(BaseModel):
     credits: ClusterCredits = ClusterCredits()
 
 
+class WakeConfig(BaseModel):
+    """Wake words (microWakeWord models of the `pymicro-wakeword` package): the Wyoming wake
+    service and /v1/stream's `wake_word` (docs/protocol.md)."""
+
+    enabled: bool = True  # load the models at start (needs the `wyoming` extra)
+    # Model names as pymicro-wakeword's; an unknown one stops the server at start.
+    models: list[str] = Field(
+        default_factory=lambda: ["okay_nabu", "hey_jarvis", "hey_mycroft", "alexa"]
+    )
+    # Audio after a detection in which the same word is not reported again (one utterance
+    # fires once; wyoming-microwakeword's --refractory-seconds default).
+    refractory_s: float = Field(default=2.0, ge=0)
+    # /v1/stream `wake_word`: after the word, a command must start within this much audio,
+    # else ASR waits for the word again (as a voice assistant goes back to sleep).
+    command_window_s: float = Field(default=8.0, gt=0)
+    # Per model, overriding the model's own JSON (okay_nabu: 0.85 and 5 probabilities).
+    probability_cutoff: dict[str, float] = Field(default_factory=dict)
+    sliding_window_size: dict[str, int] = Field(default_factory=dict)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="VOXSERVE_", env_nested_delimiter="__", extra="forbid"
@@ -444,6 +485,7 @@ class Settings(BaseSettings):
     gc: GcConfig = GcConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    wake: WakeConfig = WakeConfig()
     # Server processes sharing the port (`serve --workers N`); engines that start no
     # threads are loaded once before fork and shared copy-on-write (server/workers.py).
     workers: int = Field(default=1, ge=1, le=64)
@@ -465,6 +507,7 @@ class Settings(BaseSettings):
     # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     wyoming_port: int = Field(default=10300, ge=0, le=65535)
+    wyoming: WyomingConfig = WyomingConfig()  # its zeroconf record
     # TLS for HTTP/WebSocket and gRPC alike (PEM files); both set or neither. Wyoming stays
     # plain TCP (Home Assistant's client does not speak TLS).
     tls_cert_file: Path | None = None

@@ -14,8 +14,9 @@ Client messages are frozen dataclasses: they are made by the validating parsers
 
 Each wire has one encoder: JSON for the WebSocket (`ws_protocol.encode_event`), protobuf for
 gRPC (`grpc_events.encode_event`, an exhaustive match that says which events voxserve.v1
-cannot carry). Wyoming does not carry these events at all: it calls the pipeline per request
-(transcribe, synthesize) and answers with Wyoming's own events (server/wyoming_handler.py).
+cannot carry). Wyoming does not carry these events: a transcription turns the partials and
+finals of its session into Wyoming's transcript events (server/wyoming_stt.py), speech is
+answered with Wyoming's audio events (server/wyoming_handler.py).
 
 Bottom layer: imports only the standard library and msgspec.
 """
@@ -104,6 +105,9 @@ class StreamConfig:
     resumable: bool = False
     # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
     conversation: ConversationConfig | None = None
+    # /v1/stream audio modes: ASR waits for this wake word (a pymicro-wakeword model name),
+    # then takes one turn, then waits again (pipeline/wake_gate.py). None: no wake word.
+    wake_word: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +267,9 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     collector need not track the thousands a busy server makes each second."""
 
 
+AUTO_LANGUAGE = "auto"  # session.started's language when a multilingual ASR detects it
+
+
 class SessionStarted(Event, frozen=True, tag="session.started"):
     session_id: str
     trace_id: str
@@ -319,6 +326,13 @@ class VadEnd(Event, frozen=True, tag="vad.end"):
     segment: int
     start_ms: int
     end_ms: int
+
+
+class WakeDetected(Event, frozen=True, tag="wake.detected"):
+    """The session's `wake_word` was heard: the next turn is transcribed (docs/protocol.md)."""
+
+    name: str
+    timestamp_ms: int  # where the word ended in the session's audio (ms from its start)
 
 
 class TranscriptPartial(Event, frozen=True, tag="transcript.partial"):
@@ -526,6 +540,7 @@ StreamEvent: TypeAlias = (
     | SessionEnded
     | VadStart
     | VadEnd
+    | WakeDetected
     | TranscriptPartial
     | TranscriptFinal
     | ResponseDelta

@@ -16,6 +16,7 @@ from voxserve.v1 import voxserve_pb2 as pb
 CONVERSE_FIELD: dict[type[ev.ServerEvent], str | None] = {
     ev.SessionStarted: "started",
     ev.SessionResumed: None,  # only the WebSocket parks and resumes sessions
+    ev.WakeDetected: None,  # only the WebSocket's session.start takes a wake_word
     ev.SessionEnded: "ended",
     ev.VadStart: "vad_start",
     ev.VadEnd: "vad_end",

@@ -36,6 +36,7 @@ from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
 from voxserve.engines.base import inline_safe
+from voxserve.engines.micro_wakeword import Detection
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     AudioCleared,
@@ -48,6 +49,7 @@ from voxserve.events import (
     TurnDetection,
     VadEnd,
     VadStart,
+    WakeDetected,
     speech_item_id,
 )
 from voxserve.observe.tracing import TurnMarks
@@ -55,6 +57,7 @@ from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.stage import deadline_in
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent, session_vad
+from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,9 @@ _VAD, _TASK = "vad", "task"  # who holds a listener's stream state (Listener._ho
 # Push-to-talk: the least audio a commit takes (the Realtime API's own minimum); less is
 # refused as empty_audio, and left in the buffer.
 MIN_COMMIT_MS = 100
+
+
+_Heard = TurnEvent | Detection  # what the task is handed: turns, and wake words heard
 
 
 def ms(samples: int) -> int:
@@ -111,9 +117,11 @@ class Listener:
         on_final: Callable[[int, str], Awaitable[None]] | None = None,
         conversation: ConversationConfig | None = None,
         session_id: str = "",
+        wake_gate: WakeGate | None = None,
     ) -> None:
         """`conversation`: a conversation session's (module docstring); `session_id` names
-        its turns' items (speech_item_id)."""
+        its turns' items (speech_item_id); `wake_gate`: turns only after the session's wake
+        word (pipeline/wake_gate.py)."""
         self.ctx = ctx
         self.ring = ring
         self.outbox = outbox
@@ -129,6 +137,7 @@ class Listener:
         self.pad = vad.pad_ms * SAMPLE_RATE // 1000  # kept before speech start
         self.tail_pad = settings.vad.pad_ms * SAMPLE_RATE // 1000  # and after its end
         self.in_conversation = conversation is not None
+        self.wake_gate = wake_gate
         self.session_id = session_id
         # False: push-to-talk (a conversation without turn detection): no VAD at all.
         self.detecting = conversation is None or detection is not None
@@ -157,7 +166,7 @@ class Listener:
         # Who may touch the ring, VAD and turn state now: the VAD batcher's round, this
         # listener's task, or nobody (None: waiting for audio).
         self._holder: str | None = None
-        self._inbox: deque[list[TurnEvent] | BaseException] = deque()  # judged, for the task
+        self._inbox: deque[list[_Heard] | BaseException] = deque()  # judged, for the task
         self._group: asyncio.TaskGroup | None = None
         self.task_wakeups = 0  # times the task had work (not once per batch: tests check)
         self.closed = False
@@ -195,6 +204,8 @@ class Listener:
         self.on_commit = self.on_failed = self.last_item_id = None
         self._controls.clear()  # what they would run is bound to this listener
         self._group = None
+        if self.wake_gate is not None:
+            self.wake_gate.close()
 
     def close_input(self) -> None:
         self.closed = True
@@ -266,7 +277,7 @@ class Listener:
                 return max(0, control.at - self.ring.read_total)
         return None
 
-    def _give_task(self, item: list[TurnEvent] | BaseException | None) -> None:
+    def _give_task(self, item: list[_Heard] | BaseException | None) -> None:
         if item is not None:
             self._inbox.append(item)
         self._holder = _TASK
@@ -280,6 +291,8 @@ class Listener:
         if not samples.size:
             return None
         self.audio.append(samples)
+        if self.wake_gate is not None:
+            self.wake_gate.feed(samples)
         if not self.detecting:
             return None
         audio = to_float32(samples)
@@ -302,7 +315,7 @@ class Listener:
                 full = SpeechEnd(self._kept_from, self.audio.end, forced=True)
                 self._give_task([full])
                 return
-            events = self.turns.feed(probs.tolist()) if probs is not None else []
+            events = self._feed_turns(probs) if probs is not None else []
             if events or self.closed or self._control_due() or self._group is None:
                 self._give_task(events if probs is not None else None)  # None: nothing judged
                 return
@@ -312,6 +325,18 @@ class Listener:
             self._give_task(exc)
             return
         self._kick()
+
+    def _feed_turns(self, probs: Float32Array) -> list[_Heard]:
+        """New VAD probabilities to the turn detector; behind a wake word, what the gate lets
+        through, after the detections it heard (wake_gate.py)."""
+        gate = self.wake_gate
+        if gate is None:
+            return list(self.turns.feed(probs.tolist()))
+        heard: list[_Heard] = list(gate.take_heard())
+        turns = self.turns.feed(gate.mask(probs, self.turns.position, self.window).tolist())
+        ended = any(isinstance(event, SpeechEnd) for event in turns)
+        gate.after_turns(self.turns.position, self.turns.speaking, ended)
+        return heard + turns
 
     def _push_to_talk_full(self) -> bool:
         return self.audio.end - self._kept_from >= self.turns.max_utterance
@@ -350,7 +375,7 @@ class Listener:
         """Audio judged on its own: the last partial window at the end of input, or what
         push-to-talk kept when turn detection comes back on (whole windows)."""
         probs = await self.ctx.vad_batcher().speech_probs(self.vad_state, audio)
-        for event in self.turns.feed(probs.tolist()):
+        for event in self._feed_turns(probs):
             await self._on_turn(event)
         self._after_judge(group)
 
@@ -381,7 +406,11 @@ class Listener:
             await self._on_turn(event)
         await self._finals.put(None)
 
-    async def _on_turn(self, event: TurnEvent) -> None:
+    async def _on_turn(self, event: _Heard) -> None:
+        if isinstance(event, Detection):  # the wake word: the command's audio starts here
+            self._kept_from = max(self._kept_from, event.sample)
+            await self.outbox.event(WakeDetected(name=event.name, timestamp_ms=event.timestamp_ms))
+            return
         if isinstance(event, SpeechStart):
             self.segment += 1
             self._last_partial_at = event.start

@@ -26,8 +26,10 @@ from functools import partial
 from typing import Protocol
 
 from voxserve.audio.dedup import SeqDedup
+from voxserve.engines.micro_wakeword import wake_names
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import (
+    AUTO_LANGUAGE,
     CreateItem,
     ResponseOptions,
     SessionEnded,
@@ -45,6 +47,7 @@ from voxserve.pipeline.replies import Replies
 from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.text_input import TextInput
+from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
 
 log = logging.getLogger(__name__)
@@ -94,9 +97,10 @@ class Session:
         self.trace_id = config.trace_id or self.id
         settings = ctx.settings
         engines = ctx.engines
-        self.language = engines.check_language(config.language) or engines.asr.languages[0]
+        self.language = engines.session_language(config.language)
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
+        gate = wake_gate(ctx, config)  # checked before anything is acquired
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
         self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
@@ -174,6 +178,7 @@ class Session:
                 ),
                 conversation=config.conversation,
                 session_id=self.id,
+                wake_gate=gate,
             )
             if replies is not None:
                 replies.listener = self.listener
@@ -201,7 +206,7 @@ class Session:
             mode=self.config.mode,
             sample_rate=self.config.sample_rate,
             encoding=self.config.encoding,
-            language=self.language,
+            language=self.language or AUTO_LANGUAGE,
             voice=self.voice,
             output_sample_rate=self.output_sample_rate,
             frame_ms=FRAME_MS,
@@ -453,3 +458,14 @@ class Session:
             interrupted=self.speaker.interrupted,
             duration_ms=int((time.monotonic() - self.started_at) * 1000),
         )
+
+
+def wake_gate(ctx: SessionContext, config: StreamConfig) -> WakeGate | None:
+    """The gate of a session that asked for a `wake_word` (its name checked: an unknown one
+    is `unknown_wake_word`, listing the enabled ones), else None."""
+    if config.wake_word is None:
+        return None
+    engine = ctx.engines.wake
+    (name,) = wake_names(engine, [config.wake_word])
+    assert engine is not None  # wake_names refuses a server without wake words
+    return WakeGate(engine.new_stream([name]), ctx.settings.wake.command_window_s)

@@ -113,6 +113,13 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         trace_id = uuid.uuid4().hex
     elif not _TRACE_ID.match(trace_id):
         raise _invalid("trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -")
+    wake_word = _field(data, "wake_word", str, None)
+    if wake_word is not None and mode == "tts":
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            "wake_word needs an audio mode (asr or assistant)",
+            fatal=True,
+        )
     return StreamConfig(
         mode=mode,
         sample_rate=rate,
@@ -125,6 +132,7 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         chunk_ms=chunk_ms,
         trace_id=trace_id,
         resumable=bool(_field(data, "resumable", bool, False)),
+        wake_word=wake_word,
     )
 
 
