@@ -30,6 +30,10 @@ from msgspec import UNSET as UNSET  # re-exported: callers test optional fields 
 from msgspec import UnsetType as UnsetType
 
 Mode = Literal["asr", "tts", "assistant"]
+TurnType = Literal["server_vad", "semantic_vad"]
+Eagerness = Literal["low", "medium", "high", "auto"]
+TURN_TYPES: tuple[TurnType, ...] = ("server_vad", "semantic_vad")
+EAGERNESS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
 MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
 
 
@@ -62,14 +66,18 @@ class ResponseOptions:
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """Server VAD of a conversation session; None in ConversationConfig is push-to-talk
-    (no VAD: audio between commits is one utterance). None fields: the server's setting."""
+    """Turn detection of a session; None in ConversationConfig is push-to-talk
+    (no VAD: audio between commits is one utterance). None fields: the server's setting.
+    `server_vad` ends a turn after a fixed silence; `semantic_vad` adapts the silence to
+    what was said (pipeline/endpointing.py), as eager as `eagerness` says."""
 
     threshold: float | None = None  # speech probability (vad.threshold)
     prefix_padding_ms: int | None = None  # audio kept before speech start (vad.pad_ms)
     silence_duration_ms: int | None = None  # silence that ends a turn (vad.hangover_ms)
     create_response: bool = True  # answer each committed turn
     interrupt_response: bool = True  # speech cancels the response in progress
+    type: TurnType = "server_vad"
+    eagerness: Eagerness = "auto"  # semantic_vad only
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,8 @@ class StreamConfig:
     resumable: bool = False
     # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
     conversation: ConversationConfig | None = None
+    # /v1/stream and gRPC (asr, assistant): None is the server's (vad.turn_detection).
+    turn_detection: TurnDetection | None = None
 
 
 @dataclass(frozen=True, slots=True)

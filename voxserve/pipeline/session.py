@@ -174,9 +174,12 @@ class Session:
                 ),
                 conversation=config.conversation,
                 session_id=self.id,
+                turn_detection=config.turn_detection,
             )
             if replies is not None:
                 replies.listener = self.listener
+                self.listener.on_speculate = replies.speculate
+                self.listener.on_resume = replies.withdraw
             if responses is not None:
                 responses.listener = self.listener
                 self.listener.on_commit = responses.user_committed
