@@ -227,8 +227,17 @@ class CreateResponse:
     options: ResponseOptions = ResponseOptions()
 
 
+@dataclass(frozen=True, slots=True)
+class TurnUpdate:
+    """`session.update` on /v1/stream (and gRPC): new turn detection, from this point of
+    the audio on (the turn in progress goes on under it)."""
+
+    turn_detection: TurnDetection
+
+
 StreamMessage: TypeAlias = (
     StartMessage
+    | TurnUpdate
     | TextMessage
     | EndMessage
     | CancelMessage
@@ -260,6 +269,7 @@ CLIENT_MESSAGE_TYPES: dict[str, type[ClientMessage]] = {
     "cancel": CancelMessage,
     "mark": MarkMessage,
     "credit": CreditMessage,
+    "session.update": TurnUpdate,
 }
 """Each client `type` and the message ws_protocol.parse_text_message parses it into; the
 parser does not read this table: tests/test_events_docs.py holds it to docs/protocol.md."""
@@ -271,6 +281,14 @@ parser does not read this table: tests/test_events_docs.py holds it to docs/prot
 class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     """Base of every server event. gc=False: events hold only scalars (no cycles), so the
     collector need not track the thousands a busy server makes each second."""
+
+
+class TurnDetectionInfo(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A session's turn detection as it is in force (session.started, session.updated)."""
+
+    type: TurnType
+    eagerness: Eagerness | None = None  # semantic_vad
+    silence_duration_ms: int | None = None  # server_vad
 
 
 class SessionStarted(Event, frozen=True, tag="session.started"):
@@ -285,6 +303,7 @@ class SessionStarted(Event, frozen=True, tag="session.started"):
     frame_ms: int  # FRAME_MS
     credit_window: int | None  # the input window now; null in `tts` mode
     resumable: bool
+    turn_detection: TurnDetectionInfo | None = None  # asr, assistant
 
 
 class SessionResumed(Event, frozen=True, tag="session.resumed"):
@@ -434,7 +453,10 @@ class Item(msgspec.Struct, frozen=True, gc=False):
 
 
 class SessionUpdated(Event, frozen=True, tag="session.updated"):
-    """A `session.update` was applied (the transport describes the whole session)."""
+    """A `session.update` was applied (the Realtime transport describes the whole session;
+    /v1/stream: the turn detection now in force)."""
+
+    turn_detection: TurnDetectionInfo | None = None
 
 
 class AudioCommitted(Event, frozen=True, tag="audio.committed"):
@@ -532,6 +554,7 @@ def reply_item_id(session_id: str, reply: int) -> str:
 
 StreamEvent: TypeAlias = (
     SessionStarted
+    | SessionUpdated
     | SessionResumed
     | SessionEnded
     | VadStart
@@ -551,8 +574,7 @@ StreamEvent: TypeAlias = (
 """What any session may send (docs/protocol.md's /v1/stream section)."""
 
 ConversationEvent: TypeAlias = (
-    SessionUpdated
-    | AudioCommitted
+    AudioCommitted
     | AudioCleared
     | ItemAdded
     | ItemDone

@@ -79,7 +79,7 @@ def ending(text: str) -> Ending:
 
 
 def _list_in_progress(text: str) -> bool:
-    """"eggs, milk, bread." : two commas or more in the last sentence and no "and"/"or"
+    """ "eggs, milk, bread." : two commas or more in the last sentence and no "and"/"or"
     before its last item (Whisper puts a full stop at any pause)."""
     sentence = re.split(r"[.?!]\s", text.rstrip(".?! "))[-1]
     items = sentence.split(",")
