@@ -34,10 +34,10 @@ class Ending(Enum):
 # tentative end (vad.speculate_ms) comes first: the decode that judges the ending starts
 # there, so COMPLETE's wait is mostly spent decoding anyway.
 _WAIT_MS: dict[Eagerness, dict[Ending, int]] = {
-    "high": {Ending.COMPLETE: 160, Ending.NEUTRAL: 350, Ending.CONTINUES: 800},
-    "medium": {Ending.COMPLETE: 240, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
-    "auto": {Ending.COMPLETE: 240, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
-    "low": {Ending.COMPLETE: 450, Ending.NEUTRAL: 900, Ending.CONTINUES: 2000},
+    "high": {Ending.COMPLETE: 200, Ending.NEUTRAL: 400, Ending.CONTINUES: 800},
+    "medium": {Ending.COMPLETE: 300, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
+    "auto": {Ending.COMPLETE: 300, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
+    "low": {Ending.COMPLETE: 500, Ending.NEUTRAL: 900, Ending.CONTINUES: 2000},
 }
 EARLY_TURN_S = 1.0  # speech this soon after a turn ended: that turn ended too early
 _EARLY_STEP_MS = 120  # auto: added to COMPLETE and NEUTRAL per early end (at most 3)
@@ -58,6 +58,7 @@ _NUMBER_WORDS = frozenset(
 )
 _WORD = re.compile(r"[a-z0-9']+")
 _TRAILING = (",", ";", ":", "-", "...", "…")
+_DIGITS_AT_END = re.compile(r"[\d][\d\s-]*$")
 
 
 def ending(text: str) -> Ending:
@@ -68,8 +69,7 @@ def ending(text: str) -> Ending:
     words = _WORD.findall(text.lower())
     if not words or text.endswith(_TRAILING):
         return Ending.CONTINUES
-    last = words[-1]
-    if last in _CONTINUATION or last in _NUMBER_WORDS or last[-1].isdigit():
+    if words[-1] in _CONTINUATION or _reading_a_number(text, words):
         return Ending.CONTINUES
     if _list_in_progress(text):
         return Ending.CONTINUES
@@ -78,14 +78,32 @@ def ending(text: str) -> Ending:
     return Ending.NEUTRAL
 
 
+def _reading_a_number(text: str, words: list[str]) -> bool:
+    """ "five five five", "555": digits read out, not yet a whole phone number (7 or more
+    digits). One number word or a short number ("at three.") is an ordinary word."""
+    spoken = 0
+    for word in reversed(words):
+        if word not in _NUMBER_WORDS:
+            break
+        spoken += 1
+    tail = _DIGITS_AT_END.search(text.rstrip(".?!,"))
+    digits = sum(c.isdigit() for c in tail.group()) if tail else 0
+    if not text.endswith((".", "?", "!")) and (spoken or 0 < digits < 7):
+        return True
+    return 2 <= spoken < 7 or 3 <= digits < 7
+
+
 def _list_in_progress(text: str) -> bool:
-    """ "eggs, milk, bread." : two commas or more in the last sentence and no "and"/"or"
-    before its last item (Whisper puts a full stop at any pause)."""
-    sentence = re.split(r"[.?!]\s", text.rstrip(".?! "))[-1]
-    items = sentence.split(",")
-    if len(items) < 3:
+    """ "eggs, milk, bread." : short items after a comma in the last sentence, and no
+    "and"/"or" before the last one (Whisper puts a full stop at any pause)."""
+    if text.endswith("?"):
         return False
-    return not re.search(r"\b(and|or)\b", items[-1].lower())
+    sentence = re.split(r"[.?!]\s", text.rstrip(".?! "))[-1]
+    items = [item.split() for item in sentence.split(",")]
+    if len(items) < 2 or re.search(r"\b(and|or)\b", " ".join(items[-1]).lower()):
+        return False
+    short = all(len(item) <= 3 for item in items[1:])
+    return short and (len(items) >= 3 or len(items[0]) >= 3)
 
 
 def trailing_energy(audio: Int16Array, sample_rate: int) -> float:
