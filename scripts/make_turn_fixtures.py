@@ -44,7 +44,7 @@ FIXTURES: list[tuple[str, list[str], list[int], str]] = [
     (
         "meeting_and.wav",
         ["The meeting went well and", "the client wants a second proposal."],
-        [450],
+        [500],
         "The meeting went well and the client wants a second proposal.",
     ),
     (
