@@ -148,7 +148,7 @@ async def test_semantic_vad_ends_a_complete_sentence_sooner_than_server_vad(
 
 
 async def test_a_pause_after_and_does_not_end_the_turn(asr: WhisperAsr) -> None:
-    """"The meeting went well and [500 ms] the client wants a second proposal.": one turn,
+    """ "The meeting went well and [500 ms] the client wants a second proposal.": one turn,
     one final with both halves; the decode made at the pause was dropped (and counted)."""
     rt = runtime(asr)
     detection = TurnDetection(type="semantic_vad", eagerness="auto")

@@ -129,7 +129,7 @@ class VadConfig(BaseModel):
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
     # A tentative end: after this much silence the final is decoded (and, assistant mode,
     # the reply made, held back) before the turn is confirmed; 0: no speculation.
-    speculate_ms: int = Field(default=160, ge=0, le=2000)
+    speculate_ms: int = Field(default=128, ge=0, le=2000)
 
 
 class AsrConfig(BaseModel):
