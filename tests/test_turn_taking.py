@@ -189,7 +189,7 @@ async def test_a_speculative_reply_is_withdrawn_unseen_when_the_user_goes_on(
 async def test_a_confirmed_speculative_reply_is_released_and_asked_once(
     asr: WhisperAsr,
 ) -> None:
-    """server_vad 500 ms: the reply made at the tentative end (160 ms) is the one released
+    """server_vad 500 ms: the reply made at the tentative end (128 ms) is the one released
     when the turn ends with the same text; the responder is asked once."""
     responder = CountingResponder()
     rt = runtime(asr, responder)
