@@ -56,6 +56,9 @@ _NUMBER_WORDS = frozenset(
     fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty
     seventy eighty ninety hundred thousand million point dot dash""".split()
 )
+# A turn of two words or less that begins so is a start, not a whole turn.
+_OPENERS = frozenset("so well and but because actually anyway basically um uh er like".split())
+_GREETINGS = frozenset("hello hi hey okay ok oh alright right".split())
 _WORD = re.compile(r"[a-z0-9']+")
 _TRAILING = (",", ";", ":", "-", "...", "…")
 _DIGITS_AT_END = re.compile(r"[\d][\d\s-]*$")
@@ -73,6 +76,10 @@ def ending(text: str) -> Ending:
         return Ending.CONTINUES
     if _list_in_progress(text):
         return Ending.CONTINUES
+    if len(words) <= 2 and words[0] in _OPENERS:  # "So um" read as "So one."
+        return Ending.CONTINUES
+    if len(words) <= 2 and words[0] in _GREETINGS:  # "Hello, [pause] how are you?"
+        return Ending.NEUTRAL
     if text.endswith(("?", "!", ".")):
         return Ending.COMPLETE
     return Ending.NEUTRAL
