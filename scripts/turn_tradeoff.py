@@ -23,7 +23,7 @@ from tests.fakes import SR, silence
 from tests.test_turn_taking import Turns, of, runtime
 from voxserve.bench.program import speech_regions
 from voxserve.engines.whisper_asr import WhisperAsr
-from voxserve.events import StreamConfig, TurnDetection, VadEnd
+from voxserve.events import StreamConfig, TranscriptFinal, TurnDetection, VadEnd
 from voxserve.pipeline.endpointing import EndOfTurn
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -49,7 +49,7 @@ def clips() -> list[tuple[str, np.ndarray]]:
 
 async def measure(asr: WhisperAsr, setting: str) -> dict[str, object]:
     waits: list[int] = []
-    premature: list[str] = []
+    premature: set[tuple[str, int]] = set()  # (recording, utterance end): once each
     lead = silence(0.3)
     for name, audio in clips():
         turns = Turns(runtime(asr), StreamConfig(mode="asr", turn_detection=detection(setting)))
@@ -61,7 +61,11 @@ async def measure(asr: WhisperAsr, setting: str) -> dict[str, object]:
             assert isinstance(end, VadEnd)
             spoken_end = next((e for e in ends if e >= end.end_ms - 40), ends[-1])
             if end.end_ms < spoken_end - 100:
-                premature.append(name)
+                premature.add((name, spoken_end))
+                said = [
+                    e.text for e in of(events, TranscriptFinal) if isinstance(e, TranscriptFinal)
+                ]
+                print(f"  premature: {name} at {end.end_ms} ms: {said}", file=sys.stderr)
             else:
                 waits.append(fed * 1000 // SR - spoken_end)
     utterances = sum(len(speech_regions(np.concatenate([lead, a]))) for _, a in clips())
@@ -70,7 +74,7 @@ async def measure(asr: WhisperAsr, setting: str) -> dict[str, object]:
         "utterances": utterances,
         "premature_turns": len(premature),
         "premature_turn_rate": round(len(premature) / utterances, 3),
-        "premature": premature,
+        "premature": sorted(name for name, _ in premature),
         "wait_p50_ms": int(np.percentile(waits, 50)),
         "wait_max_ms": int(max(waits)),
     }

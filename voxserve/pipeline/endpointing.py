@@ -3,7 +3,7 @@
 Pure rules, no model: the transcript decoded at a tentative end (a short pause) says
 whether the user sounds done. A complete sentence or question ends soon; a trailing "and",
 "so", "um", a preposition, a number being read or a list still going on waits longer.
-The energy of the last words (trailing off vs. cut at full voice) and the session's history
+The energy of the last words (a voice trailing off ends sooner) and the session's history
 (turns it ended too early: the user spoke again within a second) move the wait. Eagerness
 follows OpenAI's `semantic_vad`: high answers soonest, low waits longest, auto is medium
 that learns from the session.
@@ -59,6 +59,7 @@ _NUMBER_WORDS = frozenset(
 # A turn of two words or less that begins so is a start, not a whole turn.
 _OPENERS = frozenset("so well and but because actually anyway basically um uh er like".split())
 _GREETINGS = frozenset("hello hi hey okay ok oh alright right".split())
+_ANSWERS = frozenset("yes no yeah nope sure thanks thank you okay ok please bye goodbye".split())
 _WORD = re.compile(r"[a-z0-9']+")
 _TRAILING = (",", ";", ":", "-", "...", "…")
 _DIGITS_AT_END = re.compile(r"[\d][\d\s-]*$")
@@ -80,8 +81,10 @@ def ending(text: str) -> Ending:
         return Ending.CONTINUES
     if len(words) <= 2 and words[0] in _GREETINGS:  # "Hello, [pause] how are you?"
         return Ending.NEUTRAL
-    if text.endswith(("?", "!", ".")):
+    if text.endswith(("?", "!")):
         return Ending.COMPLETE
+    if text.endswith(".") and (len(words) > 3 or set(words) <= _ANSWERS):
+        return Ending.COMPLETE  # "I need eggs." may be a list's start: neutral
     return Ending.NEUTRAL
 
 
@@ -115,7 +118,7 @@ def _list_in_progress(text: str) -> bool:
 
 def trailing_energy(audio: Int16Array, sample_rate: int) -> float:
     """RMS of the last 300 ms of speech over the utterance's median 100 ms RMS: below
-    about 0.5 the voice trails off (done), near or above 1 it stopped at full voice."""
+    about 0.5 the voice trails off (done)."""
     step = sample_rate // 10
     if audio.size < 5 * step:
         return 1.0
@@ -142,8 +145,6 @@ class EndOfTurn:
             return wait
         if energy < 0.5:  # trailing off: sooner
             wait = int(wait * 0.85)
-        elif energy > 1.1:  # stopped at full voice: maybe mid-phrase
-            wait = int(wait * 1.25)
         if self.eagerness == "auto":
             wait += _EARLY_STEP_MS * self.early_ends
         return wait
