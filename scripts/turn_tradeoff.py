@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from tests.fakes import SR, silence
+from tests.helpers import fixture_audio
 from tests.test_turn_taking import Turns, of, runtime
-from voxserve.bench.program import speech_regions
+from voxserve.bench.program import clip_utterances
 from voxserve.engines.whisper_asr import WhisperAsr
 from voxserve.events import StreamConfig, TranscriptFinal, TurnDetection, VadEnd
 from voxserve.pipeline.endpointing import EndOfTurn
@@ -37,38 +38,46 @@ def detection(setting: str) -> TurnDetection:
     return TurnDetection(type="semantic_vad", eagerness=value or "auto")  # type: ignore[arg-type]
 
 
-def clips() -> list[tuple[str, np.ndarray]]:
+def clips() -> list[tuple[str, str, np.ndarray]]:
     out = []
     for directory in (FIXTURES, FIXTURES / "turns"):
-        for name in json.loads((directory / "fixtures.json").read_text()):
-            from tests.helpers import fixture_audio
-
-            out.append((name, fixture_audio(str((directory / name).relative_to(FIXTURES)))))
+        texts: dict[str, str] = json.loads((directory / "fixtures.json").read_text())
+        for name, text in texts.items():
+            out.append((name, text, fixture_audio(str((directory / name).relative_to(FIXTURES)))))
     return out
+
+
+def spans_of(audio: np.ndarray, text: str) -> list[tuple[int, int]]:
+    """(start, end) ms of its utterances as the bench counts them (program.clip_utterances)."""
+    padded = np.concatenate([audio, np.zeros(-audio.size % 320, dtype=np.int16)])
+    return [(u.first * 20, (u.last + 1) * 20) for u in clip_utterances(padded, text, 0)]
 
 
 async def measure(asr: WhisperAsr, setting: str) -> dict[str, object]:
     waits: list[int] = []
     premature: set[tuple[str, int]] = set()  # (recording, utterance end): once each
     lead = silence(0.3)
-    for name, audio in clips():
+    utterances = 0
+    for name, text, audio in clips():
         turns = Turns(runtime(asr), StreamConfig(mode="asr", turn_detection=detection(setting)))
         # utterances as the bench sees them (a pause of 0.6 s or more splits a recording)
-        regions = speech_regions(np.concatenate([lead, audio]))
-        ends = [(b + 1) * 20 for _, b in regions]
+        spans = spans_of(np.concatenate([lead, audio]), text)
+        utterances += len(spans)
         events = await turns.run(lead, audio, silence(2.5))
         for end, fed in zip(of(events, VadEnd), turns.vad_end_fed, strict=True):
             assert isinstance(end, VadEnd)
-            spoken_end = next((e for e in ends if e >= end.end_ms - 40), ends[-1])
-            if end.end_ms < spoken_end - 100:
+            # inside an utterance with speech still to come (VAD's end lags the level's)
+            inside = [b for a, b in spans if a <= end.end_ms < b - 150]
+            if inside:
+                spoken_end = inside[0]
                 premature.add((name, spoken_end))
                 said = [
                     e.text for e in of(events, TranscriptFinal) if isinstance(e, TranscriptFinal)
                 ]
                 print(f"  premature: {name} at {end.end_ms} ms: {said}", file=sys.stderr)
             else:
+                spoken_end = max((b for _, b in spans if b <= end.end_ms + 150), default=0)
                 waits.append(fed * 1000 // SR - spoken_end)
-    utterances = sum(len(speech_regions(np.concatenate([lead, a]))) for _, a in clips())
     return {
         "setting": setting,
         "utterances": utterances,

@@ -9,7 +9,7 @@ ends depends on what was said, not on how busy the machine is (no timing in thes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import numpy as np
 import pytest
@@ -47,7 +47,9 @@ class CountingResponder(RulesResponder):
         super().__init__()
         self.calls: list[str] = []
 
-    async def respond(self, text: str, history: Sequence[tuple[str, str]]) -> AsyncIterator[str]:
+    async def respond(
+        self, text: str, history: Sequence[tuple[str, str]]
+    ) -> AsyncGenerator[str, None]:
         self.calls.append(text)
         async for piece in super().respond(text, history):
             yield piece

@@ -48,7 +48,7 @@ _CONTINUATION = frozenset(
     the a an my your our their his her its this that these those which who whom whose
     where when while if than as at in on by from into onto about over under after before
     is are was were be been am will would should could can might must shall do does did
-    has have had i we you he she they it's i'm we're you're let's also plus including
+    has have had i we he she they it's i'm we're you're let's also plus including
     such either neither nor not very really just more less most some any every each""".split()
 )
 _NUMBER_WORDS = frozenset(
@@ -83,8 +83,9 @@ def ending(text: str) -> Ending:
         return Ending.NEUTRAL
     if text.endswith(("?", "!")):
         return Ending.COMPLETE
-    if text.endswith(".") and (len(words) > 3 or set(words) <= _ANSWERS):
-        return Ending.COMPLETE  # "I need eggs." may be a list's start: neutral
+    last = _WORD.findall(re.split(r"[.?!]\s+", text.rstrip(".?! "))[-1].lower())
+    if text.endswith(".") and (len(last) > 3 or set(last) <= _ANSWERS):
+        return Ending.COMPLETE  # "I need eggs." / "... eggs. Milk." may be a list: neutral
     return Ending.NEUTRAL
 
 
