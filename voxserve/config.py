@@ -322,6 +322,24 @@ class RealtimeConfig(BaseModel):
     max_client_secrets: int = Field(default=10_000, ge=1)
 
 
+class WyomingConfig(BaseModel):
+    """The Wyoming port's zeroconf record (server/wyoming_zeroconf.py): Home Assistant
+    discovers the server by it. `serve --no-zeroconf` / `--zeroconf-name NAME`."""
+
+    zeroconf: bool = True  # advertise `_wyoming._tcp.local.` while Wyoming is on
+    # The DNS-SD instance name ("" = voxserve-<host name>): what Home Assistant lists.
+    zeroconf_name: str = Field(default="", max_length=63)
+
+    @field_validator("zeroconf_name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        if len(value.encode()) > 63 or not value.isprintable() or "." in value:
+            raise ValueError(
+                "wyoming.zeroconf_name must be printable, without '.', 63 bytes at most"
+            )
+        return value
+
+
 class FlowConfig(BaseModel):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
@@ -387,6 +405,9 @@ class ClusterDeployment(BaseModel):
 
     num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
     num_cpus: float = Field(default=0.5, gt=0)  # per replica; fractional so it fits small hosts
+    # GPUs per replica (fractional shares one GPU between replicas); > 0 also wants the
+    # tier's engine on `device = "cuda"` (docs/engines.md), else the GPU sits idle.
+    num_gpus: float = Field(default=0.0, ge=0)
     max_ongoing_requests: int = Field(default=4, ge=1)  # per replica, running at once
     max_queued_requests: int = Field(default=16, ge=-1)  # per gateway handle; -1 unbounded
     max_models_per_replica: int = Field(default=3, ge=1)  # voices / languages kept loaded
@@ -458,6 +479,7 @@ class Settings(BaseSettings):
     # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     wyoming_port: int = Field(default=10300, ge=0, le=65535)
+    wyoming: WyomingConfig = WyomingConfig()  # its zeroconf record
     # TLS for HTTP/WebSocket and gRPC alike (PEM files); both set or neither. Wyoming stays
     # plain TCP (Home Assistant's client does not speak TLS).
     tls_cert_file: Path | None = None

@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     # server side
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # a remote engine's server unreachable or busy
     OVERLOADED = "overloaded"
     QUOTA_EXCEEDED = "quota_exceeded"  # a per-key quota (quotas.*): sessions, rate, audio
     IDLE_TIMEOUT = "idle_timeout"  # no message from the client for limits.idle_timeout_s

@@ -14,8 +14,9 @@ Client messages are frozen dataclasses: they are made by the validating parsers
 
 Each wire has one encoder: JSON for the WebSocket (`ws_protocol.encode_event`), protobuf for
 gRPC (`grpc_events.encode_event`, an exhaustive match that says which events voxserve.v1
-cannot carry). Wyoming does not carry these events at all: it calls the pipeline per request
-(transcribe, synthesize) and answers with Wyoming's own events (server/wyoming_handler.py).
+cannot carry). Wyoming does not carry these events: a transcription turns the partials and
+finals of its session into Wyoming's transcript events (server/wyoming_stt.py), speech is
+answered with Wyoming's audio events (server/wyoming_handler.py).
 
 Bottom layer: imports only the standard library and msgspec.
 """
@@ -289,6 +290,9 @@ class TurnDetectionInfo(msgspec.Struct, frozen=True, gc=False, omit_defaults=Tru
     type: TurnType
     eagerness: Eagerness | None = None  # semantic_vad
     silence_duration_ms: int | None = None  # server_vad
+
+
+AUTO_LANGUAGE = "auto"  # session.started's language when a multilingual ASR detects it
 
 
 class SessionStarted(Event, frozen=True, tag="session.started"):

@@ -329,6 +329,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         streams,
     )
     _realtime_arguments(realtime)
+    wyoming = sub.add_parser(
+        "wyoming",
+        help="Wyoming transcripts at real-time pace: first transcript-chunk and the final, "
+        "side by side with other Wyoming servers",
+        description="Wyoming transcripts at real-time pace (voxserve/bench/wyoming_bench.py).",
+    )
+    wyoming.set_defaults(bench_run="voxserve.bench.wyoming_bench:cmd_wyoming")
+    from voxserve.bench.wyoming_bench import add_wyoming_arguments
+
+    add_wyoming_arguments(wyoming)
     eng = add(
         "engines",
         "cmd_engines",

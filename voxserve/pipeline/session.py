@@ -29,6 +29,7 @@ from typing import Protocol
 from voxserve.audio.dedup import SeqDedup
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import (
+    AUTO_LANGUAGE,
     CreateItem,
     ResponseOptions,
     SessionEnded,
@@ -97,7 +98,7 @@ class Session:
         self.trace_id = config.trace_id or self.id
         settings = ctx.settings
         engines = ctx.engines
-        self.language = engines.check_language(config.language) or engines.asr.languages[0]
+        self.language = engines.session_language(config.language)
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
@@ -207,7 +208,7 @@ class Session:
             mode=self.config.mode,
             sample_rate=self.config.sample_rate,
             encoding=self.config.encoding,
-            language=self.language,
+            language=self.language or AUTO_LANGUAGE,
             voice=self.voice,
             output_sample_rate=self.output_sample_rate,
             frame_ms=FRAME_MS,

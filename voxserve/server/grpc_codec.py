@@ -78,6 +78,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.STAGE_TIMEOUT: S.DEADLINE_EXCEEDED,
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,
+    ErrorCode.ENGINE_UNAVAILABLE: S.UNAVAILABLE,
     ErrorCode.OVERLOADED: S.RESOURCE_EXHAUSTED,
     ErrorCode.QUOTA_EXCEEDED: S.RESOURCE_EXHAUSTED,
     ErrorCode.IDLE_TIMEOUT: S.DEADLINE_EXCEEDED,

@@ -50,7 +50,7 @@ def server_info(engines: Engines) -> Info:
                 description="voxserve speech recognition",
                 version=__version__,
                 models=[asr_model],
-                supports_transcript_streaming=False,
+                supports_transcript_streaming=True,  # wyoming_stt.py
                 requires_external_vad=True,
             )
         ],

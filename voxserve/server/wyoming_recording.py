@@ -1,4 +1,5 @@
-"""Audio of one Wyoming transcription: checked chunk by chunk, kept under a byte cap."""
+"""Audio of one Wyoming transcription: checked chunk by chunk, counted under a byte cap,
+and kept for whole recognition at `audio-stop` unless it streams into a session."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ PCM_WIDTH = 2  # 16-bit samples in and out
 class Recording:
     """Audio of one transcription, as 16-bit mono at the client's rate, under a byte cap."""
 
-    def __init__(self, rate: int, limit: int) -> None:
+    def __init__(self, rate: int, limit: int, *, keep: bool = True) -> None:
         self.rate = rate
         self.limit = limit
+        self.keep = keep
         self.chunks: list[np.ndarray] = []
         self.size = 0
 
-    def add(self, chunk: AudioChunk) -> None:
+    def add(self, chunk: AudioChunk) -> np.ndarray:
+        """The chunk's samples, mono; raises for a chunk that breaks the format or cap."""
         if chunk.width != PCM_WIDTH:
             raise VoxError(
                 ErrorCode.UNSUPPORTED_ENCODING,
@@ -41,7 +44,10 @@ class Recording:
         samples = np.frombuffer(chunk.audio, dtype="<i2")
         if channels > 1:  # mix down: ASR wants mono
             samples = samples.reshape(-1, channels).mean(axis=1).astype(np.int16)
-        self.chunks.append(samples.astype(np.int16, copy=False))
+        samples = samples.astype(np.int16, copy=False)
+        if self.keep:
+            self.chunks.append(samples)
+        return samples
 
     def samples(self) -> np.ndarray:
         if not self.chunks:
