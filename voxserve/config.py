@@ -123,6 +123,13 @@ class VadConfig(BaseModel):
     hangover_ms: int = 500  # silence that ends an utterance
     pad_ms: int = 200  # audio kept before speech start and after speech end
     max_utterance_s: float = 25.0  # force an end so one utterance cannot grow unbounded
+    # /v1/stream and gRPC sessions that name none: semantic_vad (the silence that ends a
+    # turn adapts to what was said, pipeline/endpointing.py) or server_vad (hangover_ms).
+    turn_detection: Literal["server_vad", "semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    # A tentative end: after this much silence the final is decoded (and, assistant mode,
+    # the reply made, held back) before the turn is confirmed; 0: no speculation.
+    speculate_ms: int = Field(default=128, ge=0, le=2000)
 
 
 class AsrConfig(BaseModel):

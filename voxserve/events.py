@@ -31,6 +31,10 @@ from msgspec import UNSET as UNSET  # re-exported: callers test optional fields 
 from msgspec import UnsetType as UnsetType
 
 Mode = Literal["asr", "tts", "assistant"]
+TurnType = Literal["server_vad", "semantic_vad"]
+Eagerness = Literal["low", "medium", "high", "auto"]
+TURN_TYPES: tuple[TurnType, ...] = ("server_vad", "semantic_vad")
+EAGERNESS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
 MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
 
 
@@ -63,14 +67,18 @@ class ResponseOptions:
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """Server VAD of a conversation session; None in ConversationConfig is push-to-talk
-    (no VAD: audio between commits is one utterance). None fields: the server's setting."""
+    """Turn detection of a session; None in ConversationConfig is push-to-talk
+    (no VAD: audio between commits is one utterance). None fields: the server's setting.
+    `server_vad` ends a turn after a fixed silence; `semantic_vad` adapts the silence to
+    what was said (pipeline/endpointing.py), as eager as `eagerness` says."""
 
     threshold: float | None = None  # speech probability (vad.threshold)
     prefix_padding_ms: int | None = None  # audio kept before speech start (vad.pad_ms)
     silence_duration_ms: int | None = None  # silence that ends a turn (vad.hangover_ms)
     create_response: bool = True  # answer each committed turn
     interrupt_response: bool = True  # speech cancels the response in progress
+    type: TurnType = "server_vad"
+    eagerness: Eagerness = "auto"  # semantic_vad only
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +116,8 @@ class StreamConfig:
     # /v1/stream audio modes: ASR waits for this wake word (a pymicro-wakeword model name),
     # then takes one turn, then waits again (pipeline/wake_gate.py). None: no wake word.
     wake_word: str | None = None
+    # /v1/stream and gRPC (asr, assistant): None is the server's (vad.turn_detection).
+    turn_detection: TurnDetection | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +231,17 @@ class CreateResponse:
     options: ResponseOptions = ResponseOptions()
 
 
+@dataclass(frozen=True, slots=True)
+class TurnUpdate:
+    """`session.update` on /v1/stream (and gRPC): new turn detection, from this point of
+    the audio on (the turn in progress goes on under it)."""
+
+    turn_detection: TurnDetection
+
+
 StreamMessage: TypeAlias = (
     StartMessage
+    | TurnUpdate
     | TextMessage
     | EndMessage
     | CancelMessage
@@ -254,6 +273,7 @@ CLIENT_MESSAGE_TYPES: dict[str, type[ClientMessage]] = {
     "cancel": CancelMessage,
     "mark": MarkMessage,
     "credit": CreditMessage,
+    "session.update": TurnUpdate,
 }
 """Each client `type` and the message ws_protocol.parse_text_message parses it into; the
 parser does not read this table: tests/test_events_docs.py holds it to docs/protocol.md."""
@@ -265,6 +285,14 @@ parser does not read this table: tests/test_events_docs.py holds it to docs/prot
 class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     """Base of every server event. gc=False: events hold only scalars (no cycles), so the
     collector need not track the thousands a busy server makes each second."""
+
+
+class TurnDetectionInfo(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A session's turn detection as it is in force (session.started, session.updated)."""
+
+    type: TurnType
+    eagerness: Eagerness | None = None  # semantic_vad
+    silence_duration_ms: int | None = None  # server_vad
 
 
 AUTO_LANGUAGE = "auto"  # session.started's language when a multilingual ASR detects it
@@ -282,6 +310,7 @@ class SessionStarted(Event, frozen=True, tag="session.started"):
     frame_ms: int  # FRAME_MS
     credit_window: int | None  # the input window now; null in `tts` mode
     resumable: bool
+    turn_detection: TurnDetectionInfo | None = None  # asr, assistant
 
 
 class SessionResumed(Event, frozen=True, tag="session.resumed"):
@@ -438,7 +467,10 @@ class Item(msgspec.Struct, frozen=True, gc=False):
 
 
 class SessionUpdated(Event, frozen=True, tag="session.updated"):
-    """A `session.update` was applied (the transport describes the whole session)."""
+    """A `session.update` was applied (the Realtime transport describes the whole session;
+    /v1/stream: the turn detection now in force)."""
+
+    turn_detection: TurnDetectionInfo | None = None
 
 
 class AudioCommitted(Event, frozen=True, tag="audio.committed"):
@@ -536,6 +568,7 @@ def reply_item_id(session_id: str, reply: int) -> str:
 
 StreamEvent: TypeAlias = (
     SessionStarted
+    | SessionUpdated
     | SessionResumed
     | SessionEnded
     | VadStart
@@ -556,8 +589,7 @@ StreamEvent: TypeAlias = (
 """What any session may send (docs/protocol.md's /v1/stream section)."""
 
 ConversationEvent: TypeAlias = (
-    SessionUpdated
-    | AudioCommitted
+    AudioCommitted
     | AudioCleared
     | ItemAdded
     | ItemDone

@@ -202,6 +202,12 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.speculative_cancelled = Counter(
+            "voxserve_speculative_cancelled_total",
+            "Speculative finals and replies started at a pause and dropped because the user "
+            "went on speaking",
+            registry=r,
+        )
         self.underruns = Counter(
             "voxserve_tts_underruns_total",
             "Reply audio chunks sent after the client's playback had already run dry",

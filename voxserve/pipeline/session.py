@@ -18,6 +18,7 @@ side of a new config (check_input_update / apply_input_update).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -36,12 +37,14 @@ from voxserve.events import (
     SessionStarted,
     SessionUpdated,
     StreamConfig,
+    TurnDetection,
+    TurnDetectionInfo,
 )
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
-from voxserve.pipeline.listener import Listener
+from voxserve.pipeline.listener import Listener, server_detection
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.replies import Replies
 from voxserve.pipeline.responses import Responses
@@ -179,9 +182,12 @@ class Session:
                 conversation=config.conversation,
                 session_id=self.id,
                 wake_gate=gate,
+                turn_detection=config.turn_detection,
             )
             if replies is not None:
                 replies.listener = self.listener
+                self.listener.on_speculate = replies.speculate
+                self.listener.on_resume = replies.withdraw
             if responses is not None:
                 responses.listener = self.listener
                 self.listener.on_commit = responses.user_committed
@@ -212,7 +218,31 @@ class Session:
             frame_ms=FRAME_MS,
             credit_window=self.credit.size if self.credit else None,
             resumable=self.config.resumable,
+            turn_detection=self._turns_info(),
         )
+
+    def _turns_info(self) -> TurnDetectionInfo | None:
+        """/v1/stream's turn detection in force (None: tts mode, conversation sessions)."""
+        if self.listener is None or self.config.conversation is not None:
+            return None
+        vad = self.ctx.settings.vad
+        td = self.config.turn_detection or server_detection(vad)
+        if td.type == "semantic_vad":
+            return TurnDetectionInfo(type="semantic_vad", eagerness=td.eagerness)
+        silence = td.silence_duration_ms or vad.hangover_ms
+        return TurnDetectionInfo(type="server_vad", silence_duration_ms=silence)
+
+    async def update_turns(self, detection: TurnDetection) -> None:
+        """/v1/stream's `session.update`: new turn detection from this point of the audio
+        on, then SessionUpdated with it."""
+        if self.listener is None or self.config.conversation is not None:
+            raise VoxError(
+                ErrorCode.WRONG_MODE,
+                "turn_detection is for asr and assistant sessions (Realtime: its session.update)",
+            )
+        self.listener.set_turn_detection(detection)
+        self.config = dataclasses.replace(self.config, turn_detection=detection)
+        await self.outbox.event(SessionUpdated(turn_detection=self._turns_info()))
 
     # -- counts and acknowledgement (session.ended; transports count refusals) ----------
 

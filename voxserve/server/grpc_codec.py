@@ -143,6 +143,14 @@ def stream_config(message: pb.StreamConfig, default_mode: Mode = "assistant") ->
         data["output_sample_rate"] = message.output_sample_rate
     if message.speed:
         data["speed"] = float(message.speed)
+    if message.HasField("turn_detection"):
+        td = message.turn_detection
+        turns: dict[str, Any] = {"type": td.type}
+        if td.eagerness:
+            turns["eagerness"] = td.eagerness
+        if td.silence_duration_ms:
+            turns["silence_duration_ms"] = td.silence_duration_ms
+        data["turn_detection"] = turns
     config = _parse(data)
     # The WebSocket finds a bad speed only at the first reply; a config is checked whole.
     _fatal(lambda: check_speed(config.speed))
