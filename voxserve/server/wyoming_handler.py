@@ -134,7 +134,9 @@ class WyomingHandler(AsyncEventHandler):
         handler = routed or self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
-        if routed is None and self._failed and event.type in ("audio-chunk", "audio-stop"):
+        if event.type == "detect":
+            self._failed = False  # the audio that follows is the detection's
+        elif routed is None and self._failed and event.type in ("audio-chunk", "audio-stop"):
             self._failed = event.type == "audio-chunk"  # a failed request's audio: dropped
             return True
         try:
