@@ -197,6 +197,8 @@ class WyomingHandler(AsyncEventHandler):
         self._end_asr()
         self._speech.end()
         self._wake.end()
+        if stream is not None:  # closed before the client reads the request's end
+            await stream.stop()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
             if self._audio_open:  # a reply cut short still ends: audio-stop, then why
                 await self.write_event(AudioStop().event())

@@ -153,6 +153,12 @@ class StreamedTranscription:
         if not self.task.done():
             self.task.cancel()
 
+    async def stop(self) -> None:
+        """`cancel`, and wait until the session is closed (its slot free), as a request
+        that completes frees it before its end is written (`_session_over`)."""
+        self.cancel()
+        await asyncio.wait([self.task])
+
     async def _serve(self) -> None:
         driver = self.driver
         source: ClientInput[Message] = self._input
