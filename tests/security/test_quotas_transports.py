@@ -259,11 +259,14 @@ async def test_anonymous_quota_applies_when_configured_on_ws_and_wyoming(
             assert reply.type in ("transcript-start", "transcript-chunk"), reply
         assert reply is not None and Transcript.from_event(reply).text == "tone500"
         assert (await wyoming.read_event()).type == "transcript-stop"  # type: ignore[union-attr]
-        # 0.9 s of the minute is spent: the next 0.5 s is refused, the request ended.
+        # 0.9 s of the minute is spent: the next 0.5 s is refused, the request ended (its
+        # error, then an empty transcript).
         more = tone(500, 0.5).astype("<i2").tobytes()
         await wyoming.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=more).event())
         reply = await wyoming.read_event()
         assert reply is not None and Error.from_event(reply).code == "quota_exceeded"
+        reply = await wyoming.read_event()
+        assert reply is not None and Transcript.from_event(reply).text == ""
         await wyoming.write_event(Ping(text="still").event())  # the connection stays usable
         pong = await wyoming.read_event()
         assert pong is not None and Pong.from_event(pong).text == "still"

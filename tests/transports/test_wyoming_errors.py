@@ -42,6 +42,14 @@ async def error_of(wyoming: AsyncTcpClient, *events: Event) -> str | None:
     return Error.from_event(reply).code
 
 
+async def failed_transcription(wyoming: AsyncTcpClient, *events: Event) -> str | None:
+    """The error code of a transcription that fails: its `error` is followed by an empty
+    `transcript` (what Home Assistant waits for); its audio-stop adds nothing."""
+    code = await error_of(wyoming, *events)
+    assert Transcript.from_event(await next_event(wyoming)).text == ""
+    return code
+
+
 async def send_audio(wyoming: AsyncTcpClient, pcm: bytes, rate: int, channels: int) -> None:
     await wyoming.write_event(AudioStart(rate=rate, width=2, channels=channels).event())
     for i in range(0, len(pcm), 4096):
@@ -70,12 +78,14 @@ async def test_errors_are_events_with_voxserve_codes(fake_server: LiveServer) ->
         early = SynthesizeChunk(text="Hello.").event()
         assert await error_of(wyoming, early) == "not_started"
         assert await error_of(wyoming, SynthesizeStop().event()) == "not_started"
+        # No request begun yet: the error alone.
         assert await error_of(wyoming, Transcribe(language="xx").event()) == "unknown_language"
-        assert await error_of(wyoming, AudioStop().event()) == "empty_audio"
+        stop = AudioStop().event()
+        assert await failed_transcription(wyoming, stop) == "empty_audio"
         eight_bit = AudioChunk(rate=16000, width=1, channels=1, audio=b"\0" * 8).event()
-        assert await error_of(wyoming, eight_bit) == "unsupported_encoding"
+        assert await failed_transcription(wyoming, eight_bit, stop) == "unsupported_encoding"
         odd = AudioChunk(rate=16000, width=2, channels=1, audio=b"\0" * 3).event()
-        assert await error_of(wyoming, odd) == "odd_length_pcm"
+        assert await failed_transcription(wyoming, odd, odd, stop) == "odd_length_pcm"
         # The connection is still good after all that.
         await wyoming.write_event(Ping(text="still here").event())
         assert Pong.from_event(await next_event(wyoming)).text == "still here"

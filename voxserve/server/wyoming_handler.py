@@ -12,9 +12,16 @@ it is complete, in one audio-start/stop, then `synthesize-stopped` (the `synthes
 Home Assistant also sends while streaming, for older servers, is ignored).
 
 Errors are `error` events whose `code` is the voxserve code (docs/protocol.md); the
-connection stays open. An error after `audio-start` (an engine failing mid-reply) comes
-after that reply's `audio-stop`, so every reply begun is ended. Each request counts
-against `limits.max_sessions` while it runs.
+connection stays open. A transcription that fails (an error from its audio-start to its
+audio-stop: refused, over quota, bad audio, the engine) is also ended: the `error`, then an
+empty `transcript` (and `transcript-stop` if `transcript-start` was out). Home Assistant's
+speech-to-text skips `error` and reads until `transcript` or the connection closes; without
+the transcript it waited `limits.idle_timeout_s` to fail. The error comes first, so a client
+that reads to `transcript` has read the error too. The rest of that request's audio, to its
+audio-stop, is dropped without a second error. TTS and `detect` errors are the `error`
+alone. An error after `audio-start` (an engine failing mid-reply) comes after that reply's
+`audio-stop`, so every reply begun is ended. Each request counts against
+`limits.max_sessions` while it runs.
 
 Events are read by `wyoming_protocol` (lengths capped, fields checked) instead of the
 package's trusting reader; broken framing ends the connection after an `error`. A
@@ -52,13 +59,14 @@ from voxserve.server.session_slot import SessionSlot, open_request
 from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
 from voxserve.server.wyoming_recording import PCM_WIDTH, Recording
-from voxserve.server.wyoming_stt import StreamedTranscription, streams
+from voxserve.server.wyoming_stt import StreamedTranscription, end_transcript, streams
 from voxserve.server.wyoming_tts import WyomingSpeech
 from voxserve.server.wyoming_wake import WyomingWake
 
 log = logging.getLogger(__name__)
 
 TRANSPORT = "wyoming"
+ASR_AUDIO = frozenset({"audio-start", "audio-chunk", "audio-stop"})  # a transcription's events
 
 
 class WyomingHandler(AsyncEventHandler):
@@ -77,6 +85,7 @@ class WyomingHandler(AsyncEventHandler):
         self._speech = WyomingSpeech(runtime, self.write_event)
         self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming_wake.py)
         self._audio_open = False  # an audio-start was sent and its audio-stop not yet
+        self._failed = False  # a transcription ended by its error; its audio-stop not yet in
         bind_session(self.trace_id)
 
     async def run(self) -> None:
@@ -121,17 +130,28 @@ class WyomingHandler(AsyncEventHandler):
         )
 
     async def handle_event(self, event: Event) -> bool:
-        handler = self._wake.route(event.type) or self._handlers().get(event.type)
+        routed = self._wake.route(event.type)
+        handler = routed or self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
+        if event.type == "detect":
+            self._failed = False  # the audio that follows is the detection's
+        elif routed is None and self._failed and event.type in ("audio-chunk", "audio-stop"):
+            self._failed = event.type == "audio-chunk"  # a failed request's audio: dropped
+            return True
         try:
             check_event(event)
             await handler(event)
+            return True
         except VoxError as exc:
-            await self._error(exc)
+            error = exc
         except Exception:
             log.exception("wyoming event failed", extra={"event": event.type})
-            await self._error(VoxError(ErrorCode.INTERNAL, "internal error; see server logs"))
+            error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs")
+        transcription = routed is None and event.type in ASR_AUDIO
+        if transcription:  # its audio up to audio-stop is dropped (module docstring)
+            self._failed = event.type != "audio-stop"
+        await self._error(error, transcription=transcription)
         return True
 
     def _handlers(self) -> dict[str, Callable[[Event], Awaitable[None]]]:
@@ -163,18 +183,28 @@ class WyomingHandler(AsyncEventHandler):
         self._speech.end()
         self._wake.end()
 
-    async def _error(self, error: VoxError) -> None:
+    async def _error(self, error: VoxError, *, transcription: bool = False) -> None:
+        """The error event; `transcription`: it ended a transcription, which then gets its
+        closing events too (module docstring) and drops its audio up to its audio-stop."""
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
         if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY, ErrorCode.QUOTA_EXCEEDED):
             self.runtime.metrics.refused.labels(error.code.value).inc()
+        stream = self._stream
+        started = stream is not None and stream.started
+        if stream is not None and stream.done:
+            transcription = False  # the stream already wrote its end (wyoming_stt)
         # A failed request is over: its slot is free and its state forgotten.
         self._end_asr()
         self._speech.end()
         self._wake.end()
+        if stream is not None:  # closed before the client reads the request's end
+            await stream.stop()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
             if self._audio_open:  # a reply cut short still ends: audio-stop, then why
                 await self.write_event(AudioStop().event())
             await self.write_event(Error(text=error.message, code=error.code.value).event())
+            if transcription:
+                await end_transcript(self.write_event, started=started)
 
     # -- info ---------------------------------------------------------------------------
 
@@ -187,10 +217,12 @@ class WyomingHandler(AsyncEventHandler):
     # -- ASR ------------------------------------------------------------------------------
 
     async def _transcribe(self, event: Event) -> None:
+        self._failed = False  # a new request: a failed one's audio-stop will not come
         request = Transcribe.from_event(event)
         self._language = self.runtime.engines.check_language(request.language or None)
 
     async def _audio_start(self, event: Event) -> None:
+        self._failed = False
         start = AudioStart.from_event(event)
         self._begin_asr(start.rate)
 
@@ -221,10 +253,13 @@ class WyomingHandler(AsyncEventHandler):
             stream.add(samples)
 
     async def _audio_stop(self, event: Event) -> None:
-        recording = self._recording
-        if recording is None or (self._stream is not None and not recording.size):
-            raise VoxError(ErrorCode.EMPTY_AUDIO, "audio-stop without audio")
         stream = self._stream
+        if stream is not None and stream.done:  # it ended with its error, or was drained
+            self._end_asr()
+            return
+        recording = self._recording
+        if recording is None or (stream is not None and not recording.size):
+            raise VoxError(ErrorCode.EMPTY_AUDIO, "audio-stop without audio")
         if stream is not None:
             try:  # the session's last events (or its error) are written by the stream
                 await stream.finish()

@@ -11,8 +11,10 @@ Clients before 1.7 skip the events they do not know and read `transcript` as bef
 Wyoming differs from the WebSocket in three ways. Its audio is charged to the quota by
 the handler as each chunk arrives (an over-quota chunk is answered by `quota_exceeded` at
 once), so the driver does not charge it again. Any error the session reports ends the
-request with that `error` (a Wyoming request has no place for an error it goes on after);
-the rest of its audio is dropped. Chunks of any size are cut into the session's 20 ms
+request with that `error` (a Wyoming request has no place for an error it goes on after),
+then an empty `transcript` and, once `transcript-start` is out, `transcript-stop`
+(`end_transcript`: Home Assistant skips `error` and waits for `transcript`); the rest of
+its audio is dropped. Chunks of any size are cut into the session's 20 ms
 frames here.
 
 A pause in a command longer than the VAD's hangover (`vad.hangover_ms`, 500 ms) cuts it
@@ -60,6 +62,14 @@ WYOMING = Wire("wyoming", in_band_end=True, stalls=False, tasks="voxserve-wyomin
 SEQ_MOD = 1 << 32
 Write = Callable[[Event], Awaitable[None]]
 Message = Frames | EndMessage  # what the handler hands the session: audio, then the end
+
+
+async def end_transcript(write: Write, *, started: bool) -> None:
+    """A failed transcription's end, after its `error`: an empty `transcript`, and
+    `transcript-stop` if `transcript-start` was sent (a stream begun is ended)."""
+    await write(Transcript(text="").event())
+    if started:
+        await write(TranscriptStop().event())
 
 
 def streams(rate: int) -> bool:
@@ -117,6 +127,11 @@ class StreamedTranscription:
     def done(self) -> bool:
         return self.task.done()
 
+    @property
+    def started(self) -> bool:
+        """`transcript-start` is out: the request's end includes `transcript-stop`."""
+        return self._started
+
     def add(self, samples: np.ndarray) -> None:
         """Mono 16-bit samples at the request's rate, as 20 ms frames (the last may be short)."""
         self._audio.append(samples)
@@ -137,6 +152,12 @@ class StreamedTranscription:
         """The request is over without its transcript (an error, the client left)."""
         if not self.task.done():
             self.task.cancel()
+
+    async def stop(self) -> None:
+        """`cancel`, and wait until the session is closed (its slot free), as a request
+        that completes frees it before its end is written (`_session_over`)."""
+        self.cancel()
+        await asyncio.wait([self.task])
 
     async def _serve(self) -> None:
         driver = self.driver
@@ -161,6 +182,7 @@ class StreamedTranscription:
                 case ErrorEvent():
                     await self._session_over(cancel=True)
                     await self._write(Error(text=item.message, code=item.code).event())
+                    await end_transcript(self._write, started=self._started)
                     return
                 case SessionEnded():
                     ended = item
