@@ -3,9 +3,10 @@
 Prints, for each sentence, the language Whisper detects (and its probability), what it
 heard and the character error rate (Han characters only, simplified prompt), then the
 mean CER and the voice's real-time factor (synthesis time / audio time, one thread).
-`--espeak` measures eSpeak NG's `cmn` voice the same way (the reason it is not offered).
+`--espeak [NAME]` measures eSpeak NG's `cmn` voice (or a variant, `cmn+f2`) the same way:
+the reason it is not offered.
 
-    PYTHONPATH=. .venv/bin/python scripts/zh_closed_loop.py [--espeak]
+    PYTHONPATH=. .venv/bin/python scripts/zh_closed_loop.py [--espeak [cmn+f2]]
 """
 
 from __future__ import annotations
@@ -42,23 +43,25 @@ def baker() -> tuple[Callable[[str], np.ndarray], int]:
     return lambda text: np.concatenate(list(tts.synthesize(text, voice=VOICE_ID))), tts.sample_rate
 
 
-def espeak_cmn() -> tuple[Callable[[str], np.ndarray], int]:
+def espeak_cmn(name: str) -> tuple[Callable[[str], np.ndarray], int]:
     from voxserve.engines.espeak_tts import RATE_NORMAL, _Library
 
     lib = _Library.get()
 
     def synth(text: str) -> np.ndarray:
         with _Library.lock:
-            return lib.synth(text, "cmn", RATE_NORMAL)
+            return lib.synth(text, name, RATE_NORMAL)
 
     return synth, lib.sample_rate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--espeak", action="store_true", help="eSpeak NG cmn, not zh-baker")
+    parser.add_argument(
+        "--espeak", nargs="?", const="cmn", help="an eSpeak NG voice (cmn, cmn+f2), not zh-baker"
+    )
     args = parser.parse_args()
-    synth, rate = espeak_cmn() if args.espeak else baker()
+    synth, rate = espeak_cmn(args.espeak) if args.espeak else baker()
     with tempfile.TemporaryDirectory() as folder:
         whisper = multilingual_base(Path(folder))
         cers, made_s, audio_s = [], 0.0, 0.0
