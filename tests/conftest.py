@@ -75,6 +75,9 @@ def _no_tts_load_shedding() -> Iterator[None]:
         # Nor refuse sessions for load: a test that loads a shared server's stage on purpose
         # would otherwise shed the next test's sessions. tests/flow sets it explicitly.
         patch.setenv("VOXSERVE_FLOW__SHED_AFTER_S", "1000000")
+        # Nor advertise their Wyoming port over zeroconf: dozens of test servers on one
+        # loopback would probe and rename each other. The discovery tests turn it on.
+        patch.setenv("VOXSERVE_WYOMING__ZEROCONF", "false")
         yield
 
 

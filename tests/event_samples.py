@@ -22,6 +22,7 @@ SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
             frame_ms=20,
             credit_window=8,
             resumable=False,
+            turn_detection=ev.TurnDetectionInfo(type="semantic_vad", eagerness="auto"),
         ),
         {
             "type": "session.started",
@@ -36,6 +37,7 @@ SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
             "frame_ms": 20,
             "credit_window": 8,
             "resumable": False,
+            "turn_detection": {"type": "semantic_vad", "eagerness": "auto"},
         },
     ),
     (
@@ -65,6 +67,16 @@ SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
             "frame_ms": 20,
             "credit_window": None,
             "resumable": True,
+            "turn_detection": None,
+        },
+    ),
+    (
+        ev.SessionUpdated(
+            turn_detection=ev.TurnDetectionInfo(type="server_vad", silence_duration_ms=300)
+        ),
+        {
+            "type": "session.updated",
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 300},
         },
     ),
     (
@@ -123,6 +135,10 @@ SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
             "interrupted": 0,
             "duration_ms": 2500,
         },
+    ),
+    (
+        ev.WakeDetected(name="okay_nabu", timestamp_ms=1430),
+        {"type": "wake.detected", "name": "okay_nabu", "timestamp_ms": 1430},
     ),
     (
         ev.VadStart(segment=0, start_ms=300),

@@ -134,6 +134,11 @@ class SlowResponder:
 
 
 def fake_runtime(settings: Settings, **kwargs: Any) -> Runtime:
+    """A runtime on fake engines. Their transcripts ("tone440") are not language, so
+    semantic end of turn has nothing to judge: unless the test chose, turns end after the
+    fixed silence (server_vad), as the tests about the pipeline expect."""
+    if "turn_detection" not in settings.vad.model_fields_set:
+        settings.vad.turn_detection = "server_vad"
     engines = Engines(
         vad=kwargs.get("vad") or FakeVad(),
         asr=kwargs.get("asr") or FakeAsr(),

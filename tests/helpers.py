@@ -31,6 +31,23 @@ def fixture_audio(name: str) -> np.ndarray:
     return samples
 
 
+_SPOKEN: dict[str, np.ndarray] = {}
+
+
+def spoken(runtime: Any, text: str, pad_s: float = 0.5) -> np.ndarray:
+    """`text` in the server's own `joe` voice (piper), 16 kHz int16, `pad_s` of silence
+    before and after: wake words said by the server's TTS, no recording needed."""
+    if text not in _SPOKEN:
+        import soxr
+
+        _, engine = runtime.engines.voice("joe")
+        audio = np.concatenate(list(engine.synthesize(text, voice="joe"))).astype(np.float32)
+        audio = soxr.resample(audio / 32768.0, engine.sample_rate, 16_000)
+        _SPOKEN[text] = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+    pad = np.zeros(int(pad_s * 16_000), dtype=np.int16)
+    return np.concatenate([pad, _SPOKEN[text], pad])
+
+
 def wer(reference: str, hypothesis: str) -> float:
     clean = lambda t: " ".join(re.sub(r"[^a-z0-9' ]+", " ", t.lower()).split())  # noqa: E731
     return float(jiwer.wer(clean(reference), clean(hypothesis) or "<empty>"))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jiwer
@@ -274,6 +275,10 @@ def test_bad_config_files(tmp_path: Path) -> None:
     proc = run_cli("serve", "--config", str(tmp_path / "absent.toml"))
     assert_one_error_line(proc, "absent.toml")
 
+    proc = run_cli("serve", "--port", "0", "--zeroconf-name", "two.labels")
+    assert_one_error_line(proc, "--zeroconf-name", "without '.'")
+    assert proc.returncode == 2
+
 
 @pytest.mark.parametrize(
     ("variable", "value", "needle"),
@@ -333,6 +338,10 @@ def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
 def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int) -> None:
     port, grpc_port, wyoming_port = free_port(), free_port(), free_port()
     transports = ["--grpc-port", str(grpc_port), "--wyoming-port", str(wyoming_port)]
+    # Zeroconf is on by default: the Wyoming record is up while serving, gone after.
+    name = f"voxserve-cli-{port}"
+    transports += ["--zeroconf-name", name]
+    browser = WyomingBrowser()
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with out_path.open("w") as out, err_path.open("w") as err:
         proc = subprocess.Popen(
@@ -361,9 +370,12 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
             time.sleep(0.1)
         assert grpc_serving(f"127.0.0.1:{grpc_port}")
         socket.create_connection(("127.0.0.1", wyoming_port), timeout=2).close()
+        assert browser.port_of(name) == wyoming_port
         proc.send_signal(stop_signal)
         assert proc.wait(timeout=15) == 0, err_path.read_text()
+        assert browser.gone(name), "no zeroconf goodbye at shutdown"
     finally:
+        browser.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -386,6 +398,39 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
     assert len(ready_lines) == 1 and ready_lines[0]["seconds"] > 0
     assert "tts.piper" in ready_lines[0]["load_seconds"]
     assert any(r["logger"].startswith("uvicorn") for r in records)  # routed through ours
+
+
+class WyomingBrowser:
+    """A zeroconf browser of `_wyoming._tcp.local.` on the loopback (its own threads)."""
+
+    def __init__(self) -> None:
+        from zeroconf import IPVersion, ServiceBrowser, Zeroconf
+
+        self.zeroconf = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+        self.removed: set[str] = set()
+        self.browser = ServiceBrowser(self.zeroconf, "_wyoming._tcp.local.", handlers=[self._on])
+
+    def _on(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+        if state_change.name == "Removed":
+            self.removed.add(name)
+
+    def port_of(self, name: str) -> int | None:
+        info = self.zeroconf.get_service_info(
+            "_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", timeout=5000
+        )
+        return None if info is None else info.port
+
+    def gone(self, name: str) -> bool:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if f"{name}._wyoming._tcp.local." in self.removed:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        self.browser.cancel()
+        self.zeroconf.close()
 
 
 def grpc_serving(target: str) -> bool:

@@ -123,6 +123,13 @@ class VadConfig(BaseModel):
     hangover_ms: int = 500  # silence that ends an utterance
     pad_ms: int = 200  # audio kept before speech start and after speech end
     max_utterance_s: float = 25.0  # force an end so one utterance cannot grow unbounded
+    # /v1/stream and gRPC sessions that name none: semantic_vad (the silence that ends a
+    # turn adapts to what was said, pipeline/endpointing.py) or server_vad (hangover_ms).
+    turn_detection: Literal["server_vad", "semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    # A tentative end: after this much silence the final is decoded (and, assistant mode,
+    # the reply made, held back) before the turn is confirmed; 0: no speculation.
+    speculate_ms: int = Field(default=128, ge=0, le=2000)
 
 
 class AsrConfig(BaseModel):
@@ -158,9 +165,19 @@ class DegradeConfig(BaseModel):
     first_audio_budget_ms: int = Field(default=800, ge=1)
     sustained_s: float = Field(default=2.0, ge=0)
     min_slow: int = Field(default=3, ge=1)
-    # ...or at once when this many syntheses already wait for a TTS slot: the queue never
-    # grows past it (2 slots: the 8th in line waits for ~4 others' chunks first).
-    max_waiting: int = Field(default=8, ge=1)
+    # A backstop only: at once when this many syntheses already wait for a TTS slot, so the
+    # queue's memory stays bounded. Admission itself is by predicted lateness (below).
+    max_waiting: int = Field(default=64, ge=1)
+    # Admission by predicted lateness (pipeline/tts_lateness.py): a synthesis is refused
+    # (a live reply speaks the fallback phrase) only when its first audio, predicted from
+    # the measured service rate and the work ahead of it in EDF order, would come later
+    # than first_audio_budget_ms after it arrived. False: no prediction (counts only).
+    predict: bool = True
+    # The service rate before any synthesis was measured: engine ms per character (piper
+    # medium: ~1-3 ms on a 2-vCPU box). Then an EWMA per engine/voice, each finished
+    # synthesis weighing `rate_smoothing`.
+    ms_per_char: float = Field(default=2.0, gt=0)
+    rate_smoothing: float = Field(default=0.2, gt=0, le=1)
     # HTTP Retry-After, and how long degraded lasts after the last slow miss: then uncached
     # speech is tried again, and one more slow miss degrades at once (a circuit breaker).
     retry_after_s: int = Field(default=2, ge=1)
@@ -315,6 +332,24 @@ class RealtimeConfig(BaseModel):
     max_client_secrets: int = Field(default=10_000, ge=1)
 
 
+class WyomingConfig(BaseModel):
+    """The Wyoming port's zeroconf record (server/wyoming_zeroconf.py): Home Assistant
+    discovers the server by it. `serve --no-zeroconf` / `--zeroconf-name NAME`."""
+
+    zeroconf: bool = True  # advertise `_wyoming._tcp.local.` while Wyoming is on
+    # The DNS-SD instance name ("" = voxserve-<host name>): what Home Assistant lists.
+    zeroconf_name: str = Field(default="", max_length=63)
+
+    @field_validator("zeroconf_name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        if len(value.encode()) > 63 or not value.isprintable() or "." in value:
+            raise ValueError(
+                "wyoming.zeroconf_name must be printable, without '.', 63 bytes at most"
+            )
+        return value
+
+
 class FlowConfig(BaseModel):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
@@ -323,8 +358,8 @@ class FlowConfig(BaseModel):
     slot (smoothed), or when a call timed out or started past its deadline since the last
     tick. Under pressure each stream's input window (VAD batches of audio in flight;
     default 8) halves, down to 1; without, it grows back by one a tick. New sessions are
-    refused (`overloaded`, retry hint) once a spell of pressure on any stage has lasted
-    `shed_after_s`; a spell ends after `calm_s` without pressure.
+    refused (`overloaded`, retry hint) once a spell of pressure on any stage (TTS only with
+    `shed_tts`) has lasted `shed_after_s`; a spell ends after `calm_s` without pressure.
     """
 
     credit_window: int = Field(default=8, ge=1)
@@ -334,6 +369,10 @@ class FlowConfig(BaseModel):
     shed_after_s: float = Field(default=1.0, ge=0)
     calm_s: float = Field(default=2.0, ge=0)
     retry_after_s: int = Field(default=2, ge=1)
+    # Whether pressure on the TTS stage sheds new sessions and requests too. Off: TTS
+    # admission is per synthesis, by predicted lateness (tts.degrade.predict), so a burst
+    # the engine can serve in time is queued, not refused for the queue's length.
+    shed_tts: bool = False
 
 
 class QuotaLimits(BaseModel):
@@ -380,6 +419,9 @@ class ClusterDeployment(BaseModel):
 
     num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
     num_cpus: float = Field(default=0.5, gt=0)  # per replica; fractional so it fits small hosts
+    # GPUs per replica (fractional shares one GPU between replicas); > 0 also wants the
+    # tier's engine on `device = "cuda"` (docs/engines.md), else the GPU sits idle.
+    num_gpus: float = Field(default=0.0, ge=0)
     max_ongoing_requests: int = Field(default=4, ge=1)  # per replica, running at once
     max_queued_requests: int = Field(default=16, ge=-1)  # per gateway handle; -1 unbounded
     max_models_per_replica: int = Field(default=3, ge=1)  # voices / languages kept loaded
@@ -409,6 +451,26 @@ class ClusterConfig(BaseModel):
     credits: ClusterCredits = ClusterCredits()
 
 
+class WakeConfig(BaseModel):
+    """Wake words (microWakeWord models of the `pymicro-wakeword` package): the Wyoming wake
+    service and /v1/stream's `wake_word` (docs/protocol.md)."""
+
+    enabled: bool = True  # load the models at start (needs the `wyoming` extra)
+    # Model names as pymicro-wakeword's; an unknown one stops the server at start.
+    models: list[str] = Field(
+        default_factory=lambda: ["okay_nabu", "hey_jarvis", "hey_mycroft", "alexa"]
+    )
+    # Audio after a detection in which the same word is not reported again (one utterance
+    # fires once; wyoming-microwakeword's --refractory-seconds default).
+    refractory_s: float = Field(default=2.0, ge=0)
+    # /v1/stream `wake_word`: after the word, a command must start within this much audio,
+    # else ASR waits for the word again (as a voice assistant goes back to sleep).
+    command_window_s: float = Field(default=8.0, gt=0)
+    # Per model, overriding the model's own JSON (okay_nabu: 0.85 and 5 probabilities).
+    probability_cutoff: dict[str, float] = Field(default_factory=dict)
+    sliding_window_size: dict[str, int] = Field(default_factory=dict)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="VOXSERVE_", env_nested_delimiter="__", extra="forbid"
@@ -430,6 +492,7 @@ class Settings(BaseSettings):
     gc: GcConfig = GcConfig()
     webrtc: WebRtcConfig = WebRtcConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    wake: WakeConfig = WakeConfig()
     # Server processes sharing the port (`serve --workers N`); engines that start no
     # threads are loaded once before fork and shared copy-on-write (server/workers.py).
     workers: int = Field(default=1, ge=1, le=64)
@@ -451,6 +514,7 @@ class Settings(BaseSettings):
     # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     wyoming_port: int = Field(default=10300, ge=0, le=65535)
+    wyoming: WyomingConfig = WyomingConfig()  # its zeroconf record
     # TLS for HTTP/WebSocket and gRPC alike (PEM files); both set or neither. Wyoming stays
     # plain TCP (Home Assistant's client does not speak TLS).
     tls_cert_file: Path | None = None

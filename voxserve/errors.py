@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODE = "unknown_mode"
     UNKNOWN_VOICE = "unknown_voice"
     UNKNOWN_LANGUAGE = "unknown_language"
+    UNKNOWN_WAKE_WORD = "unknown_wake_word"  # not an enabled wake model; lists the valid ones
     UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
     UNSUPPORTED_ENCODING = "unsupported_encoding"
     ODD_LENGTH_PCM = "odd_length_pcm"
@@ -41,6 +42,7 @@ class ErrorCode(StrEnum):
     # server side
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # a remote engine's server unreachable or busy
     OVERLOADED = "overloaded"
     QUOTA_EXCEEDED = "quota_exceeded"  # a per-key quota (quotas.*): sessions, rate, audio
     IDLE_TIMEOUT = "idle_timeout"  # no message from the client for limits.idle_timeout_s

@@ -14,8 +14,9 @@ Client messages are frozen dataclasses: they are made by the validating parsers
 
 Each wire has one encoder: JSON for the WebSocket (`ws_protocol.encode_event`), protobuf for
 gRPC (`grpc_events.encode_event`, an exhaustive match that says which events voxserve.v1
-cannot carry). Wyoming does not carry these events at all: it calls the pipeline per request
-(transcribe, synthesize) and answers with Wyoming's own events (server/wyoming_handler.py).
+cannot carry). Wyoming does not carry these events: a transcription turns the partials and
+finals of its session into Wyoming's transcript events (server/wyoming_stt.py), speech is
+answered with Wyoming's audio events (server/wyoming_handler.py).
 
 Bottom layer: imports only the standard library and msgspec.
 """
@@ -30,6 +31,10 @@ from msgspec import UNSET as UNSET  # re-exported: callers test optional fields 
 from msgspec import UnsetType as UnsetType
 
 Mode = Literal["asr", "tts", "assistant"]
+TurnType = Literal["server_vad", "semantic_vad"]
+Eagerness = Literal["low", "medium", "high", "auto"]
+TURN_TYPES: tuple[TurnType, ...] = ("server_vad", "semantic_vad")
+EAGERNESS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
 MODES: tuple[Mode, ...] = ("asr", "tts", "assistant")
 
 
@@ -62,14 +67,18 @@ class ResponseOptions:
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """Server VAD of a conversation session; None in ConversationConfig is push-to-talk
-    (no VAD: audio between commits is one utterance). None fields: the server's setting."""
+    """Turn detection of a session; None in ConversationConfig is push-to-talk
+    (no VAD: audio between commits is one utterance). None fields: the server's setting.
+    `server_vad` ends a turn after a fixed silence; `semantic_vad` adapts the silence to
+    what was said (pipeline/endpointing.py), as eager as `eagerness` says."""
 
     threshold: float | None = None  # speech probability (vad.threshold)
     prefix_padding_ms: int | None = None  # audio kept before speech start (vad.pad_ms)
     silence_duration_ms: int | None = None  # silence that ends a turn (vad.hangover_ms)
     create_response: bool = True  # answer each committed turn
     interrupt_response: bool = True  # speech cancels the response in progress
+    type: TurnType = "server_vad"
+    eagerness: Eagerness = "auto"  # semantic_vad only
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,11 @@ class StreamConfig:
     resumable: bool = False
     # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
     conversation: ConversationConfig | None = None
+    # /v1/stream audio modes: ASR waits for this wake word (a pymicro-wakeword model name),
+    # then takes one turn, then waits again (pipeline/wake_gate.py). None: no wake word.
+    wake_word: str | None = None
+    # /v1/stream and gRPC (asr, assistant): None is the server's (vad.turn_detection).
+    turn_detection: TurnDetection | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +231,17 @@ class CreateResponse:
     options: ResponseOptions = ResponseOptions()
 
 
+@dataclass(frozen=True, slots=True)
+class TurnUpdate:
+    """`session.update` on /v1/stream (and gRPC): new turn detection, from this point of
+    the audio on (the turn in progress goes on under it)."""
+
+    turn_detection: TurnDetection
+
+
 StreamMessage: TypeAlias = (
     StartMessage
+    | TurnUpdate
     | TextMessage
     | EndMessage
     | CancelMessage
@@ -250,6 +273,7 @@ CLIENT_MESSAGE_TYPES: dict[str, type[ClientMessage]] = {
     "cancel": CancelMessage,
     "mark": MarkMessage,
     "credit": CreditMessage,
+    "session.update": TurnUpdate,
 }
 """Each client `type` and the message ws_protocol.parse_text_message parses it into; the
 parser does not read this table: tests/test_events_docs.py holds it to docs/protocol.md."""
@@ -261,6 +285,17 @@ parser does not read this table: tests/test_events_docs.py holds it to docs/prot
 class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
     """Base of every server event. gc=False: events hold only scalars (no cycles), so the
     collector need not track the thousands a busy server makes each second."""
+
+
+class TurnDetectionInfo(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A session's turn detection as it is in force (session.started, session.updated)."""
+
+    type: TurnType
+    eagerness: Eagerness | None = None  # semantic_vad
+    silence_duration_ms: int | None = None  # server_vad
+
+
+AUTO_LANGUAGE = "auto"  # session.started's language when a multilingual ASR detects it
 
 
 class SessionStarted(Event, frozen=True, tag="session.started"):
@@ -275,6 +310,7 @@ class SessionStarted(Event, frozen=True, tag="session.started"):
     frame_ms: int  # FRAME_MS
     credit_window: int | None  # the input window now; null in `tts` mode
     resumable: bool
+    turn_detection: TurnDetectionInfo | None = None  # asr, assistant
 
 
 class SessionResumed(Event, frozen=True, tag="session.resumed"):
@@ -319,6 +355,13 @@ class VadEnd(Event, frozen=True, tag="vad.end"):
     segment: int
     start_ms: int
     end_ms: int
+
+
+class WakeDetected(Event, frozen=True, tag="wake.detected"):
+    """The session's `wake_word` was heard: the next turn is transcribed (docs/protocol.md)."""
+
+    name: str
+    timestamp_ms: int  # where the word ended in the session's audio (ms from its start)
 
 
 class TranscriptPartial(Event, frozen=True, tag="transcript.partial"):
@@ -368,7 +411,7 @@ class TtsFallback(Event, frozen=True, tag="tts.fallback"):
     """TTS is degraded: the reply speaks the fallback phrase `text` instead."""
 
     reply: int
-    reason: str  # slow | queue
+    reason: str  # late | slow | queue (pipeline/tts_health.py)
     text: str
 
 
@@ -424,7 +467,10 @@ class Item(msgspec.Struct, frozen=True, gc=False):
 
 
 class SessionUpdated(Event, frozen=True, tag="session.updated"):
-    """A `session.update` was applied (the transport describes the whole session)."""
+    """A `session.update` was applied (the Realtime transport describes the whole session;
+    /v1/stream: the turn detection now in force)."""
+
+    turn_detection: TurnDetectionInfo | None = None
 
 
 class AudioCommitted(Event, frozen=True, tag="audio.committed"):
@@ -522,10 +568,12 @@ def reply_item_id(session_id: str, reply: int) -> str:
 
 StreamEvent: TypeAlias = (
     SessionStarted
+    | SessionUpdated
     | SessionResumed
     | SessionEnded
     | VadStart
     | VadEnd
+    | WakeDetected
     | TranscriptPartial
     | TranscriptFinal
     | ResponseDelta
@@ -541,8 +589,7 @@ StreamEvent: TypeAlias = (
 """What any session may send (docs/protocol.md's /v1/stream section)."""
 
 ConversationEvent: TypeAlias = (
-    SessionUpdated
-    | AudioCommitted
+    AudioCommitted
     | AudioCleared
     | ItemAdded
     | ItemDone

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -22,6 +23,7 @@ from voxserve.cache.prewarm import Prewarmer
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.config import Settings
 from voxserve.engines.loaded import ENGINE_KINDS, Engines, load_engines
+from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
@@ -107,6 +109,10 @@ class Runtime:
         self.metrics.watch(self)
         self.active_sessions = 0
         self.load_error: str | None = None
+        # A configuration error found while loading (EngineConfigError): the server stops
+        # and `serve` exits 2 with it (`stop_for`); `on_fatal` is the server's stop.
+        self.fatal: Exception | None = None
+        self.on_fatal: Callable[[], None] | None = None
         self.watchdog: LoopWatchdog | None = None  # set by the app while it serves
 
     @classmethod
@@ -244,7 +250,8 @@ class Runtime:
             await make_fallback(self)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
-            log.error("engine loading failed", extra={"error": self.load_error})
+            if not isinstance(exc, EngineConfigError):  # that one `serve` says (stop_for)
+                log.error("engine loading failed", extra={"error": self.load_error})
             raise
         finally:
             if reading is not None and not reading.done():
@@ -264,6 +271,14 @@ class Runtime:
         path = self.settings.cache.prewarm_file
         if path is not None and self.prewarmer is not None:
             start_prewarm_file(self.prewarmer, path)
+
+    def stop_for(self, error: Exception) -> None:
+        """End the server because of `error` (a bad engine option found while loading):
+        `serve` raises it once the server has stopped, one line and exit 2, instead of
+        serving a /readyz that never turns 200."""
+        self.fatal = error
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     async def aclose(self) -> None:
         """Stop prewarming and syntheses in progress, write the cache out, and close engines

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from voxserve.bench.records import Raw, merged
-from voxserve.bench.replies import ReplyAudio
+from voxserve.bench.replies import ReplyAudio, reply_began
+from voxserve.bench.step import premature_turn_rate
 
 
 def test_reply_audio_first_byte_gaps_and_underrun() -> None:
@@ -40,3 +41,21 @@ def test_merge_adds_up_processes() -> None:
     assert total.samples["mark_lag"] == [0.001, 0.002]
     assert total.errors["close_1011"] == 3 and total.failed_streams == 2
     assert list(total.lateness) == [0.001] and total.procs == [{"pid": 1}]
+
+
+def test_a_reply_that_begins_while_its_utterance_is_spoken_is_premature() -> None:
+    """Utterance 0 ended (a turn latency); utterance 1 began and has not ended: a reply to
+    it is premature, counted once however many replies begin in it; the step's rate is over
+    the utterances whose end was sent."""
+    raw = Raw()
+    first, last = {0: 1.0, 1: 5.0}, {0: 3.0}
+    premature: set[int] = set()
+    assert reply_began(raw, 0, 3.4, first, last, premature)
+    assert reply_began(raw, 1, 6.0, first, last, premature)
+    assert reply_began(raw, 1, 6.5, first, last, premature)
+    assert not reply_began(raw, 2, 7.0, first, last, premature)  # not begun: not matched
+    assert [round(s, 3) for s in raw.samples["turn"]] == [0.4]
+    assert raw.counts["premature_turns"] == 1
+    raw.counts["utterances"] = 4
+    assert premature_turn_rate(raw) == 0.25
+    assert premature_turn_rate(Raw()) is None  # no replies at all: not an assistant run

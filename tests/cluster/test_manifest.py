@@ -7,6 +7,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cluster.conftest import need_ray
 from voxserve.config import load_settings
 
@@ -77,3 +79,18 @@ def test_tier_settings_become_serve_deployment_options() -> None:
     assert "num_replicas" not in scaled  # Serve refuses both
     assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4}
     assert scaled["max_replicas_per_node"] == 1
+
+
+def test_num_gpus_reaches_the_replicas_and_is_checked_locally() -> None:
+    need_ray()
+    from voxserve.cli.cluster import _check_cpus
+    from voxserve.cli.errors import CliError
+    from voxserve.cluster.deployments import deployment_options
+    from voxserve.config import ClusterConfig, ClusterDeployment
+
+    gpu = ClusterDeployment(num_replicas=2, num_cpus=1, num_gpus=0.5)
+    assert deployment_options(gpu)["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.5}
+    cluster = ClusterConfig(asr=gpu)
+    _check_cpus(cluster, offered=4, offered_gpus=1)  # two half-GPU replicas fit one GPU
+    with pytest.raises(CliError, match="need 1 GPUs and this cluster offers 0"):
+        _check_cpus(cluster, offered=4, offered_gpus=0)

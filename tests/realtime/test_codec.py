@@ -277,13 +277,34 @@ def test_null_turn_detection_is_push_to_talk_and_null_transcription_turns_it_off
     assert conversation.turn_detection is None and not conversation.transcribe
 
 
-def test_semantic_vad_is_taken_as_server_vad() -> None:
+def test_semantic_vad_is_taken_with_its_eagerness() -> None:
     decoder, _ = codec()
     session = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}
     update = decoder.decode(event("session.update", session=session))
     assert isinstance(update, SessionUpdate)
     assert update.config.conversation is not None
-    assert update.config.conversation.turn_detection == TurnDetection()
+    assert update.config.conversation.turn_detection == TurnDetection(
+        type="semantic_vad", eagerness="low"
+    )
+
+
+@pytest.mark.parametrize(
+    ("turn_detection", "named"),
+    [
+        ({"type": "semantic_vad", "eagerness": "fast"}, "turn_detection.eagerness"),
+        ({"type": "semantic_vad", "silence_duration_ms": 300}, "silence_duration_ms"),
+        ({"type": "server_vad", "eagerness": "high"}, "turn_detection.eagerness"),
+        ({"type": "smart_vad"}, "turn_detection.type"),
+    ],
+)
+def test_bad_turn_detection_is_refused_naming_the_field(
+    turn_detection: dict[str, object], named: str
+) -> None:
+    decoder, _ = codec()
+    session = {"audio": {"input": {"turn_detection": turn_detection}}}
+    with pytest.raises(VoxError) as refused:
+        decoder.decode(event("session.update", session=session))
+    assert refused.value.code is ErrorCode.INVALID_PARAMETER and named in refused.value.message
 
 
 def test_a_beta_session_update_is_read_and_the_wire_speaks_beta() -> None:

@@ -583,3 +583,19 @@ def test_what_the_server_has() -> None:
     assert (installed.vad_threshold, installed.vad_prefix_padding_ms) == (0.4, 150)
     assert installed.vad_silence_duration_ms == 600
     assert installed.asr_model == (FakeAsr.info.model or FakeAsr.info.name)
+
+
+def test_semantic_vad_is_echoed_with_its_eagerness_in_session_updated() -> None:
+    """The SDK's own model of session.updated reads it (checked), with OpenAI's fields for
+    semantic_vad: type, eagerness, create_response, interrupt_response."""
+    decoder, encoder = codec()
+    run(encoder, [STARTED])
+    td = {"type": "semantic_vad", "eagerness": "high"}
+    decoder.decode(event("session.update", session={"audio": {"input": {"turn_detection": td}}}))
+    (updated,) = run(encoder, [ev.SessionUpdated()])
+    assert updated["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
+    }

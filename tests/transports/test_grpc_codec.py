@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from tests.event_samples import SAMPLES
 from voxserve import events as ev
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.events import CancelMessage, EndMessage, MarkMessage, TextMessage
+from voxserve.events import CancelMessage, EndMessage, MarkMessage, TextMessage, TurnDetection
 from voxserve.server import grpc_codec as codec
 from voxserve.server import grpc_events
 from voxserve.server.ws_protocol import parse_start
@@ -193,3 +193,16 @@ def test_random_bytes_never_raise_anything_but_vox_errors() -> None:
                 codec.stream_config(request.config)
             except VoxError:
                 pass
+
+
+def test_turn_detection_maps_as_session_start_and_is_checked_the_same() -> None:
+    semantic = pb.StreamConfig(turn_detection=pb.TurnDetection(type="semantic_vad"))
+    assert codec.stream_config(semantic).turn_detection == TurnDetection(type="semantic_vad")
+    fixed = pb.TurnDetection(type="server_vad", silence_duration_ms=300)
+    config = codec.stream_config(pb.StreamConfig(turn_detection=fixed))
+    assert config.turn_detection == TurnDetection(type="server_vad", silence_duration_ms=300)
+    assert codec.stream_config(pb.StreamConfig()).turn_detection is None  # the server's
+    bad = pb.TurnDetection(type="semantic_vad", eagerness="eager")
+    with pytest.raises(VoxError) as refused:
+        codec.stream_config(pb.StreamConfig(turn_detection=bad))
+    assert refused.value.code is ErrorCode.INVALID_PARAMETER and refused.value.fatal

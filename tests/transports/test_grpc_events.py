@@ -16,6 +16,8 @@ from voxserve.v1 import voxserve_pb2 as pb
 CONVERSE_FIELD: dict[type[ev.ServerEvent], str | None] = {
     ev.SessionStarted: "started",
     ev.SessionResumed: None,  # only the WebSocket parks and resumes sessions
+    ev.WakeDetected: None,  # only the WebSocket's session.start takes a wake_word
+    ev.SessionUpdated: None,  # no session.update on gRPC (its config holds for the call)
     ev.SessionEnded: "ended",
     ev.VadStart: "vad_start",
     ev.VadEnd: "vad_end",

@@ -27,6 +27,13 @@ async def next_event(wyoming: AsyncTcpClient) -> Event:
     return event
 
 
+async def transcript_of(wyoming: AsyncTcpClient) -> Transcript:
+    """The request's `transcript`, past the streaming events before it."""
+    while not Transcript.is_type((event := await next_event(wyoming)).type):
+        assert event.type in ("transcript-start", "transcript-chunk"), event
+    return Transcript.from_event(event)
+
+
 async def error_of(wyoming: AsyncTcpClient, *events: Event) -> str | None:
     for event in events:
         await wyoming.write_event(event)
@@ -49,8 +56,8 @@ async def test_stereo_8k_audio_is_mixed_down_and_resampled(fake_server: LiveServ
     async with client(fake_server) as wyoming:
         await wyoming.write_event(Transcribe().event())
         await send_audio(wyoming, stereo.astype("<i2").tobytes(), 8000, 2)
-        reply = await next_event(wyoming)
-    assert Transcript.from_event(reply).text == "tone500"
+        reply = await transcript_of(wyoming)
+    assert reply.text == "tone500"
 
 
 async def test_errors_are_events_with_voxserve_codes(fake_server: LiveServer) -> None:
@@ -90,5 +97,5 @@ async def test_request_beyond_the_session_limit_is_refused(
         pcm = np.concatenate([tone(700, 0.6), silence(0.2)]).astype("<i2").tobytes()
         await first.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=pcm).event())
         await first.write_event(AudioStop().event())
-        assert Transcript.from_event(await next_event(first)).text == "tone700"
+        assert (await transcript_of(first)).text == "tone700"
     assert runtime.active_sessions == 0

@@ -12,6 +12,7 @@ from av import AudioFrame
 
 from tests.webrtc.media import FramesTrack, peak_hz, rms, stereo_frame, tone, tone_frames
 from voxserve.server.webrtc_inbound import PLAYOUT_S, InboundAudio
+from voxserve.server.webrtc_jitter import AudioJitterBuffer
 
 SILENCE = bytes(640)
 
@@ -284,4 +285,29 @@ async def test_dtx_pauses_are_silence_short_holes_are_loss() -> None:
     assert inbound.reanchors == 1 and inbound.packets_received == 38
     assert len(out) == 38 + 2 + inbound.silence_ms // 20
     assert took < 60 * 0.02 + 0.3  # real time, no backlog built up
+    inbound.close()
+
+
+async def test_audio_held_up_behind_the_network_is_not_given_as_silence() -> None:
+    """Packets keep coming off the network but their frames come out late (aiortc's
+    decoder thread or the event loop stalled, as on a loaded machine): the slots wait for
+    them (up to PLAYOUT_S + HOLD_S), so the caller's sentence is not cut by a silence that
+    was never spoken; with no packets coming, the same lateness is silence (the test above)."""
+    frames = tone_frames(440, 40)
+    gate = asyncio.Event()
+    inbound = InboundAudio(ScriptTrack([*frames[:10], gate, *frames[10:]], end=True))
+    inbound.jitter = AudioJitterBuffer()
+
+    async def network() -> None:  # packets arriving every 20 ms while the decoder is stuck
+        assert inbound.jitter is not None
+        for _ in range(20):
+            inbound.jitter.last_packet_at = time.monotonic()
+            await asyncio.sleep(0.02)
+        gate.set()
+
+    arriving = asyncio.create_task(network())
+    out = await read_all(inbound)
+    await arriving
+    assert inbound.silence_ms == 0  # 400 ms late, packets coming: waited, not silence
+    assert len(out) >= 39 and all(frame != SILENCE for frame in out[:38])
     inbound.close()

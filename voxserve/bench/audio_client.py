@@ -10,6 +10,9 @@ Definitions (also in docs/benchmarks.md):
   transcript.final. The server's VAD hangover is part of it; `final_minus_hangover`
   subtracts the configured hangover.
 - turn (assistant): from the same last speech frame to the first byte of the reply audio.
+- premature turn (assistant): reply audio that began while its utterance was still being
+  spoken (the speaker had only paused: the fixtures of tests/fixtures/turns pause 300-700 ms
+  mid-sentence); premature_turn_rate = such utterances / utterances.
 Server segments are matched to utterances by their start_ms (see program.Script). After
 the run's end the stream sends silence for the hangover + 0.3 s before audio.end, so its
 last turn ends as it would live; speech cut off by the end is not counted.
@@ -27,7 +30,7 @@ from websockets.asyncio.client import ClientConnection
 
 from voxserve.bench.program import Script, frame_bytes, pcm_at
 from voxserve.bench.records import Raw
-from voxserve.bench.replies import ReplyAudio
+from voxserve.bench.replies import ReplyAudio, reply_began
 from voxserve.bench.schedule import FRAME_S, FrameClock, mark_due
 from voxserve.bench.wsbase import WsStream, paced
 from voxserve.types import SAMPLE_RATE
@@ -69,6 +72,7 @@ class AudioStream(WsStream):
         self.partial_seen: set[int] = set()
         self.finals: dict[int, list[tuple[int, float, str]]] = {}  # utt -> (end_ms, t, text)
         self.replies = ReplyAudio(raw, self._first_reply_audio)
+        self.premature: set[int] = set()
 
     async def produce(self, ws: ClientConnection) -> None:
         """The script until end_at, then silence for the hangover (+ TAIL_S) so the last
@@ -134,8 +138,7 @@ class AudioStream(WsStream):
 
     def _first_reply_audio(self, reply: int, now: float) -> None:
         u = self.segments.get(reply)
-        if u is not None and u in self.last_sent:
-            self.raw.add("turn", now - self.last_sent[u])
+        reply_began(self.raw, u, now, self.first_sent, self.last_sent, self.premature)
 
     def finish(self) -> None:
         """Per utterance whose end was sent: final latency from its last final, and the

@@ -78,6 +78,28 @@ def ramp(path: Path, records: Sequence[Mapping[str, Any]], metric: str, budget_m
     return path
 
 
+def turns(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Turn latency P50/P99 (left) and the premature-turn rate (right) per turn detection:
+    the trade-off between answering soon and answering someone who only paused."""
+    labels = [str(r["label"]).split(" streams ")[-1] for r in rows]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(x, _nan([r.get("turn_p50_ms") for r in rows]), "o-", label="turn P50 (ms)")
+    ax.plot(x, _nan([r.get("turn_p99_ms") for r in rows]), "o--", label="turn P99 (ms)")
+    ax.set_xticks(x, labels, rotation=15, fontsize=8)
+    ax.set_ylabel("ms")
+    ax.grid(alpha=0.3)
+    right = ax.twinx()
+    rates = [r.get("premature_turn_rate") for r in rows]
+    right.bar(x, _nan([None if v is None else v * 100 for v in rates]), alpha=0.25, color="red")
+    right.set_ylabel("premature turns (%)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def sweep(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Partial latency and WER against chunk_ms (rows with partials on)."""
     on = [r for r in rows if r["partials"]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 from voxserve.bench.report import eprint
 
@@ -97,6 +98,22 @@ def _common() -> argparse.ArgumentParser:
     return p
 
 
+def _turn_detections(value: str) -> list[dict[str, Any]]:
+    """ "semantic_vad:high,server_vad:500" -> session.start turn_detection objects."""
+    out: list[dict[str, Any]] = []
+    for item in value.split(","):
+        kind, _, setting = item.strip().partition(":")
+        if kind == "semantic_vad":
+            out.append({"type": kind, "eagerness": setting or "auto"})
+        elif kind == "server_vad":
+            out.append({"type": kind, **({"silence_duration_ms": int(setting)} if setting else {})})
+        else:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: use semantic_vad:low|medium|high|auto or server_vad[:ms]"
+            )
+    return out
+
+
 def _streams() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("streams")
@@ -129,7 +146,16 @@ def _streams() -> argparse.ArgumentParser:
         help="audio: WAVs with known text, the server's own TTS (closed loop), or quiet noise",
     )
     g.add_argument(
-        "--audio-dir", default="tests/fixtures", help="WAVs + fixtures.json for --source fixtures"
+        "--audio-dir",
+        help="WAVs + fixtures.json for --source fixtures, comma-separated directories "
+        "(default tests/fixtures; assistant, realtime and webrtc modes add tests/fixtures/turns, "
+        "sentences with mid-sentence pauses and lists)",
+    )
+    g.add_argument(
+        "--turn-detection",
+        type=_turn_detections,
+        help="session.start turn_detection, e.g. semantic_vad:auto or server_vad:500; several, "
+        "comma-separated (stream command): one step each, the turn trade-off (turns.png)",
     )
     g.add_argument(
         "--gap", type=float, help="silence after each recording, s (default 1; 3 in assistant mode)"
@@ -303,6 +329,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         streams,
     )
     _realtime_arguments(realtime)
+    wyoming = sub.add_parser(
+        "wyoming",
+        help="Wyoming transcripts at real-time pace: first transcript-chunk and the final, "
+        "side by side with other Wyoming servers",
+        description="Wyoming transcripts at real-time pace (voxserve/bench/wyoming_bench.py).",
+    )
+    wyoming.set_defaults(bench_run="voxserve.bench.wyoming_bench:cmd_wyoming")
+    from voxserve.bench.wyoming_bench import add_wyoming_arguments
+
+    add_wyoming_arguments(wyoming)
     eng = add(
         "engines",
         "cmd_engines",
@@ -321,6 +357,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     add_soak_arguments(soak)
     add_memory_parsers(add, streams)
+    from voxserve.bench.tts_burst import add_tts_burst_parsers
+
+    add_tts_burst_parsers(add)
 
 
 TRANSPORTS = ("stream", "realtime", "webrtc")

@@ -45,6 +45,9 @@ def session_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["partials"] = args.partials
     if getattr(args, "sample_rate", None):
         fields["sample_rate"] = fields["output_sample_rate"] = args.sample_rate
+    turns = getattr(args, "turn_detection", None)
+    if turns and len(turns) == 1:
+        fields["turn_detection"] = turns[0]
     return fields
 
 
@@ -156,12 +159,50 @@ def _done(report: Report, head: dict[str, Any] | None, extra: dict[str, Any], ur
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
+    if args.turn_detection and len(args.turn_detection) > 1:
+        return _turn_tradeoff(args)
     with _report(args, "stream") as report, target(args, report.out) as tgt:
         program = audio_program(args, tgt) if args.mode != "tts" else None
         step = stream_step(args, tgt, program, args.streams, f"{args.streams} streams")
         report.add(step.record)
         _cdf(report, [step])
         return _done(report, step.record, {}, tgt.url)
+
+
+def _turn_tradeoff(args: argparse.Namespace) -> int:
+    """One step per --turn-detection (same streams, audio and server): turn latency against
+    the premature-turn rate (turns.png, summary.json `turns`)."""
+    with _report(args, "stream") as report, target(args, report.out) as tgt:
+        program = audio_program(args, tgt)
+        steps: list[Step] = []
+        for td in args.turn_detection:
+            label = f"{args.streams} streams {turn_label(td)}"
+            step = stream_step(
+                args, tgt, program, args.streams, label, session={"turn_detection": td}
+            )
+            report.add(step.record)
+            steps.append(step)
+            time.sleep(args.cooldown)
+        rows = [_turn_row(s.record) for s in steps]
+        charts.turns(report.out / "turns.png", rows)
+        _cdf(report, steps)
+        return _done(report, steps[-1].record, {"turns": rows}, tgt.url)
+
+
+def turn_label(td: dict[str, Any]) -> str:
+    """A step's name for a turn_detection: semantic_vad:auto, server_vad:500."""
+    setting = td.get("eagerness", td.get("silence_duration_ms", ""))
+    return f"{td['type']}:{setting}" if setting != "" else str(td["type"])
+
+
+def _turn_row(record: dict[str, Any]) -> dict[str, Any]:
+    turn = record["latency_ms"].get("turn") or {}
+    return {
+        "label": record["label"],
+        "turn_p50_ms": turn.get("p50"),
+        "turn_p99_ms": turn.get("p99"),
+        "premature_turn_rate": record.get("premature_turn_rate"),
+    }
 
 
 def cmd_ramp(args: argparse.Namespace) -> int:

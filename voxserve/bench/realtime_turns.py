@@ -21,7 +21,7 @@ from typing import Any
 
 from voxserve.bench.program import Script
 from voxserve.bench.records import Raw
-from voxserve.bench.replies import ReplyAudio
+from voxserve.bench.replies import ReplyAudio, reply_began
 
 AUDIO_DELTAS = ("response.output_audio.delta", "response.audio.delta")  # GA, beta
 TRANSCRIPT_DELTA = "conversation.item.input_audio_transcription.delta"
@@ -61,6 +61,7 @@ class RealtimeTurns:
         self.open: set[str] = set()  # responses created and not done
         self.heard = -1  # highest utterance a speech_started was matched to
         self.replies = ReplyAudio(raw, self._first_audio)
+        self.premature: set[int] = set()  # utterances answered while still being spoken
 
     def idle(self) -> bool:
         """Nothing in flight: the last utterance sent was heard, committed and answered."""
@@ -150,9 +151,7 @@ class RealtimeTurns:
 
     def _first_audio(self, reply: int, now: float) -> None:
         u = self.answers.get(reply)
-        if u is not None and u in self.last_sent:
-            self.raw.add("turn", now - self.last_sent[u])
-        else:
+        if not reply_began(self.raw, u, now, self.first_sent, self.last_sent, self.premature):
             self.raw.counts["replies_unmatched"] += 1
 
     def finish(self) -> None:

@@ -12,6 +12,31 @@ from voxserve.bench.records import Raw
 from voxserve.bench.stats import gaps, underrun
 
 
+def reply_began(
+    raw: Raw,
+    u: int | None,
+    now: float,
+    first_sent: dict[int, float],
+    last_sent: dict[int, float],
+    premature: set[int],
+) -> bool:
+    """A reply to utterance `u` began playing at `now`: its turn latency (from the last
+    speech frame sent), or, while `u` is still being spoken (its speech began and has not
+    ended: the speaker only paused), a premature turn, counted once per utterance
+    (`premature_turns`; the step's premature_turn_rate). False when it matches none."""
+    if u is None:
+        return False
+    if u in last_sent:
+        raw.add("turn", now - last_sent[u])
+        return True
+    if u in first_sent:
+        if u not in premature:
+            premature.add(u)
+            raw.counts["premature_turns"] += 1
+        return True
+    return False
+
+
 class ReplyAudio:
     """Follows one session's replies; calls `on_first_audio(reply, t)` at each first chunk."""
 

@@ -105,11 +105,13 @@ def markdown(summary: Mapping[str, Any]) -> str:
     steps = summary["steps"]
     host = summary["machine"]
     used = [c for c in COLUMNS if any(r.get("latency_ms", {}).get(c[1]) for r in steps)]
+    premature = any(r.get("premature_turn_rate") is not None for r in steps)
     head = [
         "step",
         "streams",
         "valid",
         *(c[0] + " (ms)" for c in used),
+        *(["premature turns"] if premature else []),
         "WER",
         "server CPU %",
         "RSS MB",
@@ -132,6 +134,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
             cells.append(
                 _p(r, metric, only) if only else f"{_p(r, metric, 'p50')} / {_p(r, metric, 'p99')}"
             )
+        if premature:
+            rate = r.get("premature_turn_rate")
+            cells.append("-" if rate is None else f"{rate:.1%}")
         cells += [
             "-" if r.get("wer") is None else f"{r['wer']:.3f}",
             _ms(server.get("cpu_percent")),

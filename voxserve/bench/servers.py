@@ -108,6 +108,20 @@ def spawn_voxserve(
 
 
 @contextlib.contextmanager
+def spawn_tcp(cmd: list[str], port: int, log: Path, timeout_s: float = 90) -> Iterator[int]:
+    """Another program's server (a peer to compare with) listening on TCP `port`: its pid
+    once the port accepts connections; stopped on exit."""
+
+    def accepts() -> bool:
+        socket.create_connection((HOST, port), timeout=1).close()
+        return True
+
+    with _running(cmd, log, None) as proc:
+        _wait(accepts, proc, log, timeout_s)
+        yield proc.pid
+
+
+@contextlib.contextmanager
 def spawn_echo(log: Path, timeout_s: float = 30, *, loop: str = "asyncio") -> Iterator[Spawned]:
     """The baseline echo server on a free port, on asyncio's own loop or uvloop."""
     port = free_port()

@@ -139,6 +139,7 @@ def build_record(plan: Plan, raw: Raw, server: dict[str, Any] | None) -> dict[st
         "latency_ms": {m: summarize(raw.samples[m]) for m in METRICS if raw.samples.get(m)},
         # No final at all means no recogniser (the echo baseline): no WER, not WER 1.
         "wer": _rounded(wer(raw.transcripts)) if raw.counts["finals"] else None,
+        "premature_turn_rate": premature_turn_rate(raw),
         "transcripts_sample": [list(pair) for pair in raw.transcripts[:SAMPLE_TRANSCRIPTS]],
         "throughput": _throughput(raw, span, plan.duration_s),
         "errors": dict(sorted(raw.errors.items())),
@@ -152,6 +153,17 @@ def build_record(plan: Plan, raw: Raw, server: dict[str, Any] | None) -> dict[st
             "loop_lag_ms": summarize(raw.loop_lag),
         },
     }
+
+
+def premature_turn_rate(raw: Raw) -> float | None:
+    """Utterances a reply began in while the speaker had only paused, over the utterances
+    whose end was sent (None without replies: not an assistant run)."""
+    counts = raw.counts
+    if not raw.samples.get("turn") and not counts["premature_turns"]:
+        return None
+    return (
+        round(counts["premature_turns"] / counts["utterances"], 4) if counts["utterances"] else None
+    )
 
 
 def _throughput(raw: Raw, span_s: float, duration_s: float) -> dict[str, float | None]:

@@ -89,4 +89,6 @@ def audio_program(args: argparse.Namespace, tgt: Target) -> prog.Program:
         return prog.build([(prog.noise_clip(10.0), "")], 0.0)
     if args.source == "tts":
         return prog.build(speech_from_server(tgt.http, SENTENCES, args.voice), gap)
-    return prog.build(prog.fixture_clips(Path(args.audio_dir)), gap)
+    dirs = args.audio_dir or ("tests/fixtures,tests/fixtures/turns" if turns else "tests/fixtures")
+    clips = [clip for d in dirs.split(",") for clip in prog.fixture_clips(Path(d.strip()))]
+    return prog.build(clips, gap)

@@ -32,8 +32,9 @@ ENCODING = "pcm_s16le"
 """Entries hold 16-bit little-endian mono PCM at the output rate; WAV framing is added by
 the transport, so `wav` and `pcm` HTTP replies at one rate share an entry."""
 SPEED_DECIMALS = 2
-OPTIONS_NOT_IN_KEY = frozenset({"threads"})
-"""Engine options that change speed, never the audio."""
+OPTIONS_NOT_IN_KEY = frozenset({"threads", "api_key", "timeout_s", "max_concurrency"})
+"""Engine options that change speed or access, never the audio (a remote engine's rotated
+API key keeps its cache)."""
 
 
 SHARED_SCOPE = ""

@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.argtypes import Subparsers
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
-from voxserve.cli.settings import configure_cli_logging, load_cli_settings
+from voxserve.cli.settings import (
+    check_engines_import,
+    configure_cli_logging,
+    load_cli_settings,
+)
 from voxserve.cli.signals import interrupt, sigterm_interrupts
 
 if TYPE_CHECKING:
@@ -82,6 +86,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "up":
         if args.nodes < 1 or (args.nodes > 1 and args.address):
             raise CliError("--nodes takes N >= 1, and only for a local cluster", EXIT_USAGE)
+        # The core's engines, checked here as `serve` checks its own: a bad name or option
+        # is one line and exit 2, not a replica that fails inside Ray.
+        by_language = settings.cluster.asr_languages.values()
+        check_engines_import(settings, [("asr", spec) for spec in by_language])
         return _up(settings, local=not args.address, num_cpus=args.num_cpus, nodes=args.nodes)
     if args.action == "status":
         return _status(settings, as_json=args.json)
@@ -148,8 +156,8 @@ def _deploy(
         signal.signal(signal.SIGTERM, interrupt)  # ray.init installs its own (exit 15)
         cluster = cluster.model_copy(update={"address": ray.get_runtime_context().gcs_address})
         settings = settings.model_copy(update={"cluster": cluster})
-        offered = ray.cluster_resources().get("CPU", 0.0)  # type: ignore[no-untyped-call]
-        _check_cpus(cluster, float(offered))
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        _check_cpus(cluster, float(resources.get("CPU", 0.0)), float(resources.get("GPU", 0.0)))
     deploy(settings)
     served = describe_tiers(cluster)
     print(
@@ -164,15 +172,22 @@ def _deploy(
             time.sleep(3600)
 
 
-def _check_cpus(cluster: ClusterConfig, offered: float) -> None:
-    """A local cluster that cannot place every replica would make Serve wait forever: say
-    so instead (a remote cluster may add nodes on demand, so it is not checked)."""
-    needed = 0.0
+def _check_cpus(cluster: ClusterConfig, offered: float, offered_gpus: float = 0.0) -> None:
+    """A local cluster that cannot place every replica (CPUs, GPUs) would make Serve wait
+    forever: say so instead (a remote cluster may add nodes on demand: not checked)."""
+    needed = gpus_needed = 0.0
     for tier in (cluster.asr, cluster.tts):
         replicas = tier.num_replicas
         if tier.autoscaling is not None:
             replicas = int(tier.autoscaling.get("min_replicas", 1))
         needed += replicas * tier.num_cpus
+        gpus_needed += replicas * tier.num_gpus
+    if gpus_needed > offered_gpus + 1e-9:
+        raise CliError(
+            f"the ASR and TTS replicas need {gpus_needed:g} GPUs and this cluster offers "
+            f"{offered_gpus:g}: lower cluster.asr/tts num_gpus or run on a node with GPUs",
+            EXIT_USAGE,
+        )
     if needed > offered + 1e-9:
         raise CliError(
             f"the ASR and TTS replicas need {needed:g} CPUs and this cluster offers "

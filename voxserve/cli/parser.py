@@ -76,6 +76,17 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         help="Wyoming (Home Assistant) port (default 10300; 0 disables Wyoming)",
     )
     serve.add_argument(
+        "--no-zeroconf",
+        action="store_true",
+        default=None,
+        help="do not advertise the Wyoming port over zeroconf (Home Assistant discovery)",
+    )
+    serve.add_argument(
+        "--zeroconf-name",
+        metavar="NAME",
+        help="zeroconf instance name of the Wyoming port (default voxserve-<host name>)",
+    )
+    serve.add_argument(
         "--tls-cert",
         metavar="FILE",
         help="PEM certificate: serve HTTPS/WSS and gRPC over TLS (needs --tls-key)",

@@ -50,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
     settings = with_auth_flags(settings, args)
+    settings = with_zeroconf_flags(settings, args)
     if getattr(args, "max_sessions", None):
         limits = settings.limits.model_copy(update={"max_sessions": args.max_sessions})
         settings = settings.model_copy(update={"limits": limits})
@@ -62,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
         _configure_otel()
     check_engines_import(settings)
     check_transports(settings)
+    check_wake_settings(settings)
     settings = workers_transports(settings)  # --workers N: HTTP/WebSocket only
     sockets = bind_sockets(settings.host, settings.port)
     try:
@@ -172,6 +174,13 @@ def check_transports(settings: Settings) -> None:
     check_auth(settings)
 
 
+def check_wake_settings(settings: Settings) -> None:
+    """Wake model names, checked before listening (engines/micro_wakeword.py)."""
+    from voxserve.engines.micro_wakeword import check_wake
+
+    check_wake(settings.wake)
+
+
 def check_auth(settings: Settings) -> None:
     """Keys readable and valid; no unauthenticated non-loopback server unless asked."""
     from voxserve.server.auth import check_auth_settings
@@ -211,6 +220,27 @@ def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     if origins:
         update["cors_allowed_origins"] = [*settings.cors_allowed_origins, *origins]
     return settings.model_copy(update=update) if update else settings
+
+
+def with_zeroconf_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """--no-zeroconf and --zeroconf-name over `wyoming` (the name checked like the
+    config's: a bad one is one line, exit 2)."""
+    from pydantic import ValidationError
+
+    from voxserve.config import ConfigError, WyomingConfig
+
+    update: dict[str, Any] = {}
+    if getattr(args, "no_zeroconf", None):
+        update["zeroconf"] = False
+    if getattr(args, "zeroconf_name", None) is not None:
+        update["zeroconf_name"] = args.zeroconf_name
+    if not update:
+        return settings
+    try:
+        wyoming = WyomingConfig.model_validate({**settings.wyoming.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError(f"--zeroconf-name: {exc.errors()[0]['msg']}") from None
+    return settings.model_copy(update={"wyoming": wyoming})
 
 
 def check_transport_ports(settings: Settings) -> None:

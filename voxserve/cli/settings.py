@@ -4,12 +4,13 @@ configured engines, imported early so a missing package is one clear line."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.errors import CliError, import_hint
 
 if TYPE_CHECKING:
-    from voxserve.config import Settings
+    from voxserve.config import EngineSpec, Settings
     from voxserve.runtime import Runtime
 
 
@@ -40,27 +41,36 @@ def configure_cli_logging(args: argparse.Namespace) -> None:
 
 
 def selected_engines(settings: Settings) -> list[tuple[str, str]]:
+    return [(kind, spec.name) for kind, spec in selected_specs(settings)]
+
+
+def selected_specs(settings: Settings) -> list[tuple[str, EngineSpec]]:
     cfg = settings.engines
     return [
-        ("vad", cfg.vad.name),
-        ("asr", cfg.asr.name),
-        *(("tts", spec.name) for spec in cfg.tts),
-        ("responder", cfg.responder.name),
+        ("vad", cfg.vad),
+        ("asr", cfg.asr),
+        *(("tts", spec) for spec in cfg.tts),
+        ("responder", cfg.responder),
     ]
 
 
-def check_engines_import(settings: Settings) -> None:
-    """Import the configured engines' classes now, so a missing optional package is one
-    clear line before anything starts, not a failure deep inside model loading."""
-    from voxserve.engines.registry import engine_class
+def check_engines_import(settings: Settings, extra: Sequence[tuple[str, EngineSpec]] = ()) -> None:
+    """Import the configured engines' classes and check their option names now, so a
+    missing optional package, an unknown engine name (EngineNotFound) or a misspelt option
+    (EngineConfigError) is one clear line (exit 2 for the last two) before the port opens,
+    not a failure deep inside model loading. Option values are the constructors' to judge:
+    they raise EngineConfigError while loading, which ends `serve` the same way. `extra`:
+    more engines to check (the Ray core tier's ASR engine per language)."""
+    from voxserve.engines.registry import check_options, engine_class
 
-    for kind, name in selected_engines(settings):
+    for kind, spec in [*selected_specs(settings), *extra]:
         try:
-            engine_class(kind, name)
+            cls = engine_class(kind, spec.name)
         except ImportError as exc:
             raise CliError(
-                f"the {kind} engine {name!r} cannot be imported ({exc}); {import_hint(exc)}"
+                f"the {kind} engine {spec.name!r} cannot be imported ({exc}); {import_hint(exc)}"
             ) from exc
+        check_options(kind, spec.name, cls, spec.options)
 
 
 def load_runtime(settings: Settings) -> Runtime:

@@ -7,7 +7,6 @@ deadline on a streamed chunk, so a timer cancels the call when a chunk is late.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from voxserve.cluster.failures import (
     timed_out,
     unavailable,
 )
+from voxserve.engines.chunk_deadline import ChunkLate, with_chunk_deadline
 from voxserve.errors import VoxError
 
 
@@ -103,13 +103,13 @@ class TierClient:
             response = self._send(method, model_id, True, (*args, received))
             credit = _Credit(self.credits)
             try:
-                for item in _with_deadline(response, chunk_timeout_s):
+                for item in with_chunk_deadline(response, chunk_timeout_s):
                     credit.settle(self.credits.success)
                     received += 1
                     yield item
                 credit.settle(self.credits.success)
                 return
-            except _ChunkLate:
+            except ChunkLate:
                 credit.settle(self.credits.missed, pressure=self.credits.shrink)
                 raise timed_out(self.tier, chunk_timeout_s) from None
             except GeneratorExit:  # the caller closed the stream: barge-in, a client gone
@@ -149,33 +149,3 @@ class _Credit:
             outcome()
         elif pressure is not None:
             pressure()
-
-
-class _ChunkLate(Exception):
-    pass
-
-
-def _with_deadline(response: Any, timeout_s: float) -> Iterator[Any]:
-    """Iterate a DeploymentResponseGenerator; a chunk later than `timeout_s` cancels the
-    call and raises _ChunkLate."""
-    while True:
-        late = threading.Event()
-
-        def expire(late: threading.Event = late) -> None:
-            late.set()
-            response.cancel()
-
-        timer = threading.Timer(timeout_s, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            item = next(response)
-        except StopIteration:
-            return
-        except Exception:
-            if late.is_set():
-                raise _ChunkLate() from None
-            raise
-        finally:
-            timer.cancel()
-        yield item

@@ -13,15 +13,16 @@ from typing import Any
 
 from voxserve.config import EnginesConfig, EngineSpec
 from voxserve.engines.base import TtsEngine, close_engine
-from voxserve.engines.registry import engine_class
+from voxserve.engines.registry import construct
 from voxserve.types import EngineInfo, Voice
 
 
 def build_engine(kind: str, spec: EngineSpec, default_threads: int) -> Any:
-    """Construct one engine as engines/loaded.py does (threads from the config unless set)."""
+    """Construct one engine as engines/loaded.py does (threads from the config unless set;
+    options checked, an unknown one an EngineConfigError naming the valid ones)."""
     options = dict(spec.options)
     options.setdefault("threads", default_threads)
-    return engine_class(kind, spec.name)(**options)
+    return construct(kind, spec.name, options)
 
 
 class Loaded:

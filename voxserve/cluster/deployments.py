@@ -199,8 +199,11 @@ class TtsCore:
 
 def deployment_options(config: ClusterDeployment) -> dict[str, Any]:
     """voxserve's settings of one tier as Ray Serve deployment options."""
+    actor: dict[str, Any] = {"num_cpus": config.num_cpus}
+    if config.num_gpus > 0:  # Ray places the replica on a node with that much GPU free
+        actor["num_gpus"] = config.num_gpus
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": config.num_cpus},
+        "ray_actor_options": actor,
         "max_ongoing_requests": config.max_ongoing_requests,
         "max_queued_requests": config.max_queued_requests,
     }

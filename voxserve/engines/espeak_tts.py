@@ -23,6 +23,7 @@ import numpy as np
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
+from voxserve.engines.devices import cpu_only
 from voxserve.text import MAX_PIECE_CHARS, bounded_pieces
 from voxserve.types import EngineInfo, Voice
 
@@ -129,8 +130,12 @@ class _Library:
 class EspeakTts:
     """TtsEngine: eSpeak NG voices; every instance shares the one process-wide library."""
 
-    def __init__(self, *, threads: int = 1, max_piece_chars: int = MAX_PIECE_CHARS) -> None:
-        """`threads` is accepted like every engine's, but eSpeak runs in the calling thread."""
+    def __init__(
+        self, *, threads: int = 1, device: str = "cpu", max_piece_chars: int = MAX_PIECE_CHARS
+    ) -> None:
+        """`threads` is accepted like every engine's, but eSpeak runs in the calling thread;
+        `device` must be cpu or auto (formant synthesis has no GPU code)."""
+        cpu_only("tts", "espeak", device)
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if max_piece_chars < 1:

@@ -15,7 +15,8 @@ from typing import Any
 
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
-from voxserve.engines.registry import ENGINE_KINDS, engine_class
+from voxserve.engines.micro_wakeword import WakeEngine, load_wake
+from voxserve.engines.registry import ENGINE_KINDS, check_options, engine_class
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import Voice
 
@@ -32,18 +33,28 @@ class Engines:
     responder: Responder
     default_voice: str
     load_seconds: dict[str, float] = field(default_factory=dict)
+    wake: WakeEngine | None = None  # wake.enabled (engines/micro_wakeword.py)
     _voices: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
     _aliases: dict[str, tuple[Voice, TtsEngine]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for engine in self.tts:
-            for voice in engine.voices():
-                self._voices.setdefault(voice.id, (voice, engine))
-        for voice, engine in list(self._voices.values()):
-            for alias in voice.aliases:
-                self._aliases.setdefault(alias, (voice, engine))
+        self.refresh_voices()
         if self.default_voice not in self._voices and self._voices:
             self.default_voice = next(iter(self._voices))
+
+    def refresh_voices(self) -> None:
+        """Read the engines' voices again: one added or removed while serving (a cosyvoice
+        zero-shot voice, server/http_admin_voices.py). The maps are swapped whole, so a
+        lookup on another thread sees the old set or the new one."""
+        voices: dict[str, tuple[Voice, TtsEngine]] = {}
+        aliases: dict[str, tuple[Voice, TtsEngine]] = {}
+        for engine in self.tts:
+            for voice in engine.voices():
+                voices.setdefault(voice.id, (voice, engine))
+        for voice, engine in list(voices.values()):
+            for alias in voice.aliases:
+                aliases.setdefault(alias, (voice, engine))
+        self._voices, self._aliases = voices, aliases
 
     def voices(self) -> list[Voice]:
         return [voice for voice, _ in self._voices.values()]
@@ -67,9 +78,19 @@ class Engines:
             ErrorCode.UNKNOWN_LANGUAGE, f"language {quoted(language)} is not served; valid: {valid}"
         )
 
+    def session_language(self, language: str | None) -> str | None:
+        """A session's language: the one asked for (checked), else the ASR engine's only
+        language, else None: a multilingual engine detects it per utterance."""
+        checked = self.check_language(language)
+        if checked is not None or len(self.asr.languages) > 1:
+            return checked
+        return self.asr.languages[0]
+
     def close(self) -> None:
         for engine in (self.vad, self.asr, *self.tts, self.responder):
             close_engine(engine)
+        if self.wake is not None:
+            close_engine(self.wake)
 
 
 def build_engine(
@@ -84,10 +105,11 @@ def build_engine(
     cls = engine_class(kind, spec.name)
     options = dict(spec.options)
     started = time.perf_counter()
-    if kind != "responder" and "threads" not in options:
+    if kind != "responder" and "threads" not in options and _takes(cls, "threads"):
         options["threads"] = default_threads
     if parallel is not None and "num_workers" not in options and _takes(cls, "num_workers"):
         options["num_workers"] = parallel
+    check_options(kind, spec.name, cls, options)
     engine = cls(**options)
     return engine, time.perf_counter() - started
 
@@ -131,6 +153,7 @@ def load_engines(
     asr = one("asr", "asr", cfg.asr)
     tts = [one("tts", f"tts.{spec.name}", spec) for spec in cfg.tts]
     responder = one("responder", "responder", cfg.responder)
+    wake = current.wake if current is not None else load_wake(settings.wake, seconds)
     for name, took in seconds.items():
         log.info("engine loaded", extra={"engine": name, "seconds": round(took, 3)})
-    return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds)
+    return Engines(vad, asr, tts, responder, cfg.default_voice, load_seconds=seconds, wake=wake)

@@ -28,6 +28,7 @@ from piper import PiperConfig, PiperVoice, SynthesisConfig
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
+from voxserve.engines.devices import onnx_providers
 from voxserve.text import MAX_PIECE_CHARS, cut_to_length, sentences, split_clauses
 from voxserve.types import EngineInfo, Voice
 
@@ -108,6 +109,7 @@ class PiperTts:
         self,
         *,
         threads: int = 1,
+        device: str = "cpu",
         min_piece_chars: int = 20,
         max_piece_chars: int = MAX_PIECE_CHARS,
         max_phoneme_ids: int = MAX_PHONEME_IDS,
@@ -130,9 +132,8 @@ class PiperTts:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
-        session = ort.InferenceSession(
-            str(model), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        providers = onnx_providers("tts", "piper", device)
+        session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
         self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
         self.model_path, self.config_path = model, config  # for piper-as-shipped comparisons
         self._min_piece_chars = min_piece_chars

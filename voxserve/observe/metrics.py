@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 # Cache hits answer in well under a millisecond; misses in tenths of a second.
+PREDICTED_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1, 1.5, 2, 3, 5, 10)
 FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
 # Chunks of one reply follow each other within milliseconds unless TTS falls behind.
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
@@ -129,6 +130,20 @@ class Metrics:
             buckets=FIRST_AUDIO_BUCKETS,
             registry=r,
         )
+        self.tts_predicted_wait = Histogram(
+            "voxserve_tts_predicted_wait_seconds",
+            "Predicted wait for a TTS slot of each new synthesis at admission (the work ahead "
+            "of its first clause in EDF order over the slots: pipeline/tts_lateness.py)",
+            buckets=PREDICTED_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.tts_predicted_first_audio = Histogram(
+            "voxserve_tts_predicted_first_audio_seconds",
+            "Predicted first audio of each new synthesis at admission (wait + its first "
+            "clause); over tts.degrade.first_audio_budget_ms it is refused (reason late)",
+            buckets=PREDICTED_WAIT_BUCKETS,
+            registry=r,
+        )
         self.first_partial = Histogram(
             "voxserve_asr_first_partial_seconds",
             "Server-side time to first partial: from vad.start sent to the segment's first "
@@ -187,6 +202,12 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.speculative_cancelled = Counter(
+            "voxserve_speculative_cancelled_total",
+            "Speculative finals and replies started at a pause and dropped because the user "
+            "went on speaking",
+            registry=r,
+        )
         self.underruns = Counter(
             "voxserve_tts_underruns_total",
             "Reply audio chunks sent after the client's playback had already run dry",
@@ -203,6 +224,11 @@ class Metrics:
         self._batch_children: dict[str, Histogram] = {}
         self._stage_children: dict[str, Histogram] = {}
         self._first_audio_children: dict[str, Histogram] = {}
+
+    def observe_tts_prediction(self, wait_s: float, first_audio_s: float) -> None:
+        if self.enabled:
+            self.tts_predicted_wait.observe(wait_s)
+            self.tts_predicted_first_audio.observe(first_audio_s)
 
     def observe_first_audio(self, source: str, seconds: float) -> None:
         if not self.enabled:

@@ -19,7 +19,7 @@ from voxserve.pipeline.context import SessionContext
 from voxserve.types import SAMPLE_RATE
 
 
-def check_input_update(ctx: SessionContext, old: StreamConfig, new: StreamConfig) -> str:
+def check_input_update(ctx: SessionContext, old: StreamConfig, new: StreamConfig) -> str | None:
     """The language a session started with `old` recognises after `new`; raises a
     VoxError (not fatal) for what cannot change."""
     if old.conversation is None:
@@ -31,12 +31,12 @@ def check_input_update(ctx: SessionContext, old: StreamConfig, new: StreamConfig
     if new.sample_rate != old.sample_rate:
         check_rate(new.sample_rate)
     engines = ctx.engines
-    return engines.check_language(new.language) or engines.asr.languages[0]
+    return engines.session_language(new.language)
 
 
 def apply_input_update(
     ctx: SessionContext, old: StreamConfig, new: StreamConfig, audio: AudioInput
-) -> str:
+) -> str | None:
     """Apply the input side of `new` to `audio` and its listener; returns the language.
     Raises (changing nothing) as check_input_update."""
     language = check_input_update(ctx, old, new)

@@ -85,9 +85,11 @@ class FlowMonitor:
 
     def overloaded(self) -> str | None:
         """The stage that has been under pressure for `shed_after_s` or longer, if any:
-        admission refuses new sessions meanwhile."""
+        admission refuses new sessions meanwhile. TTS only with `flow.shed_tts`."""
         now = self._clock()
         for name, judge in self._pressure.items():
+            if name == "tts" and not self.cfg.shed_tts:
+                continue  # judged per synthesis, by predicted lateness (tts_lateness.py)
             if judge.lasted(now) >= self.cfg.shed_after_s:
                 return name
         return None

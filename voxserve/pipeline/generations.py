@@ -193,7 +193,8 @@ _CLOSED: Any = None  # what a closed generation's engines are: nothing
 
 
 def _engine_list(engines: Engines) -> list[object]:
-    return [engines.vad, engines.asr, *engines.tts, engines.responder]
+    wake = [engines.wake] if engines.wake is not None else []
+    return [engines.vad, engines.asr, *engines.tts, engines.responder, *wake]
 
 
 def _engine_ids(engines: Engines) -> set[int]:

@@ -18,6 +18,12 @@ A conversation session (the Realtime API; `conversation` set) adds to that:
   commit accumulates until the client commits or clears it (`commit`, `clear`);
 - the client's commit, clear and settings changes apply where they came in the audio: VAD
   judges no audio received after one before it has run (`_Control.exact`).
+
+Speculation (every session with VAD): at a tentative end (`SpeechPause`, vad.speculate_ms
+of silence) the final is decoded at once. With semantic_vad its text decides how long the
+silence must last (pipeline/endpointing.py), and the turn's final reuses that decode; while
+the turn is not confirmed `on_speculate` may start a held-back reply, and `on_resume`
+withdraws it if the user goes on (voxserve_speculative_cancelled_total).
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ import numpy as np
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.ring import SampleRing
 from voxserve.audio.stream_audio import StreamAudio
+from voxserve.config import VadConfig
 from voxserve.engines.base import inline_safe
+from voxserve.engines.micro_wakeword import Detection
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     AudioCleared,
@@ -48,13 +56,24 @@ from voxserve.events import (
     TurnDetection,
     VadEnd,
     VadStart,
+    WakeDetected,
     speech_item_id,
 )
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
+from voxserve.pipeline.endpointing import EARLY_TURN_S, EndOfTurn, trailing_energy
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.stage import deadline_in
-from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, TurnEvent, session_vad
+from voxserve.pipeline.turns import (
+    SpeechEnd,
+    SpeechPause,
+    SpeechResume,
+    SpeechStart,
+    TurnDetector,
+    TurnEvent,
+    session_vad,
+)
+from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
@@ -73,8 +92,16 @@ _VAD, _TASK = "vad", "task"  # who holds a listener's stream state (Listener._ho
 MIN_COMMIT_MS = 100
 
 
+_Heard = TurnEvent | Detection  # what the task is handed: turns, and wake words heard
+
+
 def ms(samples: int) -> int:
     return samples * 1000 // SAMPLE_RATE
+
+
+def server_detection(vad: VadConfig) -> TurnDetection:
+    """The turn detection of a /v1/stream or gRPC session that names none."""
+    return TurnDetection(type=vad.turn_detection, eagerness=vad.eagerness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +110,19 @@ class Utterance:
     start: int
     end: int
     audio: Int16Array
+    decoded: asyncio.Task[AsrResult | VoxError] | None = None  # decoded at its pause
+
+
+@dataclass(slots=True)
+class _Speculation:
+    """The decode (and maybe reply) started at a tentative end of `segment`."""
+
+    segment: int
+    end: int  # where the silence began
+    energy: float
+    task: asyncio.Task[AsrResult | VoxError]
+    spoken: bool = False  # on_speculate was called with its text
+    ended: bool = False  # the turn ended at this pause: its final takes the decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +151,13 @@ class Listener:
         on_final: Callable[[int, str], Awaitable[None]] | None = None,
         conversation: ConversationConfig | None = None,
         session_id: str = "",
+        wake_gate: WakeGate | None = None,
+        turn_detection: TurnDetection | None = None,
     ) -> None:
         """`conversation`: a conversation session's (module docstring); `session_id` names
-        its turns' items (speech_item_id)."""
+        its turns' items (speech_item_id); `wake_gate`: turns only after the session's wake
+        word (pipeline/wake_gate.py). `turn_detection`: a /v1/stream session's (None:
+        the server's, vad.turn_detection)."""
         self.ctx = ctx
         self.ring = ring
         self.outbox = outbox
@@ -123,12 +167,25 @@ class Listener:
         self.vad = ctx.engines.vad
         self.vad_state = self.vad.new_state()
         self.window = self.vad.window_samples
-        detection = conversation.turn_detection if conversation is not None else None
+        if conversation is not None:
+            detection = conversation.turn_detection
+        else:
+            detection = turn_detection or server_detection(settings.vad)
         vad = session_vad(settings.vad, detection)
         self.turns = TurnDetector(vad, self.window)
+        self.turns.speculate = settings.vad.speculate_ms * SAMPLE_RATE // 1000
+        self.end_of_turn: EndOfTurn | None = None
+        self._semantic(detection)
+        self._spec: _Speculation | None = None
+        self._last_end: int | None = None  # where the last turn ended (history)
+        # Assistant mode: (segment, text) a held-back reply to the turn not yet confirmed;
+        # (segment) the user went on, withdraw it.
+        self.on_speculate: Callable[[int, str], Awaitable[None]] | None = None
+        self.on_resume: Callable[[int], Awaitable[None]] | None = None
         self.pad = vad.pad_ms * SAMPLE_RATE // 1000  # kept before speech start
         self.tail_pad = settings.vad.pad_ms * SAMPLE_RATE // 1000  # and after its end
         self.in_conversation = conversation is not None
+        self.wake_gate = wake_gate
         self.session_id = session_id
         # False: push-to-talk (a conversation without turn detection): no VAD at all.
         self.detecting = conversation is None or detection is not None
@@ -157,7 +214,7 @@ class Listener:
         # Who may touch the ring, VAD and turn state now: the VAD batcher's round, this
         # listener's task, or nobody (None: waiting for audio).
         self._holder: str | None = None
-        self._inbox: deque[list[TurnEvent] | BaseException] = deque()  # judged, for the task
+        self._inbox: deque[list[_Heard] | BaseException] = deque()  # judged, for the task
         self._group: asyncio.TaskGroup | None = None
         self.task_wakeups = 0  # times the task had work (not once per batch: tests check)
         self.closed = False
@@ -192,9 +249,13 @@ class Listener:
         # The session's callbacks are its bound methods: without dropping them the pair is a
         # reference cycle, freed only by a full GC pass (soaks with session churn grew RSS).
         self.on_speech_start = self.on_final = self.turn_done = None
+        self.on_speculate = self.on_resume = None
+        self._spec = None
         self.on_commit = self.on_failed = self.last_item_id = None
         self._controls.clear()  # what they would run is bound to this listener
         self._group = None
+        if self.wake_gate is not None:
+            self.wake_gate.close()
 
     def close_input(self) -> None:
         self.closed = True
@@ -266,7 +327,7 @@ class Listener:
                 return max(0, control.at - self.ring.read_total)
         return None
 
-    def _give_task(self, item: list[TurnEvent] | BaseException | None) -> None:
+    def _give_task(self, item: list[_Heard] | BaseException | None) -> None:
         if item is not None:
             self._inbox.append(item)
         self._holder = _TASK
@@ -280,6 +341,8 @@ class Listener:
         if not samples.size:
             return None
         self.audio.append(samples)
+        if self.wake_gate is not None:
+            self.wake_gate.feed(samples)
         if not self.detecting:
             return None
         audio = to_float32(samples)
@@ -302,7 +365,7 @@ class Listener:
                 full = SpeechEnd(self._kept_from, self.audio.end, forced=True)
                 self._give_task([full])
                 return
-            events = self.turns.feed(probs.tolist()) if probs is not None else []
+            events = self._feed_turns(probs) if probs is not None else []
             if events or self.closed or self._control_due() or self._group is None:
                 self._give_task(events if probs is not None else None)  # None: nothing judged
                 return
@@ -312,6 +375,18 @@ class Listener:
             self._give_task(exc)
             return
         self._kick()
+
+    def _feed_turns(self, probs: Float32Array) -> list[_Heard]:
+        """New VAD probabilities to the turn detector; behind a wake word, what the gate lets
+        through, after the detections it heard (wake_gate.py)."""
+        gate = self.wake_gate
+        if gate is None:
+            return list(self.turns.feed(probs.tolist()))
+        heard: list[_Heard] = list(gate.take_heard())
+        turns = self.turns.feed(gate.mask(probs, self.turns.position, self.window).tolist())
+        ended = any(isinstance(event, SpeechEnd) for event in turns)
+        gate.after_turns(self.turns.position, self.turns.speaking, ended)
+        return heard + turns
 
     def _push_to_talk_full(self) -> bool:
         return self.audio.end - self._kept_from >= self.turns.max_utterance
@@ -350,7 +425,7 @@ class Listener:
         """Audio judged on its own: the last partial window at the end of input, or what
         push-to-talk kept when turn detection comes back on (whole windows)."""
         probs = await self.ctx.vad_batcher().speech_probs(self.vad_state, audio)
-        for event in self.turns.feed(probs.tolist()):
+        for event in self._feed_turns(probs):
             await self._on_turn(event)
         self._after_judge(group)
 
@@ -381,8 +456,80 @@ class Listener:
             await self._on_turn(event)
         await self._finals.put(None)
 
-    async def _on_turn(self, event: TurnEvent) -> None:
+    def _semantic(self, detection: TurnDetection | None) -> None:
+        if detection is None or detection.type != "semantic_vad":
+            self.end_of_turn = None
+            self.turns.semantic(None)
+            return
+        if self.end_of_turn is None:
+            self.end_of_turn = EndOfTurn(detection.eagerness)
+        self.end_of_turn.eagerness = detection.eagerness
+        self.turns.semantic(self.end_of_turn.longest_ms)
+
+    def _pause(self, event: SpeechPause) -> None:
+        """A tentative end: decode the turn so far now (its final, if the turn ends here)."""
+        if self._group is None:
+            return
+        begin = max(event.start - self.pad, self._kept_from)
+        audio = self.audio.slice(begin, event.end + self.tail_pad)
+        energy = trailing_energy(audio[: max(event.end - begin, 0)], SAMPLE_RATE)
+        task = self._group.create_task(self._decode(audio), name="voxserve-asr-speculative")
+        spec = self._spec = _Speculation(self.segment, event.end, energy, task)
+
+        def back(done: asyncio.Task[AsrResult | VoxError]) -> None:
+            if not done.cancelled() and not self.closed:
+                self._control(partial(self._speculated, spec))
+
+        task.add_done_callback(back)
+
+    async def _decode(self, audio: Int16Array) -> AsrResult | VoxError:
+        """A final decode whose failure is a value (a task of the group must not raise)."""
+        try:
+            return await self._recognise(audio, partial_result=False)
+        except VoxError as exc:
+            return exc
+
+    async def _speculated(self, spec: _Speculation) -> None:
+        """The decode at a pause is back: judge the turn's end by it (semantic_vad), and
+        start the held-back reply if the turn is not over yet."""
+        result = spec.task.result()
+        if self._spec is not spec or spec.ended or isinstance(result, VoxError):
+            return
+        text = result.text.strip()
+        if self.end_of_turn is not None:
+            end = self.turns.settle(spec.end, self.end_of_turn.wait_ms(text, spec.energy))
+            if end is not None:
+                await self._on_turn(end)
+                return
+        if self.on_speculate is not None and text and self.turns.silence_from == spec.end:
+            spec.spoken = True
+            await self.on_speculate(spec.segment, text)
+
+    async def _resume(self) -> None:
+        """The user went on after a pause: the speculative decode and reply are dropped."""
+        spec, self._spec = self._spec, None
+        if spec is None:
+            return
+        spec.task.cancel()
+        self.metrics.speculative_cancelled.inc()
+        if spec.spoken and self.on_resume is not None:
+            await self.on_resume(spec.segment)
+
+    async def _on_turn(self, event: _Heard) -> None:
+        if isinstance(event, Detection):  # the wake word: the command's audio starts here
+            self._kept_from = max(self._kept_from, event.sample)
+            await self.outbox.event(WakeDetected(name=event.name, timestamp_ms=event.timestamp_ms))
+            return
+        if isinstance(event, SpeechPause):
+            self._pause(event)
+            return
+        if isinstance(event, SpeechResume):
+            await self._resume()
+            return
         if isinstance(event, SpeechStart):
+            if self.end_of_turn is not None and self._last_end is not None:
+                self.end_of_turn.ended(event.start - self._last_end < EARLY_TURN_S * SAMPLE_RATE)
+            self._spec = None
             self.segment += 1
             self._last_partial_at = event.start
             self._last_partial_text = ""
@@ -396,6 +543,14 @@ class Listener:
                 await self.on_speech_start(self.segment)
             return
         assert isinstance(event, SpeechEnd)
+        self._last_end = event.end
+        decoded = None
+        spec, self._spec = self._spec, None
+        if spec is not None and spec.segment == self.segment and spec.end == event.end:
+            spec.ended = True
+            decoded = spec.task
+        elif spec is not None:
+            spec.task.cancel()
         if self.detecting:
             await self.outbox.event(
                 VadEnd(segment=self.segment, start_ms=ms(event.start), end_ms=ms(event.end))
@@ -413,7 +568,7 @@ class Listener:
             self._turn_marks[self.segment].mark("vad.end")
         if self.in_conversation:
             await self._committed(self.segment)
-        await self._finals.put(Utterance(self.segment, event.start, event.end, audio))
+        await self._finals.put(Utterance(self.segment, event.start, event.end, audio, decoded))
 
     def item_id(self, segment: int) -> str:
         """The conversation item of `segment`'s turn."""
@@ -460,6 +615,7 @@ class Listener:
     async def _detect(self, detection: TurnDetection | None) -> None:
         vad = session_vad(self.ctx.settings.vad, detection)
         self.turns.tune(vad)
+        self._semantic(detection)
         self.pad = vad.pad_ms * SAMPLE_RATE // 1000
         if (detection is not None) == self.detecting:
             return
@@ -562,7 +718,13 @@ class Listener:
         while (utterance := await self._finals.get()) is not None:
             self._finalized = max(self._finalized, utterance.segment)
             try:
-                result = await self._recognise(utterance.audio, partial_result=False)
+                if utterance.decoded is not None:  # decoded at the pause that ended it
+                    decoded = await utterance.decoded
+                    if isinstance(decoded, VoxError):
+                        raise decoded
+                    result = decoded
+                else:
+                    result = await self._recognise(utterance.audio, partial_result=False)
             except VoxError as exc:
                 await self._failed(utterance.segment, exc)
                 continue

@@ -4,6 +4,11 @@ tts mode speaks the client's utterances as they come (`speak`); assistant mode a
 each final transcript (`start`): the responder's text streams to the client as it comes and
 is spoken sentence by sentence, and speech that starts while a reply runs or is still
 audible cancels it (`barge_in`). The (user, assistant) turns are kept for the responder.
+
+A speculative reply (`speculate`, at a pause before the turn is confirmed) runs the
+responder and TTS but sends nothing (no response.delta, no tts.start) until its turn's final
+confirms it with the same text (`start`: the responder is not asked twice); a different final
+replaces it, and `withdraw` (the user went on) drops it unseen.
 """
 
 from __future__ import annotations
@@ -28,7 +33,17 @@ HISTORY_TURNS = 8  # (user, assistant) turns kept for the responder
 class Replies:
     """A session's replies, one at a time (module docstring)."""
 
-    __slots__ = ("_history", "_task", "ctx", "emit_turn", "group", "listener", "outbox", "speaker")
+    __slots__ = (
+        "_held",
+        "_history",
+        "_task",
+        "ctx",
+        "emit_turn",
+        "group",
+        "listener",
+        "outbox",
+        "speaker",
+    )
 
     def __init__(
         self,
@@ -47,6 +62,8 @@ class Replies:
         self.group: asyncio.TaskGroup | None = None  # the session's, while it runs
         self._task: asyncio.Task[None] | None = None
         self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_TURNS)
+        # The speculative reply held back: (segment, its user text, released when set).
+        self._held: tuple[int, str, asyncio.Event] | None = None
 
     def cancel(self) -> bool:
         """Stop the reply in progress (its tts.end says interrupted); True if one ran."""
@@ -92,29 +109,68 @@ class Replies:
 
     async def barge_in(self, segment: int) -> None:
         """The user started speaking (vad.start of `segment`)."""
+        held, self._held = self._held, None
+        if held is not None and not held[2].is_set():
+            self.cancel()  # a held-back reply nobody saw: no barge-in to tell
         audible = self.speaker.audible()
         if self.cancel() or audible:
             self.speaker.playback_until = 0.0
             await self.outbox.event(BargeIn(segment=segment))
 
     async def start(self, segment: int, text: str) -> None:
-        """Answer the final transcript of `segment` (the previous reply is cancelled)."""
+        """Answer the final transcript of `segment` (the previous reply is cancelled), or
+        release its speculative reply if that answered the same text."""
+        held, self._held = self._held, None
+        if held is not None and held[:2] == (segment, text):
+            held[2].set()
+            return
+        if held is not None:  # the final says otherwise: answered anew
+            self.ctx.metrics.speculative_cancelled.inc()
         self.cancel()
         assert self.group is not None
         self._task = self.group.create_task(self._reply(segment, text), name="voxserve-reply")
 
-    async def _reply(self, segment: int, user_text: str) -> None:
+    async def speculate(self, segment: int, text: str) -> None:
+        """Answer `text` at a pause of `segment`, held back until `start` confirms it."""
+        self.cancel()
+        assert self.group is not None
+        hold = asyncio.Event()
+        self._held = (segment, text, hold)
+        self._task = self.group.create_task(
+            self._reply(segment, text, hold), name="voxserve-reply-speculative"
+        )
+
+    async def withdraw(self, segment: int) -> None:
+        """The user went on after the pause: the held-back reply of `segment` is dropped."""
+        held = self._held
+        if held is not None and held[0] == segment and not held[2].is_set():
+            self._held = None
+            self.cancel()
+
+    async def _reply(self, segment: int, user_text: str, hold: asyncio.Event | None = None) -> None:
         responder = self.ctx.engines.responder
         listener = self.listener
-        since = listener.speech_ended_at(segment) if listener else None
-        turn = listener.take_turn(segment) if listener else None
+        turn = listener.take_turn(segment) if listener and hold is None else None
         sentences = SpokenSentences()
         pieces: list[str] = []
+        unsent: list[str] = []  # held back until `hold` is set
+
+        def since() -> float | None:
+            return listener.speech_ended_at(segment) if listener else None
 
         async def each(piece: str) -> None:
             pieces.append(piece)
-            await self.outbox.event(ResponseDelta(reply=segment, text=piece))
+            if hold is not None and (unsent or not hold.is_set()):
+                unsent.append(piece)
+            else:
+                await self.outbox.event(ResponseDelta(reply=segment, text=piece))
             await sentences.push(piece)
+
+        async def release() -> None:
+            assert hold is not None
+            await hold.wait()
+            while unsent:
+                await self.outbox.event(ResponseDelta(reply=segment, text=unsent.pop(0)))
 
         async def produce() -> None:
             await read_responder(
@@ -130,7 +186,11 @@ class Replies:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(produce())
-                await self.speaker.play(sentences.read(), segment, since=since, turn=turn)
+                if hold is not None:
+                    group.create_task(release())
+                await self.speaker.play(
+                    sentences.read(), segment, since=since, turn=turn, hold=hold
+                )
         except* VoxError as errors:
             failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
         finally:

@@ -18,6 +18,7 @@ side of a new config (check_input_update / apply_input_update).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -26,25 +27,30 @@ from functools import partial
 from typing import Protocol
 
 from voxserve.audio.dedup import SeqDedup
+from voxserve.engines.micro_wakeword import wake_names
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import (
+    AUTO_LANGUAGE,
     CreateItem,
     ResponseOptions,
     SessionEnded,
     SessionStarted,
     SessionUpdated,
     StreamConfig,
+    TurnDetection,
+    TurnDetectionInfo,
 )
 from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
-from voxserve.pipeline.listener import Listener
+from voxserve.pipeline.listener import Listener, server_detection
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.replies import Replies
 from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.speaker import Speaker
 from voxserve.pipeline.text_input import TextInput
+from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
 
 log = logging.getLogger(__name__)
@@ -94,9 +100,10 @@ class Session:
         self.trace_id = config.trace_id or self.id
         settings = ctx.settings
         engines = ctx.engines
-        self.language = engines.check_language(config.language) or engines.asr.languages[0]
+        self.language = engines.session_language(config.language)
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
+        gate = wake_gate(ctx, config)  # checked before anything is acquired
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
         self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
@@ -174,9 +181,13 @@ class Session:
                 ),
                 conversation=config.conversation,
                 session_id=self.id,
+                wake_gate=gate,
+                turn_detection=config.turn_detection,
             )
             if replies is not None:
                 replies.listener = self.listener
+                self.listener.on_speculate = replies.speculate
+                self.listener.on_resume = replies.withdraw
             if responses is not None:
                 responses.listener = self.listener
                 self.listener.on_commit = responses.user_committed
@@ -201,13 +212,37 @@ class Session:
             mode=self.config.mode,
             sample_rate=self.config.sample_rate,
             encoding=self.config.encoding,
-            language=self.language,
+            language=self.language or AUTO_LANGUAGE,
             voice=self.voice,
             output_sample_rate=self.output_sample_rate,
             frame_ms=FRAME_MS,
             credit_window=self.credit.size if self.credit else None,
             resumable=self.config.resumable,
+            turn_detection=self._turns_info(),
         )
+
+    def _turns_info(self) -> TurnDetectionInfo | None:
+        """/v1/stream's turn detection in force (None: tts mode, conversation sessions)."""
+        if self.listener is None or self.config.conversation is not None:
+            return None
+        vad = self.ctx.settings.vad
+        td = self.config.turn_detection or server_detection(vad)
+        if td.type == "semantic_vad":
+            return TurnDetectionInfo(type="semantic_vad", eagerness=td.eagerness)
+        silence = td.silence_duration_ms or vad.hangover_ms
+        return TurnDetectionInfo(type="server_vad", silence_duration_ms=silence)
+
+    async def update_turns(self, detection: TurnDetection) -> None:
+        """/v1/stream's `session.update`: new turn detection from this point of the audio
+        on, then SessionUpdated with it."""
+        if self.listener is None or self.config.conversation is not None:
+            raise VoxError(
+                ErrorCode.WRONG_MODE,
+                "turn_detection is for asr and assistant sessions (Realtime: its session.update)",
+            )
+        self.listener.set_turn_detection(detection)
+        self.config = dataclasses.replace(self.config, turn_detection=detection)
+        await self.outbox.event(SessionUpdated(turn_detection=self._turns_info()))
 
     # -- counts and acknowledgement (session.ended; transports count refusals) ----------
 
@@ -453,3 +488,14 @@ class Session:
             interrupted=self.speaker.interrupted,
             duration_ms=int((time.monotonic() - self.started_at) * 1000),
         )
+
+
+def wake_gate(ctx: SessionContext, config: StreamConfig) -> WakeGate | None:
+    """The gate of a session that asked for a `wake_word` (its name checked: an unknown one
+    is `unknown_wake_word`, listing the enabled ones), else None."""
+    if config.wake_word is None:
+        return None
+    engine = ctx.engines.wake
+    (name,) = wake_names(engine, [config.wake_word])
+    assert engine is not None  # wake_names refuses a server without wake words
+    return WakeGate(engine.new_stream([name]), ctx.settings.wake.command_window_s)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from voxserve.audio.pcm import Int16Array
@@ -117,9 +117,10 @@ class Speaker:
         sentences: AsyncIterator[str],
         reply: int,
         *,
-        since: float | None = None,
+        since: float | Callable[[], float | None] | None = None,
         turn: TurnMarks | None = None,
         stats: ReplyStats | None = None,
+        hold: asyncio.Event | None = None,
     ) -> ReplyStats:
         """Speak `sentences` as reply `reply`. `since` (perf_counter: the user's vad.end)
         makes the first chunk observe the assistant turn latency; `turn` gets tts marks.
@@ -127,20 +128,24 @@ class Speaker:
         Synthesis runs in its own task up to `tts.max_ahead_ms` ahead of the sending, so
         the next sentence is ready when the previous one has played; the sending is paced
         to the client's playback (`tts.pacing_lead_ms` ahead of it). `stats`: the caller's,
-        to read even when the reply is cancelled."""
+        to read even when the reply is cancelled. `hold`: a speculative reply, synthesised
+        ahead but sent (events too) only once it is set; `since` is then read at the first
+        chunk. Withdrawn before that, it has sent nothing and counts as no reply."""
         stats = stats or ReplyStats(reply)
         began = time.monotonic()
         started: float | None = None
         last_chunk = 0.0
         metrics = self.ctx.metrics
-        self.replies += 1
+        if hold is None:
+            self.replies += 1
 
         async def send(chunk: Int16Array) -> None:
             nonlocal started, last_chunk
             now = time.perf_counter()
             if started is None:
-                if since is not None:
-                    metrics.observe_turn(now - since)
+                ended = since() if callable(since) else since
+                if ended is not None:
+                    metrics.observe_turn(now - ended)
                 started = time.monotonic()
                 stats.first_audio_s = started - began
                 self.playback_until = started
@@ -166,6 +171,9 @@ class Speaker:
         )
         try:
             while (item := await ahead.get()) is not None:
+                if hold is not None and not hold.is_set():
+                    await hold.wait()
+                    self.replies += 1
                 if isinstance(item, Event):
                     await self.outbox.event(item)
                     continue
@@ -174,7 +182,8 @@ class Speaker:
                 await send(item)
         except asyncio.CancelledError:
             stats.interrupted = True
-            self.interrupted += 1
+            if hold is None or hold.is_set():
+                self.interrupted += 1
             self.playback_until = 0.0
             if started is not None:
                 self.outbox.event_nowait(self._end_event(stats, started))

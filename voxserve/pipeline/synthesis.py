@@ -6,9 +6,11 @@ same rule as a miss (pipeline/chunking.py: a `tts.first_chunk_ms` first chunk, t
 growing with the audio sent, up to `tts.max_chunk_ms`). A miss joins the synthesis of that
 text already in progress, or starts one (single flight, cache/flight.py), which is cached
 once complete.
-While TTS is degraded (tts_health.py), text that needs a new synthesis raises TtsDegraded
-before any audio, instead of queueing; while the process is over its memory threshold
-(memory_guard.py), it raises `overloaded`.
+Text that needs a new synthesis is admitted by predicted lateness (tts_lateness.py): it
+raises TtsDegraded before any audio, instead of queueing, only when its first audio would
+miss its deadline (or TTS is degraded: tts_health.py); while the process is over its memory
+threshold (memory_guard.py), it raises `overloaded`. An admitted synthesis holds a ticket
+that tells the predictor what it has made, and its engine time measures the service rate.
 
 Text is checked and cleaned once, here (`check_text`, voxserve/speakable.py), for every
 transport: control characters become spaces, invisible ones go, and text with nothing to
@@ -46,6 +48,7 @@ from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.stage import PRIORITY_BULK, PRIORITY_LIVE, EngineStage, deadline_in
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.tts_health import TtsHealth
+from voxserve.pipeline.tts_lateness import Ticket, first_clause_chars
 from voxserve.speakable import clean_text, is_speakable
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
 
@@ -200,9 +203,11 @@ async def synthesize(
     cache = ctx.speech.cache
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
-        _admit_miss(ctx, bulk)
+        ticket = _admit_miss(ctx, request, bulk)
         source = "miss"
-        chunks = _observed(ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk))
+        chunks = _observed(
+            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket)
+        )
     else:
         fingerprints = ctx.speech.fingerprints
         key = cache_key(fingerprints, request, scope)
@@ -214,12 +219,12 @@ async def synthesize(
             return
         flight = cache.flights.get(key)
         if flight is None:
-            _admit_miss(ctx, bulk)
+            ticket = _admit_miss(ctx, request, bulk)
             cache.misses += 1
             source = "miss"
             flight = cache.flights.start(
                 key,
-                _producer(ctx, request, bulk),
+                _producer(ctx, request, ticket, bulk),
                 lambda done: _store(cache, done),
                 max_bytes=ctx.settings.cache.max_entry_bytes,
             )
@@ -304,22 +309,42 @@ def _store(cache: TtsCache, flight: Flight) -> None:
         cache.store(flight.key, flight.pcm())
 
 
-def _admit_miss(ctx: SpeechContext, bulk: bool) -> None:
-    """A synthesis that needs the engine: refused while TTS is degraded, judged by live
-    work only for a live reply (bulk queued behind it does not delay it) and by the whole
-    queue for bulk, or while the process is over its memory threshold."""
+def rate_key(request: SpeechRequest) -> str:
+    """Whose service rate a synthesis measures and is predicted by: engine/voice."""
+    return f"{request.engine.info.name}/{request.voice.id}"
+
+
+def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticket:
+    """A synthesis that needs the engine: its ticket, or TtsDegraded when its first audio
+    is predicted late (bulk spread over the stage's bulk slots, a live reply over all) or
+    TTS is degraded (the backstop queue judged by live work only for a live reply, by the
+    whole queue for bulk), or `overloaded` over the memory threshold."""
     stage = ctx.stages.stage("tts")
-    ctx.speech.health.check(stage.waiting if bulk else stage.live_waiting)
-    ctx.speech.memory_guard.check("synthesis", fatal=False)
+    health = ctx.speech.health
+    ticket = health.schedule.open(rate_key(request), request.text, bulk=bulk)
+    prediction = health.admit(
+        ticket,
+        stage.waiting if bulk else stage.live_waiting,
+        stage.bulk_slots if bulk else stage.concurrency,
+    )
+    ctx.metrics.observe_tts_prediction(prediction.wait_s, prediction.first_audio_s)
+    try:
+        ctx.speech.memory_guard.check("synthesis", fatal=False)
+    except BaseException:
+        health.schedule.close(ticket)
+        raise
+    return ticket
 
 
 def _producer(
-    ctx: SpeechContext, request: SpeechRequest, bulk: bool = False
+    ctx: SpeechContext, request: SpeechRequest, ticket: Ticket, bulk: bool = False
 ) -> Callable[[Flight], Awaitable[None]]:
     """The task body of a miss's flight: engine chunks into the flight."""
 
     async def produce(flight: Flight) -> None:
-        chunks = _observed(ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk))
+        chunks = _observed(
+            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket)
+        )
         async with contextlib.aclosing(chunks) as it:
             async for piece in it:
                 await flight.push(piece)
@@ -348,10 +373,12 @@ async def _engine_chunks(
     *,
     bulk: bool = False,
     prewarm: bool = False,
+    ticket: Ticket | None = None,
 ) -> AsyncGenerator[Int16Array, None]:
     """The engine's audio at the output rate, in adaptive chunks (request.chunker()).
     `bulk`: each chunk is a bulk call (pipeline/stage.py); `prewarm`: due a whole stage
-    timeout out, as nobody is listening."""
+    timeout out, as nobody is listening. `ticket`: the admitted synthesis, told each call's
+    engine time and audio (tts_lateness.py), closed at the end."""
     engine = request.engine
     stage = ctx.stages.stage("tts")
     priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
@@ -363,6 +390,11 @@ async def _engine_chunks(
     source = LockedChunks(
         engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
     )
+    schedule = ctx.speech.health.schedule
+    key = rate_key(request)
+    timing = ticket or schedule.untracked()  # every call measures the service rate
+    pull = _timed_pull(source, timing, schedule.clock)
+    complete = False
     try:
         while True:
             if before_chunk is not None:
@@ -375,9 +407,21 @@ async def _engine_chunks(
                 due = started + made_s - PLAYOUT_MARGIN_S - took
                 await _until_nearly_due(stage, due)
             asked = time.monotonic()
-            chunk = await stage.run(source.next_chunk, deadline=due, priority=priority)
+            if ticket is not None:
+                schedule.call_cost(ticket)
+            chunk = await stage.run(pull, deadline=due, priority=priority)
             took = time.monotonic() - asked
+            audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
+            if ticket is None:
+                schedule.rates.observe_call(key, timing.spent_s, audio_s)
+                if made_s == 0.0 and audio_s > 0:
+                    schedule.rates.observe_first(
+                        key, timing.spent_s, first_clause_chars(request.text)
+                    )
+            else:
+                schedule.call_done(ticket, ticket.spent_s, audio_s)
             if chunk is None:
+                complete = True
                 break
             if made_s == 0.0:
                 started = time.monotonic()
@@ -388,5 +432,25 @@ async def _engine_chunks(
         for piece in chunker.split(resampler.flush()):
             yield piece
     finally:
+        if ticket is not None:
+            (schedule.finished if complete else schedule.close)(ticket)
+        elif complete:
+            schedule.rates.observe_text(key, len(request.text), made_s)
         # Closing waits for a chunk still being made, so do it on the executor.
         ctx.speech.executor.submit(source.close)
+
+
+def _timed_pull(
+    source: LockedChunks, ticket: Ticket, clock: Callable[[], float]
+) -> Callable[[], Int16Array | None]:
+    """`source.next_chunk`, telling the ticket when the engine call began and how long it
+    took (plain float writes from the worker thread; the loop reads them)."""
+
+    def pull() -> Int16Array | None:
+        ticket.call_started = began = clock()
+        try:
+            return source.next_chunk()
+        finally:
+            ticket.spent_s = clock() - began
+
+    return pull

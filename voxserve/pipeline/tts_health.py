@@ -1,8 +1,13 @@
 """Is TTS keeping up? Degraded means: serve only what is cached, refuse new syntheses.
 
+Each new synthesis is admitted by predicted lateness first (`admit`, tts_lateness.py):
+refused (`late`) only when its first audio, predicted from the measured service rate and
+the work ahead of it in EDF order, would miss `first_audio_budget_ms`. Then two signals,
+kept from before as backstops:
+
 Two signals, both about live requests: the first-audio latency of misses (slow for
 `sustained_s` in a row, at least `min_slow` of them: degraded) and the TTS stage's queue
-(`max_waiting` callers already waiting: degraded at once, so it never grows past that).
+(`max_waiting` callers already waiting: degraded at once, so its memory stays bounded).
 A miss under budget recovers at once. Degraded syntheses are refused, so no new latencies
 arrive; degraded therefore lasts `retry_after_s` after the last slow miss, then lets uncached
 speech through again, and the next slow miss (the streak is still open) degrades at once:
@@ -17,15 +22,22 @@ from collections.abc import Callable
 
 from voxserve.config import DegradeConfig
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.tts_lateness import Prediction, ServiceRates, Ticket, TtsSchedule
 
 log = logging.getLogger(__name__)
+
+
+_WHY = {
+    "queue": "its queue is full",
+    "late": "this request's first audio would miss its deadline",
+}
 
 
 class TtsDegraded(VoxError):
     """Raised by synthesis, before any audio, for uncached text while TTS is degraded."""
 
     def __init__(self, reason: str, retry_after_s: int) -> None:
-        why = "its queue is full" if reason == "queue" else "first audio is over its budget"
+        why = _WHY.get(reason, "first audio is over its budget")
         super().__init__(
             ErrorCode.TTS_DEGRADED,
             f"text-to-speech is saturated ({why}); only cached speech is served now",
@@ -46,6 +58,27 @@ class TtsHealth:
         self._degraded = False
         self.fallbacks = 0  # replies that spoke the fallback phrase
         self.refused = 0  # syntheses refused while degraded
+        self.refusals: dict[str, int] = {}  # by reason: late, queue, slow
+        rates = ServiceRates(config.ms_per_char / 1000, config.rate_smoothing)
+        self.schedule = TtsSchedule(self._budget_s, rates, clock)
+
+    def admit(self, ticket: Ticket, waiting: int, slots: int) -> Prediction:
+        """Raise TtsDegraded when `ticket`'s synthesis should not start: predicted to miss
+        its first-audio deadline, or a backstop (`check`). The ticket is closed then.
+        Returns the prediction (for the metrics) when admitted."""
+        prediction = self.schedule.predict(ticket, slots)
+        try:
+            if self.config.enabled and self.config.predict and not prediction.fits:
+                self._refuse("late", prediction.retry_after_s())
+            self.check(waiting)
+        except TtsDegraded:
+            self.schedule.close(ticket)
+            raise
+        return prediction
+
+    def lateness_inputs(self) -> TtsSchedule:
+        """What admission by predicted lateness reads (for the metrics)."""
+        return self.schedule
 
     def observe_first_audio(self, seconds: float) -> None:
         """A live miss's time to its first chunk (queueing for the stage included)."""
@@ -83,5 +116,9 @@ class TtsHealth:
         """Raise TtsDegraded when a new synthesis should not start."""
         found = self.reason(waiting)
         if found is not None:
-            self.refused += 1
-            raise TtsDegraded(found, self.config.retry_after_s)
+            self._refuse(found, self.config.retry_after_s)
+
+    def _refuse(self, reason: str, retry_after_s: int) -> None:
+        self.refused += 1
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        raise TtsDegraded(reason, retry_after_s)

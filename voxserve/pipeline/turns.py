@@ -7,6 +7,11 @@ start is then back-dated to where the speech really began.
 A conversation session (the Realtime API) has its own settings (`TurnDetection`, made into a
 VadConfig by `session_vad`), which may change while it runs (`TurnDetector.tune`), and its
 client may end a turn (`cut`) or drop it (`drop`).
+
+A tentative end: after `speculate_ms` of silence the detector says `SpeechPause` (once per
+pause) and `SpeechResume` if speech comes back before the turn ended. With `semantic` on,
+the silence that ends the turn is not fixed: it is the longest one until the listener has
+judged the transcript at the pause and `settle`s it (pipeline/endpointing.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,22 @@ class SpeechEnd:
     forced: bool = False  # cut at max_utterance_s or at end of input
 
 
-TurnEvent = SpeechStart | SpeechEnd
+@dataclass(frozen=True, slots=True)
+class SpeechPause:
+    """A tentative end: speech stopped at `end` and has been silent speculate_ms."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechResume:
+    """Speech came back after a SpeechPause: the turn goes on."""
+
+    start: int
+
+
+TurnEvent = SpeechStart | SpeechEnd | SpeechPause | SpeechResume
 
 _CANDIDATE_GAP_MS = 96  # a pause this long before confirmation means it was not speech
 
@@ -53,7 +73,7 @@ def session_vad(server: VadConfig, detection: TurnDetection | None) -> VadConfig
         update["neg_threshold"] = max(detection.threshold - gap, detection.threshold / 2)
     if detection.prefix_padding_ms is not None:
         update["pad_ms"] = detection.prefix_padding_ms
-    if detection.silence_duration_ms is not None:
+    if detection.silence_duration_ms is not None and detection.type == "server_vad":
         update["hangover_ms"] = detection.silence_duration_ms
     return server.model_copy(update=update) if update else server
 
@@ -61,6 +81,10 @@ def session_vad(server: VadConfig, detection: TurnDetection | None) -> VadConfig
 class TurnDetector:
     def __init__(self, cfg: VadConfig, window_samples: int, hangover_ms: int | None = None) -> None:
         self.window = window_samples
+        self.speculate = 0  # samples of silence before a SpeechPause; 0: none (the listener's)
+        self.semantic_hangover: int | None = None  # semantic: the longest wait (no text)
+        self._turn_hangover: int | None = None  # semantic: this pause's, once judged
+        self._paused = False  # a SpeechPause was said for the silence in progress
         self.tune(cfg, hangover_ms)
         self.candidate_gap = _samples(_CANDIDATE_GAP_MS)
         self.position = 0  # samples judged so far
@@ -94,6 +118,37 @@ class TurnDetector:
         self.hangover = _samples(cfg.hangover_ms if hangover_ms is None else hangover_ms)
         self.max_utterance = _samples(cfg.max_utterance_s * 1000)
 
+    @property
+    def silence_from(self) -> int | None:
+        """Where the silence in progress began (speaking only)."""
+        return self._silence_from if self._start is not None else None
+
+    def semantic(self, longest_ms: int | None) -> None:
+        """Semantic end of turn on (the wait before the text is judged) or off (None)."""
+        self.semantic_hangover = None if longest_ms is None else _samples(longest_ms)
+
+    def settle(self, silence_from: int, wait_ms: int) -> SpeechEnd | None:
+        """The transcript at the pause from `silence_from` was judged: this pause ends the
+        turn after `wait_ms` of silence; the SpeechEnd now if it has lasted that long.
+        Nothing if speech resumed since (another silence, or none)."""
+        if self._start is None or self._silence_from != silence_from:
+            return None
+        self._turn_hangover = _samples(wait_ms)
+        if self.position - silence_from < self._turn_hangover:
+            return None
+        event = SpeechEnd(self._start, silence_from)
+        self._end_turn()
+        return event
+
+    def _hangover(self) -> int:
+        if self.semantic_hangover is None:
+            return self.hangover
+        return self.semantic_hangover if self._turn_hangover is None else self._turn_hangover
+
+    def _end_turn(self) -> None:
+        self._start = self._silence_from = self._turn_hangover = None
+        self._paused = False
+
     def cut(self) -> SpeechEnd | None:
         """The client ends the turn in progress now (as if its silence had lasted the
         hangover); None when no speech is in progress (a candidate is kept)."""
@@ -101,12 +156,13 @@ class TurnDetector:
             return None
         end = self._silence_from if self._silence_from is not None else self.position
         event = SpeechEnd(self._start, end, forced=True)
-        self._start = self._silence_from = None
+        self._end_turn()
         return event
 
     def drop(self) -> None:
         """Forget the turn in progress (and any candidate): nothing ends, nothing is sent."""
-        self._start = self._candidate = self._silence_from = None
+        self._end_turn()
+        self._candidate = None
 
     def restart_at(self, position: int) -> None:
         """Judge again from `position` (turn detection switched back on), with no turn."""
@@ -144,17 +200,25 @@ class TurnDetector:
     def _speech_window(self, p: float, begin: int, events: list[TurnEvent]) -> None:
         assert self._start is not None
         if p >= self.threshold:
-            self._silence_from = None
+            if self._paused:
+                events.append(SpeechResume(self._start))
+            self._silence_from = self._turn_hangover = None
+            self._paused = False
         elif p < self.neg_threshold and self._silence_from is None:
             self._silence_from = begin
-        if self._silence_from is not None and self.position - self._silence_from >= self.hangover:
-            events.append(SpeechEnd(self._start, self._silence_from))
-            self._start = self._silence_from = None
+        silence = self.position - self._silence_from if self._silence_from is not None else -1
+        if silence >= self._hangover():
+            events.append(SpeechEnd(self._start, self._silence_from or 0))
+            self._end_turn()
             return
+        if self.speculate and silence >= self.speculate and not self._paused:
+            self._paused = True
+            events.append(SpeechPause(self._start, self._silence_from or 0))
         if self.position - self._start >= self.max_utterance:
             # Cut an endless utterance so it cannot grow without bound; speech continues.
             events.append(SpeechEnd(self._start, self.position, forced=True))
-            self._start, self._silence_from = self.position, None
+            self._end_turn()
+            self._start = self.position
             events.append(SpeechStart(self._start))
 
     def flush(self) -> list[TurnEvent]:
@@ -163,5 +227,6 @@ class TurnDetector:
         if self._start is not None:
             end = self._silence_from if self._silence_from is not None else self.position
             events.append(SpeechEnd(self._start, end, forced=True))
-        self._start = self._candidate = self._silence_from = None
+        self._end_turn()
+        self._candidate = None
         return events

@@ -14,12 +14,14 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
+from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
 from voxserve.server import (
     health,
     http_admin,
+    http_admin_voices,
     http_audio,
     http_debug,
     http_engines,
@@ -70,6 +72,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *health.routes(runtime),
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
+        *http_admin_voices.routes(runtime),  # cosyvoice zero-shot voices
         *http_debug.routes(runtime),
         *http_engines.routes(runtime),  # /admin/engines: hot reload
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc
@@ -129,6 +132,9 @@ def start_watchdog(runtime: Runtime) -> LoopWatchdog | None:
 async def _load(runtime: Runtime) -> None:
     try:
         await runtime.load()
+    except EngineConfigError as exc:  # the config is wrong: stop, `serve` exits 2 with it
+        log.info("engine configuration error; stopping", extra={"error": str(exc)})
+        runtime.stop_for(exc)
     except Exception:
         # runtime.load_error is reported by /readyz; the process stays up to say so.
         log.exception("engines failed to load")

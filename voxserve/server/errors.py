@@ -9,6 +9,7 @@ from voxserve.errors import ErrorCode, VoxError
 _STATUS = {
     ErrorCode.STAGE_TIMEOUT: 504,
     ErrorCode.ENGINE_ERROR: 502,
+    ErrorCode.ENGINE_UNAVAILABLE: 503,
     ErrorCode.OVERLOADED: 503,
     ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.TTS_DEGRADED: 503,

@@ -53,6 +53,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.UNKNOWN_MODE: S.INVALID_ARGUMENT,
     ErrorCode.UNKNOWN_VOICE: S.INVALID_ARGUMENT,
     ErrorCode.UNKNOWN_LANGUAGE: S.INVALID_ARGUMENT,
+    ErrorCode.UNKNOWN_WAKE_WORD: S.INVALID_ARGUMENT,
     ErrorCode.UNSUPPORTED_SAMPLE_RATE: S.INVALID_ARGUMENT,
     ErrorCode.UNSUPPORTED_ENCODING: S.INVALID_ARGUMENT,
     ErrorCode.ODD_LENGTH_PCM: S.INVALID_ARGUMENT,
@@ -78,6 +79,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.STAGE_TIMEOUT: S.DEADLINE_EXCEEDED,
     # HTTP says 502 (a dependency failed); gRPC's equivalent is UNAVAILABLE: retry may help.
     ErrorCode.ENGINE_ERROR: S.UNAVAILABLE,
+    ErrorCode.ENGINE_UNAVAILABLE: S.UNAVAILABLE,
     ErrorCode.OVERLOADED: S.RESOURCE_EXHAUSTED,
     ErrorCode.QUOTA_EXCEEDED: S.RESOURCE_EXHAUSTED,
     ErrorCode.IDLE_TIMEOUT: S.DEADLINE_EXCEEDED,
@@ -141,6 +143,14 @@ def stream_config(message: pb.StreamConfig, default_mode: Mode = "assistant") ->
         data["output_sample_rate"] = message.output_sample_rate
     if message.speed:
         data["speed"] = float(message.speed)
+    if message.HasField("turn_detection"):
+        td = message.turn_detection
+        turns: dict[str, Any] = {"type": td.type}
+        if td.eagerness:
+            turns["eagerness"] = td.eagerness
+        if td.silence_duration_ms:
+            turns["silence_duration_ms"] = td.silence_duration_ms
+        data["turn_detection"] = turns
     config = _parse(data)
     # The WebSocket finds a bad speed only at the first reply; a config is checked whole.
     _fatal(lambda: check_speed(config.speed))

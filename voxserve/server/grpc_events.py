@@ -41,6 +41,7 @@ from voxserve.events import (
     TtsStart,
     VadEnd,
     VadStart,
+    WakeDetected,
 )
 from voxserve.v1 import voxserve_pb2 as pb
 
@@ -127,6 +128,9 @@ def _fill(response: pb.ConverseResponse | pb.RecognizeResponse, event: ServerEve
             _ended(response.ended, event)
         case SessionResumed():
             # Only the WebSocket parks and resumes sessions (a gRPC call is its session).
+            return False
+        case WakeDetected():
+            # Only the WebSocket's session.start takes a wake_word (voxserve.v1 has none).
             return False
         case (
             SessionUpdated()

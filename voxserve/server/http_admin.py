@@ -35,11 +35,7 @@ ADMIN_BODY_BYTES = 4 * 1024 * 1024  # a prewarm list: thousands of sentences in 
 
 def routes(runtime: Runtime) -> list[BaseRoute]:
     def authorised(handler: Callable[[Request], Awaitable[Response]]) -> Endpoint:
-        async def checked(request: Request, trace_id: str) -> Response:
-            check_admin_key(runtime, request.headers.get("authorization", ""))
-            return await handler(request)
-
-        return guarded(checked)
+        return admin_only(runtime, handler)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(stats_body(runtime))
@@ -85,6 +81,16 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         Route("/admin/cache/invalidate", authorised(invalidate), methods=["POST"]),
         Route("/admin/cache/prewarm", authorised(prewarm), methods=["POST"]),
     ]
+
+
+def admin_only(runtime: Runtime, handler: Callable[[Request], Awaitable[Response]]) -> Endpoint:
+    """`handler` behind the admin key (check_admin_key), with the routes' error handling."""
+
+    async def checked(request: Request, trace_id: str) -> Response:
+        check_admin_key(runtime, request.headers.get("authorization", ""))
+        return await handler(request)
+
+    return guarded(checked)
 
 
 def check_admin_key(runtime: Runtime, authorization: str) -> None:

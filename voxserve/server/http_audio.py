@@ -86,16 +86,24 @@ def _voices(engines: Engines, table: Mapping[str, str]) -> Response:
 
 
 def _models(engines: Engines) -> Response:
-    """Every model name the audio routes accept, in OpenAI's list shape (`models.list()`)."""
-    names = (
-        *OPENAI_TTS_MODELS,
-        *(engine.info.name for engine in engines.tts),
-        *OPENAI_ASR_MODELS,
-        engines.asr.info.name,
-        "whisper",
-    )
+    """Every model name the audio routes accept, in OpenAI's list shape (`models.list()`),
+    each with `engine_model`: the weights that name runs on (EngineInfo.model, e.g. Whisper
+    `tiny.en` or `base`), so a client sees which model the server chose."""
+    default_tts = engines.voice(None)[1].info.model if engines.voices() else ""
+    served: dict[str, str] = dict.fromkeys(OPENAI_TTS_MODELS, default_tts)
+    for engine in engines.tts:
+        served.setdefault(engine.info.name, engine.info.model)
+    asr_model = engines.asr.info.model
+    for name in (*OPENAI_ASR_MODELS, engines.asr.info.name, "whisper"):
+        served.setdefault(name, asr_model)
     data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "voxserve"}
-        for name in dict.fromkeys(names)
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "voxserve",
+            "engine_model": model,
+        }
+        for name, model in served.items()
     ]
     return JSONResponse({"object": "list", "data": data})

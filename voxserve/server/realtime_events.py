@@ -49,6 +49,7 @@ from voxserve.events import (
     TtsStart,
     VadEnd,
     VadStart,
+    WakeDetected,
     speech_item_id,
 )
 from voxserve.server.realtime_responses import (
@@ -260,6 +261,9 @@ class RealtimeEncoder:
                 return [self._ev("voxserve.session.ended", **counters)]
             case SessionResumed():
                 # Realtime sessions are never resumable (the handshake does not ask): none.
+                return []
+            case WakeDetected():
+                # Realtime sessions have no wake word (only /v1/stream's session.start).
                 return []
             case Mark() | Credit():
                 # Realtime clients send no marks and have no input credit window: the

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError, quoted
 
+SILENCE_MS = (20, 10_000)  # a turn detection's silence_duration_ms (the Realtime API's range)
+
 T = TypeVar("T")
 Obj = dict[str, Any]
 MAX_ID = 64  # item, call and event ids: OpenAI's are about 32 characters

@@ -268,6 +268,13 @@ def _turn_detection(s: RealtimeSettings, installed: Installed) -> dict[str, Any]
     td = s.turn_detection
     if td is None:
         return None
+    if td.type == "semantic_vad":
+        return {
+            "type": "semantic_vad",
+            "eagerness": td.eagerness,
+            "create_response": td.create_response,
+            "interrupt_response": td.interrupt_response,
+        }
     return {
         "type": "server_vad",
         "threshold": installed.vad_threshold if td.threshold is None else td.threshold,

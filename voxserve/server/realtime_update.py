@@ -7,11 +7,12 @@ listed in IGNORED and documented. Pure (server/realtime_codec.py calls it)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.events import ToolSpec, TurnDetection
+from voxserve.events import EAGERNESS, TURN_TYPES, Eagerness, ToolSpec, TurnDetection
 from voxserve.server import realtime_fields as f
+from voxserve.server.realtime_fields import SILENCE_MS
 from voxserve.server.realtime_session import (
     BETA_FORMATS,
     FORMAT_RATES,
@@ -27,7 +28,6 @@ MAX_TOOLS = 128
 MAX_TOKENS = 4096  # OpenAI's range for max_output_tokens
 SPEED = (0.25, 1.5)  # OpenAI's range for audio.output.speed
 MAX_PADDING_MS = 10_000
-SILENCE_MS = (20, 10_000)
 MAX_TEXT = 64 * 1024  # instructions, a tool's description, a prompt
 
 IGNORED = {
@@ -215,39 +215,48 @@ def ga_format(value: object, path: str) -> Format:
     return fmt
 
 
+_SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
+
+
 def turn_detection(s: RealtimeSettings, value: object, path: str) -> TurnDetection | None:
-    """null: push-to-talk. server_vad; semantic_vad is taken as server_vad (voxserve has no
-    semantic turn model; session.updated then says server_vad)."""
+    """null: push-to-talk. server_vad: a fixed silence ends the turn; semantic_vad: the
+    silence adapts to what was said, as eager as `eagerness` (pipeline/endpointing.py),
+    OpenAI's fields for each (a field of the other type is refused, naming it)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise f.invalid(f"{path} must be an object or null")
     _check_keys(
         value,
-        {
-            "type",
-            "threshold",
-            "prefix_padding_ms",
-            "silence_duration_ms",
-            "create_response",
-            "interrupt_response",
-            "idle_timeout_ms",
-            "eagerness",
-        },
+        {"type", "create_response", "interrupt_response", "eagerness", *_SERVER_VAD_ONLY},
         path,
     )
-    f.choice(value, "type", path, ("server_vad", "semantic_vad"))
-    if value.get("idle_timeout_ms") is not None:
-        raise f.bad_value(f"{path}.idle_timeout_ms", "is not supported (use null)")
-    f.choice(value, "eagerness", path, ("low", "medium", "high", "auto"))
+    kind = f.choice(value, "type", path, TURN_TYPES) or "server_vad"
     create = f.boolean(value, "create_response", path)
     interrupt = f.boolean(value, "interrupt_response", path)
+    create_response = (s.kind == "realtime") if create is None else create
+    interrupt_response = True if interrupt is None else interrupt
+    if kind == "semantic_vad":
+        for key in _SERVER_VAD_ONLY:
+            if value.get(key) is not None:
+                raise f.bad_value(f"{path}.{key}", "is a server_vad field, not semantic_vad's")
+        eagerness = f.choice(value, "eagerness", path, EAGERNESS) or "auto"
+        return TurnDetection(
+            type="semantic_vad",
+            eagerness=cast(Eagerness, eagerness),
+            create_response=create_response,
+            interrupt_response=interrupt_response,
+        )
+    if value.get("eagerness") is not None:
+        raise f.bad_value(f"{path}.eagerness", "is a semantic_vad field, not server_vad's")
+    if value.get("idle_timeout_ms") is not None:
+        raise f.bad_value(f"{path}.idle_timeout_ms", "is not supported (use null)")
     return TurnDetection(
         threshold=f.number(value, "threshold", path, 0.0, 1.0),
         prefix_padding_ms=f.integer(value, "prefix_padding_ms", path, 0, MAX_PADDING_MS),
         silence_duration_ms=f.integer(value, "silence_duration_ms", path, *SILENCE_MS),
-        create_response=(s.kind == "realtime") if create is None else create,
-        interrupt_response=True if interrupt is None else interrupt,
+        create_response=create_response,
+        interrupt_response=interrupt_response,
     )
 
 

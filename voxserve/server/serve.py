@@ -70,12 +70,17 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
         super().__init__(config)
         self.runtime = runtime
+        runtime.on_fatal = self._stop  # a bad engine option found while loading
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    def _stop(self) -> None:
+        """Stop without draining (nothing was served: the engines never loaded)."""
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain is None and self._loop is not None and not self.should_exit:
@@ -104,6 +109,9 @@ def serve(
     sockets: list[socket.socket] | None = None,
 ) -> None:
     """Serve until stopped; `sockets` may be bound beforehand (so a busy port is reported
-    before anything loads, and port 0 works)."""
+    before anything loads, and port 0 works). Raises the configuration error the engines'
+    loading stopped the server for (EngineConfigError: the CLI's one line, exit 2)."""
     runtime = runtime or Runtime(settings)
     DrainingServer(uvicorn_config(settings, runtime), runtime).run(sockets=sockets)
+    if runtime.fatal is not None:  # the server stopped for it (Runtime.stop_for)
+        raise runtime.fatal

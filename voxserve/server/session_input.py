@@ -30,6 +30,7 @@ from voxserve.events import (
     StartMessage,
     TextMessage,
     TruncateItem,
+    TurnUpdate,
 )
 from voxserve.pipeline.session import Session
 
@@ -92,6 +93,8 @@ async def apply_control(session: Session, message: ClientMessage) -> None:
         await session.mark(message.id)
     elif isinstance(message, CreditMessage):
         session.speaker.grant(message.audio_ms)
+    elif isinstance(message, TurnUpdate):
+        await session.update_turns(message.turn_detection)
     elif isinstance(message, StartMessage | ResumeMessage):
         raise VoxError(ErrorCode.ALREADY_STARTED, "the session has already started")
     elif isinstance(message, CreateItem):

@@ -12,7 +12,8 @@ track ended, a muted track, Opus DTX sends nothing in silence), and the session'
 still hear the silence that ends a turn. A task pulls the track as packets come; read()
 gives the next frame as soon as it is there, and when the network has not delivered the
 audio of a 20 ms slot (slots are counted on time.monotonic() from the first frame) within
-PLAYOUT_S of its due time, it gives silence (`silence_ms`, not loss). Once the track ended
+PLAYOUT_S of its due time, and no packet came off the network for PLAYOUT_S either (else at
+most HOLD_S more: see _silence_at), it gives silence (`silence_ms`, not loss). Once the track ended
 it gives silence at real-time pace until the call ends it (never None). Audio that comes
 back after silence was given re-anchors the timeline at that moment: the gap already given
 as silence is not filled again, and there is no backlog to play.
@@ -53,6 +54,9 @@ MAX_AHEAD_S = 2.0  # how far the timeline may run ahead of the wall clock (docst
 # jitter. Measured on loopback (tests/webrtc/test_loopback.py's call, 2 loaded cores): real
 # frames up to 44 ms late without loss, up to 106 ms late behind a concealed hole.
 PLAYOUT_S = 0.15
+# how much longer a slot waits while packets keep coming (a stall of the loop or of aiortc's
+# decoder thread, not a pause of the caller's): bounded, so a broken decoder still ends turns
+HOLD_S = 0.6
 
 
 def mono_samples(frame: AudioFrame) -> Int16Array:
@@ -166,15 +170,27 @@ class InboundAudio:
                     await self._wait(None)
                     continue
                 self._anchor = now
-            deadline = self._anchor + self._played * FRAME_MS / 1000
-            if not self._ended:
-                deadline += PLAYOUT_S
+            deadline = self._silence_at()
             if now >= deadline:
                 self._played += 1
                 self._silent = True
                 self.silence_ms += FRAME_MS
                 return self._silence
             await self._wait(deadline - now)
+
+    def _silence_at(self) -> float:
+        """When the next slot, its audio not here, is given as silence: PLAYOUT_S past due,
+        and later while packets still come off the network (up to HOLD_S more). Audio the
+        jitter buffer holds or the decoder is working on (a loop or thread stall delayed it)
+        is the caller still speaking: giving its slots as silence would end the turn in the
+        middle of a sentence (seen on loaded CI: a transcript cut short). When the caller
+        sent nothing for PLAYOUT_S (DTX, a muted track), silence is given at the due time."""
+        assert self._anchor is not None
+        due = self._anchor + self._played * FRAME_MS / 1000
+        if self._ended:
+            return due
+        heard = self.last_heard_at + PLAYOUT_S
+        return due + PLAYOUT_S + min(HOLD_S, max(0.0, heard - due - PLAYOUT_S))
 
     def close(self) -> None:
         """Stop pulling the track (the call ended). Idempotent."""

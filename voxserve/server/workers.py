@@ -31,8 +31,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from voxserve.config import EngineSpec, Settings
-from voxserve.engines.registry import engine_class
+from voxserve.config import ConfigError, EngineSpec, Settings
+from voxserve.engines.registry import EngineConfigError, engine_class
 from voxserve.observe import gc_control
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ FORK_SAFE = {
     ("responder", "echo"),
 }
 RESTART_PAUSE_S = 1.0  # a worker that dies within this of its start waits this long
+CONFIG_ERROR_EXIT = 2  # a worker's engines are misconfigured: stop, do not restart
 MAX_QUICK_DEATHS = 5  # in a row: the workers cannot start; give up (exit 1)
 
 WorkerMain = Callable[[Settings, dict[str, Any], int], int]
@@ -109,6 +110,10 @@ class Supervisor:
         self.stopping = False
         self.failed = False
         self.quick_deaths = 0
+        self.config_error: str | None = None
+        # A worker's EngineConfigError (found while loading its own engines): its line,
+        # read by the parent, which stops every worker and raises it once.
+        self._config_errors = os.pipe()
 
     def _spawn(self, index: int) -> None:
         pid = os.fork()
@@ -124,6 +129,9 @@ class Supervisor:
                 # reload handler once it runs (a worker still loading loads new files anyway).
                 signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 code = self.main(worker_settings(self.settings, index), self.preloaded, index)
+            except EngineConfigError as exc:  # the parent says it once and exits 2
+                os.write(self._config_errors[1], f"{exc}\n".encode())
+                code = CONFIG_ERROR_EXIT
             except BaseException:
                 log.exception("worker failed", extra={"worker": index})
             finally:
@@ -159,6 +167,8 @@ class Supervisor:
                     continue
                 index, started = self.children.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
+                if code == CONFIG_ERROR_EXIT and self.config_error is None:
+                    self._config_failed()
                 if self.stopping or self.failed:
                     codes.append(code)
                     continue
@@ -166,9 +176,24 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            for fd in self._config_errors:
+                os.close(fd)
+        if self.config_error is not None:
+            raise ConfigError(self.config_error)
         if self.failed:
             return 1
         return 0 if all(code == 0 for code in codes) else 1
+
+    def _config_failed(self) -> None:
+        """A worker found a bad engine option: stop them all (the others would find it too)."""
+        os.set_blocking(self._config_errors[0], False)
+        try:
+            line = os.read(self._config_errors[0], 4096).decode(errors="replace")
+        except BlockingIOError:
+            line = ""
+        self.config_error = line.splitlines()[0] if line else "a worker's engines are misconfigured"
+        self.failed = True
+        self._forward(signal.SIGTERM, None)
 
     def _restart(self, index: int, started: float, code: int) -> None:
         log.error("worker exited; starting it again", extra={"worker": index, "code": code})

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import (
+    EAGERNESS,
     MODES,
+    TURN_TYPES,
     CancelMessage,
     ClientMessage,
     CreditMessage,
+    Eagerness,
     EndMessage,
     MarkMessage,
     ResumeMessage,
@@ -27,8 +30,12 @@ from voxserve.events import (
     StartMessage,
     StreamConfig,
     TextMessage,
+    TurnDetection,
+    TurnUpdate,
 )
+from voxserve.server import realtime_fields as f
 from voxserve.server.json_input import DEFAULT_MAX_DEPTH, as_float, decode_json
+from voxserve.server.realtime_fields import SILENCE_MS
 from voxserve.types import SEQ_HEADER_BYTES, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 
 ENCODINGS = ("pcm_s16le",)
@@ -113,6 +120,13 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         trace_id = uuid.uuid4().hex
     elif not _TRACE_ID.match(trace_id):
         raise _invalid("trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -")
+    wake_word = _field(data, "wake_word", str, None)
+    if wake_word is not None and mode == "tts":
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            "wake_word needs an audio mode (asr or assistant)",
+            fatal=True,
+        )
     return StreamConfig(
         mode=mode,
         sample_rate=rate,
@@ -125,7 +139,42 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         chunk_ms=chunk_ms,
         trace_id=trace_id,
         resumable=bool(_field(data, "resumable", bool, False)),
+        wake_word=wake_word,
+        turn_detection=_start_turns(data.get("turn_detection")),
     )
+
+
+def _start_turns(value: object) -> TurnDetection | None:
+    if value is None:
+        return None
+    try:
+        return parse_turn_detection(value)
+    except VoxError as exc:
+        exc.fatal = True  # session.start's errors end the connection
+        raise
+
+
+def parse_turn_detection(value: object, path: str = "turn_detection") -> TurnDetection:
+    """`{"type": "server_vad", "silence_duration_ms": N}` or `{"type": "semantic_vad",
+    "eagerness": "low"|"medium"|"high"|"auto"}` (docs/protocol.md): invalid_message for a
+    missing or ill-typed field, invalid_parameter for a value out of range or a field the
+    type does not take, naming it."""
+    if not isinstance(value, dict):
+        raise _invalid(f"{path} must be an object")
+    kind = f.choice(value, "type", path, TURN_TYPES)
+    if kind is None:
+        raise _invalid(f"{path}.type is required: server_vad or semantic_vad")
+    fields = ("type", "eagerness") if kind == "semantic_vad" else ("type", "silence_duration_ms")
+    for key in value:
+        if key not in fields:
+            raise f.bad_value(
+                f"{path}.{key}", f"is not a {kind} field; its fields: {', '.join(fields)}"
+            )
+    if kind == "semantic_vad":
+        eagerness = f.choice(value, "eagerness", path, EAGERNESS) or "auto"
+        return TurnDetection(type="semantic_vad", eagerness=cast(Eagerness, eagerness))
+    silence = f.integer(value, "silence_duration_ms", path, *SILENCE_MS)
+    return TurnDetection(type="server_vad", silence_duration_ms=silence)
 
 
 def parse_text_message(
@@ -164,6 +213,16 @@ def parse_text_message(
         return CreditMessage(audio_ms)
     if kind == "session.resume":
         return parse_resume(data)
+    if kind == "session.update":
+        extra = sorted(set(data) - {"type", "turn_detection"})
+        if extra or "turn_detection" not in data:
+            raise f.bad_value(
+                extra[0] if extra else "turn_detection",
+                "session.update on /v1/stream changes turn_detection only"
+                if extra
+                else "is required in session.update",
+            )
+        return TurnUpdate(parse_turn_detection(data["turn_detection"]))
     if not isinstance(kind, str):
         raise _invalid("control message needs a string field 'type'")
     raise _invalid(f"unknown message type {quoted(kind)}")

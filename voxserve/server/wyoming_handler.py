@@ -1,9 +1,12 @@
 """One Wyoming connection (Home Assistant's voice protocol): ASR, TTS and `describe`.
 
 ASR: `transcribe` (optional: model name, language), `audio-start`, `audio-chunk`s,
-`audio-stop` -> one `transcript`. Home Assistant runs its own VAD and sends one command per
-request, so the audio is recognised whole at `audio-stop` (as an upload is), not turned into
-segments. TTS: `synthesize` -> `audio-start`, `audio-chunk`s, `audio-stop`; streaming
+`audio-stop` -> `transcript-start`, `transcript-chunk`s while the audio comes, then
+`transcript` and `transcript-stop` (Wyoming >= 1.7 streaming; wyoming_stt.py runs the
+request as a live session). Audio at a rate a session does not take is recognised whole
+at `audio-stop` (as an upload is) and answered by `transcript` alone.
+
+TTS: `synthesize` -> `audio-start`, `audio-chunk`s, `audio-stop`; streaming
 `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` speaks each sentence as soon as
 it is complete, in one audio-start/stop, then `synthesize-stopped` (the `synthesize` that
 Home Assistant also sends while streaming, for older servers, is ignored).
@@ -49,7 +52,9 @@ from voxserve.server.session_slot import SessionSlot, open_request
 from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
 from voxserve.server.wyoming_recording import PCM_WIDTH, Recording
+from voxserve.server.wyoming_stt import StreamedTranscription, streams
 from voxserve.server.wyoming_tts import WyomingSpeech
+from voxserve.server.wyoming_wake import WyomingWake
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +72,10 @@ class WyomingHandler(AsyncEventHandler):
         self.trace_id = uuid.uuid4().hex[:16]
         self._language: str | None = None
         self._recording: Recording | None = None
-        self._asr: SessionSlot | None = None
+        self._asr: SessionSlot | None = None  # a whole-recognition request's slot
+        self._stream: StreamedTranscription | None = None  # a streamed request's session
         self._speech = WyomingSpeech(runtime, self.write_event)
+        self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming_wake.py)
         self._audio_open = False  # an audio-start was sent and its audio-stop not yet
         bind_session(self.trace_id)
 
@@ -114,7 +121,7 @@ class WyomingHandler(AsyncEventHandler):
         )
 
     async def handle_event(self, event: Event) -> bool:
-        handler = self._handlers().get(event.type)
+        handler = self._wake.route(event.type) or self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
         try:
@@ -139,6 +146,7 @@ class WyomingHandler(AsyncEventHandler):
             "synthesize-start": self._speech.synthesize_start,
             "synthesize-chunk": self._speech.synthesize_chunk,
             "synthesize-stop": self._speech.synthesize_stop,
+            "detect": self._wake.detect,
         }
 
     async def write_event(self, event: Event) -> None:
@@ -153,6 +161,7 @@ class WyomingHandler(AsyncEventHandler):
     async def disconnect(self) -> None:
         self._end_asr()
         self._speech.end()
+        self._wake.end()
 
     async def _error(self, error: VoxError) -> None:
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
@@ -161,6 +170,7 @@ class WyomingHandler(AsyncEventHandler):
         # A failed request is over: its slot is free and its state forgotten.
         self._end_asr()
         self._speech.end()
+        self._wake.end()
         with contextlib.suppress(ConnectionError):  # the peer may be gone already
             if self._audio_open:  # a reply cut short still ends: audio-stop, then why
                 await self.write_event(AudioStop().event())
@@ -187,22 +197,40 @@ class WyomingHandler(AsyncEventHandler):
     def _begin_asr(self, rate: int) -> None:
         self._end_asr()
         self.runtime.engines  # noqa: B018 - raises not_ready before the models are loaded
-        self._asr = open_request(self.runtime, ANONYMOUS, "asr")
-        self._recording = Recording(rate, self.runtime.settings.limits.max_upload_bytes)
+        limit = self.runtime.settings.limits.max_upload_bytes
+        if streams(rate):
+            self._stream = StreamedTranscription(
+                self.runtime, rate, self._language, self.write_event
+            )
+        else:
+            self._asr = open_request(self.runtime, ANONYMOUS, "asr")
+        self._recording = Recording(rate, limit, keep=self._stream is None)
 
     async def _audio_chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
         if self._recording is None:  # no audio-start: the first chunk says the format
             self._begin_asr(chunk.rate)
         assert self._recording is not None
-        self._recording.add(chunk)
+        stream = self._stream
+        if stream is not None and stream.done:
+            return  # the request ended with its error: the rest of its audio is dropped
+        samples = self._recording.add(chunk)
         seconds = len(chunk.audio) / (PCM_WIDTH * max(1, chunk.channels) * chunk.rate)
         quotas_of(self.runtime).spend_audio(ANONYMOUS, seconds)
+        if stream is not None:
+            stream.add(samples)
 
     async def _audio_stop(self, event: Event) -> None:
         recording = self._recording
-        if recording is None:
+        if recording is None or (self._stream is not None and not recording.size):
             raise VoxError(ErrorCode.EMPTY_AUDIO, "audio-stop without audio")
+        stream = self._stream
+        if stream is not None:
+            try:  # the session's last events (or its error) are written by the stream
+                await stream.finish()
+            finally:
+                self._end_asr()
+            return
         try:
             result = await transcribe(
                 self.runtime, recording.samples(), recording.rate, language=self._language
@@ -213,6 +241,9 @@ class WyomingHandler(AsyncEventHandler):
 
     def _end_asr(self) -> None:
         self._recording = None
+        if self._stream is not None:
+            self._stream.cancel()  # a no-op once its transcript is out
+            self._stream = None
         if self._asr is not None:
             self._asr.release()
             self._asr = None

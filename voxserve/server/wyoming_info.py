@@ -7,6 +7,7 @@ from wyoming.info import AsrModel, AsrProgram, Attribution, Info, TtsProgram, Tt
 
 from voxserve import __version__
 from voxserve.engines.loaded import Engines
+from voxserve.server.wyoming_wake import wake_programs
 from voxserve.types import EngineInfo
 
 PROGRAM = "voxserve"
@@ -50,7 +51,7 @@ def server_info(engines: Engines) -> Info:
                 description="voxserve speech recognition",
                 version=__version__,
                 models=[asr_model],
-                supports_transcript_streaming=False,
+                supports_transcript_streaming=True,  # wyoming_stt.py
                 requires_external_vad=True,
             )
         ],
@@ -65,4 +66,5 @@ def server_info(engines: Engines) -> Info:
                 supports_synthesize_streaming=True,
             )
         ],
+        wake=wake_programs(engines.wake),
     )

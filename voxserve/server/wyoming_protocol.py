@@ -142,6 +142,14 @@ def _synthesize(data: dict[str, Any]) -> None:
     _voice(data)
 
 
+def _detect(data: dict[str, Any]) -> None:
+    names = data.get("names")
+    if names is not None and (
+        not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+    ):
+        raise _invalid("names must be a list of strings")
+
+
 def _ping(data: dict[str, Any]) -> None:
     _optional(data, "text", (str,))
 
@@ -154,6 +162,7 @@ _CHECKS = {
     "synthesize-start": _voice,
     "synthesize-chunk": _text,
     "ping": _ping,
+    "detect": _detect,
 }
 
 

@@ -19,7 +19,7 @@ MODE_TTS: Mode
 MODE_ASSISTANT: Mode
 
 class StreamConfig(_message.Message):
-    __slots__ = ("mode", "sample_rate", "encoding", "language", "voice", "output_sample_rate", "speed", "partials", "chunk_ms", "trace_id")
+    __slots__ = ("mode", "sample_rate", "encoding", "language", "voice", "output_sample_rate", "speed", "partials", "chunk_ms", "trace_id", "turn_detection")
     MODE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class StreamConfig(_message.Message):
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MS_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_DETECTION_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     sample_rate: int
     encoding: str
@@ -40,7 +41,18 @@ class StreamConfig(_message.Message):
     partials: bool
     chunk_ms: int
     trace_id: str
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[str] = ..., language: _Optional[str] = ..., voice: _Optional[str] = ..., output_sample_rate: _Optional[int] = ..., speed: _Optional[float] = ..., partials: _Optional[bool] = ..., chunk_ms: _Optional[int] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    turn_detection: TurnDetection
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[str] = ..., language: _Optional[str] = ..., voice: _Optional[str] = ..., output_sample_rate: _Optional[int] = ..., speed: _Optional[float] = ..., partials: _Optional[bool] = ..., chunk_ms: _Optional[int] = ..., trace_id: _Optional[str] = ..., turn_detection: _Optional[_Union[TurnDetection, _Mapping]] = ...) -> None: ...
+
+class TurnDetection(_message.Message):
+    __slots__ = ("type", "eagerness", "silence_duration_ms")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    EAGERNESS_FIELD_NUMBER: _ClassVar[int]
+    SILENCE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    eagerness: str
+    silence_duration_ms: int
+    def __init__(self, type: _Optional[str] = ..., eagerness: _Optional[str] = ..., silence_duration_ms: _Optional[int] = ...) -> None: ...
 
 class RecognitionConfig(_message.Message):
     __slots__ = ("sample_rate", "encoding", "language", "partials", "chunk_ms", "trace_id")

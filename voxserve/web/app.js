@@ -3,7 +3,7 @@
 // /v1/stream WebSocket (here). Plain ES modules, no build step; every file and request goes
 // to this server.
 
-import { $, addLine, app, openMicStream, setPartial, setState, setStatus, showAlert, showLatency, showPlayback as showStats } from "./ui.js";
+import { $, addLine, app, openMicStream, setPartial, setState, setStatus, showAlert, showLatency, showPlayback as showStats, turnDetection } from "./ui.js";
 import { Call, CallError, supported as webrtcSupported } from "./webrtc.js";
 
 const FRAME_MS = 20;
@@ -196,6 +196,7 @@ function connect() {
       encoding: "pcm_s16le",
       voice: $("voice").value || undefined,
       language: $("language").value || undefined,
+      turn_detection: turnDetection(),
     }));
   };
 
@@ -329,6 +330,7 @@ async function placeCall() {
     mode: $("mode").value,
     voice: $("voice").value,
     language: $("language").value,
+    turns: turnDetection(),
     key: $("api-key").value.trim(),
   };
   const c = (call = new Call(ctx, settings, (end) => callEnded(c, end)));

@@ -21,7 +21,14 @@ export function setState(state) {
   $("start").disabled = busy;
   $("stop").disabled = !busy;
   $("cancel").disabled = state !== "connected";
-  for (const id of ["transport", "mode", "voice", "language"]) $(id).disabled = busy;
+  for (const id of ["transport", "mode", "voice", "language", "turns"]) $(id).disabled = busy;
+}
+
+// The "End of turn" choice as a turn_detection ({type, eagerness} or {type}); both the
+// WebSocket's session.start and the Realtime API's session.update take it.
+export function turnDetection() {
+  const [type, eagerness] = $("turns").value.split(":");
+  return eagerness ? { type, eagerness } : { type };
 }
 
 // A finished line of the conversation; returns its text span (a reply's line grows in place).

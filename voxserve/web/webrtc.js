@@ -42,7 +42,7 @@ async function refusal(r) {
 
 export class Call {
   // ctx: the page's AudioContext (started by the click), used to measure the reply's sound.
-  // settings: {mode, voice, language, key}; onEnd({lost, message}) when the call is over
+  // settings: {mode, voice, language, turns (a turn_detection), key}; onEnd({lost, message}) when the call is over
   // without hangUp() (the server ended it, or the network lost it).
   constructor(ctx, settings, onEnd) {
     this.ctx = ctx;
@@ -188,7 +188,7 @@ export class Call {
   // The page's choices, sent once the session is there (session.created): the call starts
   // with the server's defaults.
   applySettings() {
-    const { mode, voice, language } = this.settings;
+    const { mode, voice, language, turns } = this.settings;
     this.send({
       type: "session.update",
       session: {
@@ -196,7 +196,7 @@ export class Call {
         audio: {
           input: {
             transcription: { language },
-            turn_detection: { type: "server_vad", create_response: mode !== "asr" },
+            turn_detection: { ...turns, create_response: mode !== "asr" },
           },
           output: { voice },
         },

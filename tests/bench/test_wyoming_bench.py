@@ -1,0 +1,46 @@
+"""`voxserve bench wyoming` against a real Wyoming server on fake engines: one recording at
+real-time pace, its figures and the chunks-join check written to --out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.fakes import fake_runtime, silence, tone
+from voxserve.audio.wav import write_wav
+from voxserve.bench.cli import add_bench_parser, run_bench
+from voxserve.config import load_settings
+
+
+@pytest.fixture(scope="module")
+def wyoming_server() -> Iterator[LiveServer]:
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(settings, fake_runtime(settings), wyoming_port=free_port())
+    yield live
+    stop_server(live)
+
+
+def test_one_recording_gives_the_latency_figures(
+    wyoming_server: LiveServer, tmp_path: Path
+) -> None:
+    pcm = np.concatenate([silence(0.2), tone(500, 0.8), silence(0.1)])
+    (tmp_path / "tone.wav").write_bytes(write_wav(pcm, 16_000))
+    (tmp_path / "fixtures.json").write_text(json.dumps({"tone.wav": "tone500"}))
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    out = tmp_path / "out"
+    target = f"vox=127.0.0.1:{wyoming_server.settings.wyoming_port}"
+    flags = ["--rounds", "1", "--tail-ms", "600", "--audio-dir", str(tmp_path), "--out", str(out)]
+    args = parser.parse_args(["bench", "wyoming", "--target", target, *flags])
+    assert run_bench(args) == 0
+    row = json.loads((out / "summary.json").read_text())["vox"]
+    assert row["requests"] == 1 and row["wer"] == 0.0 and row["chunks_join_to_final"]
+    assert row["chunks_per_request"] >= 1  # a one-word transcript: its chunk is the final's
+    assert row["final_s"]["p50"] >= 1650  # not before the paced audio (1.7 s) was all sent
+    assert row["final_after_stop_s"]["p50"] >= 0

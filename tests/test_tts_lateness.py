@@ -1,0 +1,166 @@
+"""TTS admission by predicted lateness (pipeline/tts_lateness.py, tts_health.py), with a
+fake clock: a burst that fits is admitted whole, the first request past the deadline is
+refused with a retry hint, a reply buffered ahead of playback yields to a new first clause,
+one about to run dry does not, and the service rate is measured."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cache.helpers import cache_settings, loaded_runtime
+from tests.fakes import FakeTts
+from voxserve.config import DegradeConfig
+from voxserve.errors import ErrorCode
+from voxserve.pipeline.synthesis import synthesize
+from voxserve.pipeline.tts_health import TtsDegraded, TtsHealth
+from voxserve.pipeline.tts_lateness import ServiceRates, TtsSchedule
+
+CLAUSE = "Twenty characters!!!"  # 20 characters, one sentence
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def schedule(clock: Clock, budget_s: float = 1.0, ms_per_char: float = 10.0) -> TtsSchedule:
+    """10 ms a character: a 20-character first clause costs 0.2 s. The engine's set-up call
+    is behind it (it is not measured)."""
+    rates = ServiceRates(ms_per_char / 1000, 0.5)
+    rates.observe_call("fake/fake", 9.0, 1.0)
+    assert rates.rates == {}
+    return TtsSchedule(budget_s, rates, clock)
+
+
+def test_a_burst_that_fits_is_admitted_and_the_first_that_would_miss_is_not() -> None:
+    clock = Clock()
+    s = schedule(clock)
+    fits = []
+    for _ in range(12):
+        ticket = s.open("fake/fake", f"{CLAUSE} {CLAUSE}", bulk=False)
+        fits.append(s.predict(ticket, slots=2).fits)
+    # The n-th waits for (n-1) first clauses of 0.2 s over 2 slots, then takes 0.2 s itself:
+    # 0.1 * (n-1) + 0.2 <= 1.0 for n <= 9.
+    assert fits == [True] * 9 + [False] * 3
+    late = s.predict(ticket, slots=2)
+    assert late.first_audio_s == pytest.approx(0.1 * 11 + 0.2)
+    assert late.retry_after_s() == 1
+    assert s.predict(ticket, slots=4).fits  # twice the slots: the same burst fits
+
+
+def test_a_reply_buffered_ahead_of_playback_yields_to_a_new_first_clause() -> None:
+    clock = Clock()
+    s = schedule(clock)
+    speaking = s.open("fake/fake", " ".join([CLAUSE] * 10), bulk=False)
+    s.call_cost(speaking)
+    s.call_done(speaking, 0.2, 1.3)  # its first clause: 1.3 s of audio, past our deadline
+    new = s.open("fake/fake", CLAUSE, bulk=False)
+    assert s.predict(new, slots=1).wait_s == 0.0  # its tail is not due before our deadline
+    clock.now += 0.8  # its playback has 0.5 s left: its next clause is due first
+    newer = s.open("fake/fake", CLAUSE, bulk=False)
+    s.close(new)
+    assert s.predict(newer, slots=1).wait_s > 0.2
+
+
+def test_work_in_progress_counts_only_its_rest_and_finished_work_sets_the_rate() -> None:
+    clock = Clock()
+    s = schedule(clock)
+    running = s.open("fake/fake", CLAUSE, bulk=False)
+    s.call_cost(running)
+    running.call_started = clock.now
+    clock.now += 0.15
+    new = s.open("fake/fake", CLAUSE, bulk=False)
+    assert s.predict(new, slots=1).wait_s == pytest.approx(0.05)
+    s.call_done(running, 0.4, 1.0)
+    s.finished(running)
+    assert s.ms_per_char == {"fake/fake": pytest.approx(20.0)}  # 0.4 s / 20 characters
+    assert s.predict(new, slots=1).first_audio_s == pytest.approx(0.4)  # nothing ahead now
+    assert s.active == 1
+
+
+def test_bulk_requests_are_judged_on_bulk_work_only() -> None:
+    clock = Clock()
+    s = schedule(clock)
+    for _ in range(10):
+        s.open("fake/fake", CLAUSE, bulk=False)
+    bulk = s.open("fake/fake", CLAUSE, bulk=True)
+    assert s.predict(bulk, slots=1).wait_s == 0.0
+    live = s.open("fake/fake", CLAUSE, bulk=False)
+    assert s.predict(live, slots=2).wait_s == pytest.approx(11 * 0.2 / 2)
+
+
+def test_health_refuses_late_with_a_retry_hint_and_counts_it_by_reason() -> None:
+    clock = Clock()
+    config = DegradeConfig(first_audio_budget_ms=500, ms_per_char=10.0)
+    health = TtsHealth(config, clock)
+    alone = health.schedule.open("fake/fake", CLAUSE * 10, bulk=False)
+    assert health.admit(alone, 0, 1).late_s > 0  # late, but nothing ahead: admitted
+    health.schedule.close(alone)
+    admitted = 0
+    with pytest.raises(TtsDegraded) as refused:
+        for _ in range(10):
+            health.admit(health.schedule.open("fake/fake", CLAUSE, bulk=False), 0, 1)
+            admitted += 1
+    assert admitted == 2  # 0.2 s, then 0.2 + 0.2; a third would be at 0.6 s
+    assert refused.value.code is ErrorCode.TTS_DEGRADED and refused.value.reason == "late"
+    assert refused.value.retry_after_s == 1
+    assert health.refusals == {"late": 1} and health.schedule.active == 2
+    off = TtsHealth(config.model_copy(update={"predict": False}), clock)
+    for _ in range(10):
+        off.admit(off.schedule.open("fake/fake", CLAUSE, bulk=False), 0, 1)
+
+
+class LoggingTts(FakeTts):
+    """A fake engine that logs which text each chunk it makes belongs to."""
+
+    def __init__(self) -> None:
+        super().__init__(chunk_delay_s=0.1, seconds_per_word=3.0)  # 3 s of audio a word
+        self.log: list[str] = []
+
+    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+        for chunk in super().synthesize(text, voice=voice, speed=speed):
+            self.log.append(text.split()[0])
+            yield chunk
+
+
+async def test_a_new_first_chunk_overtakes_replies_speaking_ahead_of_playback(
+    tmp_path: Path,
+) -> None:
+    """First chunks first: one slot, four long replies speaking, each seconds ahead of its
+    playback; a new request's first chunk is made right after the chunk in progress, not
+    after the tails in line (first come, first served would put ~3 before it)."""
+    degrade = {"enabled": True, "first_audio_budget_ms": 10_000}  # ordering, not refusals
+    settings = cache_settings(tmp_path, degrade=degrade, enabled=False)
+    pipeline = settings.pipeline.model_copy(
+        update={"tts": settings.pipeline.tts.model_copy(update={"concurrency": 1})}
+    )
+    tts = LoggingTts()
+    runtime = await loaded_runtime(settings.model_copy(update={"pipeline": pipeline}), tts)
+    got: list[str] = []
+
+    async def speak(name: str) -> None:
+        async for _ in synthesize(runtime, f"{name} " * 30):
+            got.append(name)
+
+    tasks = [asyncio.create_task(speak(f"long{i}")) for i in range(4)]
+    try:
+        while not all(tts.log.count(f"long{i}") >= 2 for i in range(4)):
+            assert not any(task.done() for task in tasks)
+            await asyncio.sleep(0.01)
+        before = len(tts.log)
+        await anext(synthesize(runtime, "short one"))
+        between = tts.log[before:].index("short")
+        assert between <= 1, tts.log  # at most the chunk that was being made
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runtime.aclose()

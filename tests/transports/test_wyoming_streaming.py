@@ -1,0 +1,156 @@
+"""Wyoming >= 1.7 streaming transcripts with the real engines, through the `wyoming`
+package's client: chunks arrive while the audio is still being sent at real-time pace,
+they join to the final transcript, and a client that knows only `transcript` still gets
+it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize
+
+from tests.conftest import LiveServer
+from tests.helpers import fixture_audio, fixture_texts, wer
+
+TIMEOUT_S = 30.0
+CHUNK_S = 0.1  # Home Assistant sends ~10-30 ms chunks; 100 ms keeps the test light
+RATE = 16_000
+
+
+def client(live: LiveServer) -> AsyncTcpClient:
+    return AsyncTcpClient("127.0.0.1", live.settings.wyoming_port, read_timeout=TIMEOUT_S)
+
+
+async def send_at_real_time(wyoming: AsyncTcpClient, samples: np.ndarray) -> float:
+    """Audio-start, the samples as chunks paced like a microphone, audio-stop; returns
+    when audio-stop was sent (perf_counter)."""
+    await wyoming.write_event(Transcribe(language="en").event())
+    await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+    step = int(RATE * CHUNK_S)
+    began = time.perf_counter()
+    for n, start in enumerate(range(0, samples.size, step)):
+        pcm = samples[start : start + step].astype("<i2").tobytes()
+        await wyoming.write_event(AudioChunk(rate=RATE, width=2, channels=1, audio=pcm).event())
+        await asyncio.sleep(max(0.0, began + (n + 1) * CHUNK_S - time.perf_counter()))
+    await wyoming.write_event(AudioStop().event())
+    return time.perf_counter()
+
+
+async def read_until(wyoming: AsyncTcpClient, kind: str) -> list[tuple[float, Event]]:
+    """Events up to the first of `kind`, each with when it arrived."""
+    events: list[tuple[float, Event]] = []
+    while True:
+        event = await wyoming.read_event()
+        assert event is not None, f"connection closed before {kind}"
+        events.append((time.perf_counter(), event))
+        if event.type == kind:
+            return events
+
+
+async def test_info_says_transcripts_stream(live_server: LiveServer) -> None:
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Describe().event())
+        (_, event), *_ = await read_until(wyoming, "info")
+    (asr,) = Info.from_event(event).asr
+    assert asr.supports_transcript_streaming
+
+
+async def test_chunks_arrive_while_audio_is_sent_and_join_to_the_final(
+    live_server: LiveServer,
+) -> None:
+    # Half a second of silence after the speech, as a satellite's VAD leaves it.
+    samples = np.concatenate([fixture_audio("long.wav"), np.zeros(RATE // 2, np.int16)])
+    async with client(live_server) as wyoming:
+        sender = asyncio.create_task(send_at_real_time(wyoming, samples))
+        events = await read_until(wyoming, "transcript-stop")
+        stopped_at = await sender
+    kinds = [event.type for _, event in events]
+    assert kinds[0] == "transcript-start" and kinds[-2:] == ["transcript", "transcript-stop"]
+    assert set(kinds[1:-2]) == {"transcript-chunk"}, kinds
+    chunks = [(at, TranscriptChunk.from_event(e).text) for at, e in events if e.type == kinds[1]]
+    early = [text for at, text in chunks if at < stopped_at]
+    assert early, "no transcript-chunk before audio-stop was sent"
+    assert TranscriptStart.from_event(events[0][1]).language == "en"
+    final = Transcript.from_event(events[-2][1])
+    # The chunks join to the final unless a final took back a partial's words.
+    assert wer(final.text, "".join(text for _, text in chunks)) <= 0.2
+    assert wer(fixture_texts()["long.wav"], final.text) <= 0.2, final.text
+    assert final.language == "en"
+    assert live_server.runtime.active_sessions == 0 or await _sessions_end(live_server)
+
+
+async def test_a_client_that_reads_only_transcript_gets_it(live_server: LiveServer) -> None:
+    """What a client before Wyoming 1.7 does: skip events it does not know, read
+    `transcript` (here without any pacing: all audio at once)."""
+    samples = fixture_audio("lights.wav")
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+        pcm = samples.astype("<i2").tobytes()
+        for i in range(0, len(pcm), 2048):
+            chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=pcm[i : i + 2048])
+            await wyoming.write_event(chunk.event())
+        await wyoming.write_event(AudioStop().event())
+        while True:
+            event = await wyoming.read_event()
+            assert event is not None
+            if Transcript.is_type(event.type):
+                break
+    text = Transcript.from_event(event).text
+    assert wer(fixture_texts()["lights.wav"], text) <= 0.2, text
+
+
+async def spoken(live: LiveServer, text: str) -> np.ndarray:
+    """`text` in the server's own voice at 16 kHz, its leading and trailing silence off."""
+    async with client(live) as wyoming:
+        await wyoming.write_event(Synthesize(text=text).event())
+        pcm, rate = b"", RATE
+        while (event := await wyoming.read_event()) is not None and event.type != "audio-stop":
+            if AudioChunk.is_type(event.type):
+                chunk = AudioChunk.from_event(event)
+                pcm, rate = pcm + chunk.audio, chunk.rate
+    voice = np.frombuffer(pcm, "<i2").astype(np.float32)
+    loud = np.flatnonzero(np.abs(voice) > 300)
+    voice = voice[loud[0] : loud[-1] + 1]
+    at_16k = np.interp(np.arange(0, voice.size, rate / RATE), np.arange(voice.size), voice)
+    return at_16k.astype(np.int16)
+
+
+async def test_a_pause_inside_a_command_does_not_split_its_transcript(
+    live_server: LiveServer,
+) -> None:
+    """700 ms of silence (past the VAD's 500 ms hangover) inside one command: decoded as
+    two segments, the first said "Set a timer for it." (Whisper base, no context);
+    `transcript` is the whole command recognised at once."""
+    quiet = np.zeros(RATE * 7 // 10, np.int16)
+    head, tail = (
+        await spoken(live_server, "Set a timer for"),
+        await spoken(live_server, "five minutes"),
+    )
+    samples = np.concatenate([quiet[: RATE // 5], head, quiet, tail, quiet])
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Transcribe(language="en").event())
+        await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+        pcm = samples.astype("<i2").tobytes()
+        for i in range(0, len(pcm), 2048):  # Home Assistant's 1024-sample chunks
+            chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=pcm[i : i + 2048])
+            await wyoming.write_event(chunk.event())
+        await wyoming.write_event(AudioStop().event())
+        events = await read_until(wyoming, "transcript-stop")
+    final = Transcript.from_event(events[-2][1])
+    assert wer("set a timer for 5 minutes", final.text) == 0, final.text
+    assert final.language == "en"
+
+
+async def _sessions_end(live: LiveServer) -> bool:
+    for _ in range(100):  # the session's slot is given back as its task closes it
+        if live.runtime.active_sessions == 0:
+            return True
+        await asyncio.sleep(0.02)
+    return False

@@ -1,0 +1,212 @@
+"""`voxserve bench wyoming`: transcript latency over Wyoming, as Home Assistant sees it.
+
+Each request is one recording sent at real-time pace (chunks of --chunk-ms, like a
+satellite's microphone), then --tail-ms of silence (what a satellite's VAD waits before
+it ends the command), then `audio-stop`, through the `wyoming` package's own client. Per
+request: when the first `transcript-chunk` came and when `transcript` came, from the
+first audio sent and from the end of speech (the recording's last sample sent; negative:
+before it), and from `audio-stop`; the WER of the final. Several servers (--target
+NAME=HOST:PORT) are measured in one run, one request at a time, alternating the order
+every round so neither always goes first. A server that does not stream (a peer before
+Wyoming 1.7 streaming) has no chunks: its first text is its `transcript`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voxserve.bench.report import eprint
+from voxserve.types import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from voxserve.bench.program import Pcm
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+READ_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Request:
+    target: str
+    clip: int
+    chunks: int
+    first_chunk_s: float | None  # from the first audio sent
+    first_chunk_after_speech_s: float | None  # from the end of speech (negative: before)
+    final_s: float  # `transcript`, from the first audio sent
+    final_after_speech_s: float
+    final_after_stop_s: float  # from `audio-stop`
+    joined: bool  # the chunks joined equal the final (True when there were none)
+    text: str
+    reference: str
+
+
+async def one_request(
+    name: str, host: str, port: int, clip: int, pcm: Pcm, text: str, args: argparse.Namespace
+) -> Request:
+    import numpy as np
+    from wyoming.asr import Transcribe, Transcript, TranscriptChunk
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    rate, step = SAMPLE_RATE, SAMPLE_RATE * args.chunk_ms // 1000
+    tail = np.zeros(SAMPLE_RATE * args.tail_ms // 1000, dtype=np.int16)
+    audio = np.concatenate([pcm, tail])
+    marks: dict[str, float] = {}
+    chunks: list[tuple[float, str]] = []
+
+    async def send(client: AsyncTcpClient) -> None:
+        await client.write_event(Transcribe(language=args.language).event())
+        await client.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+        began = marks["start"] = time.perf_counter()
+        for n, at in enumerate(range(0, audio.size, step)):
+            piece = audio[at : at + step].astype("<i2").tobytes()
+            chunk = AudioChunk(rate=rate, width=2, channels=1, audio=piece)
+            await client.write_event(chunk.event())
+            if at + step >= pcm.size and "speech_end" not in marks:
+                marks["speech_end"] = time.perf_counter()  # the recording's last sample
+            await asyncio.sleep(max(0.0, began + (n + 1) * step / rate - time.perf_counter()))
+        await client.write_event(AudioStop().event())
+        marks["stop"] = time.perf_counter()
+
+    async with AsyncTcpClient(host, port, read_timeout=READ_TIMEOUT_S) as client:
+        sender = asyncio.create_task(send(client))
+        while True:
+            event = await client.read_event()
+            if event is None:
+                raise RuntimeError(f"{name}: connection closed before the transcript")
+            now = time.perf_counter()
+            if TranscriptChunk.is_type(event.type):
+                chunks.append((now, TranscriptChunk.from_event(event).text))
+            elif Transcript.is_type(event.type):
+                final = Transcript.from_event(event).text
+                marks["final"] = now
+                break
+            elif event.type == "error":
+                raise RuntimeError(f"{name}: error {event.data}")
+        await sender
+    start, speech_end = marks["start"], marks["speech_end"]
+    first = chunks[0][0] if chunks else None
+    return Request(
+        target=name,
+        clip=clip,
+        chunks=len(chunks),
+        first_chunk_s=None if first is None else first - start,
+        first_chunk_after_speech_s=None if first is None else first - speech_end,
+        final_s=marks["final"] - start,
+        final_after_speech_s=marks["final"] - speech_end,
+        final_after_stop_s=marks["final"] - marks["stop"],
+        joined=not chunks or "".join(t for _, t in chunks) == final,
+        text=final,
+        reference=text,
+    )
+
+
+def _target(text: str) -> tuple[str, str, int]:
+    name, _, where = text.rpartition("=")
+    host, _, port = where.removeprefix("tcp://").rpartition(":")
+    if not name or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=HOST:PORT, got {text!r}")
+    return name, host, int(port)
+
+
+def add_wyoming_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        type=_target,
+        action="append",
+        required=True,
+        metavar="NAME=HOST:PORT",
+        help="a Wyoming server to measure (repeatable: measured side by side)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="passes over the recordings")
+    parser.add_argument("--chunk-ms", type=int, default=20, help="audio per audio-chunk")
+    parser.add_argument(
+        "--tail-ms", type=int, default=500, help="silence after the speech, before audio-stop"
+    )
+    parser.add_argument("--language", default="en")
+    parser.add_argument(
+        "--audio-dir", type=Path, default=FIXTURES, help="WAVs and their fixtures.json"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results/wyoming"))
+
+
+METRICS = (
+    "first_chunk_s",
+    "first_chunk_after_speech_s",
+    "final_s",
+    "final_after_speech_s",
+    "final_after_stop_s",
+)
+
+
+def summary(requests: list[Request], names: list[str]) -> dict[str, Any]:
+    from voxserve.bench.stats import summarize, wer
+
+    out: dict[str, Any] = {}
+    for name in names:
+        mine = [r for r in requests if r.target == name]
+        row: dict[str, Any] = {"requests": len(mine)}
+        for metric in METRICS:
+            values = [v for r in mine if (v := getattr(r, metric)) is not None]
+            row[metric] = summarize(values)
+        row["chunks_per_request"] = sum(r.chunks for r in mine) / max(1, len(mine))
+        row["chunks_join_to_final"] = all(r.joined for r in mine)
+        row["wer"] = wer((r.reference, r.text) for r in mine)
+        out[name] = row
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| target | requests | chunks/req | first chunk from audio start P50 / P90 ms "
+        "| first chunk from end of speech P50 / P90 ms | transcript from end of speech "
+        "P50 / P90 ms | transcript from audio-stop P50 ms | WER |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pair(row: dict[str, Any], metric: str) -> str:
+        s = row[metric]
+        return "-" if s["p50"] is None else f"{s['p50']:.0f} / {s['p90']:.0f}"
+
+    for name, row in result.items():
+        stop = row["final_after_stop_s"]["p50"]
+        lines.append(
+            f"| {name} | {row['requests']} | {row['chunks_per_request']:.1f} "
+            f"| {pair(row, 'first_chunk_s')} | {pair(row, 'first_chunk_after_speech_s')} "
+            f"| {pair(row, 'final_after_speech_s')} | {stop:.0f} | {row['wer']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_wyoming(args: argparse.Namespace) -> int:
+    from voxserve.bench.program import fixture_clips
+
+    clips = fixture_clips(args.audio_dir)
+    names = [name for name, _, _ in args.target]
+    requests: list[Request] = []
+
+    async def run() -> None:
+        for r in range(args.rounds):
+            order = args.target if r % 2 == 0 else args.target[::-1]
+            for clip, (pcm, text) in enumerate(clips):
+                for name, host, port in order:
+                    requests.append(await one_request(name, host, port, clip, pcm, text, args))
+
+    asyncio.run(run())
+    result = summary(requests, names)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(result, indent=2))
+    with (args.out / "requests.jsonl").open("w") as f:
+        for request in requests:
+            f.write(json.dumps(asdict(request)) + "\n")
+    table = markdown(result)
+    (args.out / "summary.md").write_text(table)
+    eprint(f"bench: wrote {args.out / 'summary.json'}")
+    print(table)
+    return 0

