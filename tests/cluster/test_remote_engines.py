@@ -52,7 +52,7 @@ def test_remote_engines_serve_what_the_core_serves(two_nodes: TwoNodes) -> None:
         asr.transcribe(to_float32(fixture_audio("command.wav")), language="de")
 
     espeak = RemoteTts(engine="espeak", **options(config))
-    assert [v.id for v in espeak.voices()] == ["espeak-en", "espeak-cmn"]
+    assert [v.id for v in espeak.voices()] == ["espeak-en"]
     assert espeak.sample_rate == 22_050
     audio = np.concatenate(list(espeak.synthesize("Hello there. How are you?", voice="espeak-en")))
     assert audio.dtype == np.int16 and audio.size > 22_050 // 2  # over half a second
@@ -69,9 +69,9 @@ def test_requests_stick_to_the_replica_holding_their_voice_or_language(
     config = two_nodes.config()
     tts, asr = handle(config, "tts"), handle(config, "asr")
     list(RemoteTts(engine="load", **options(config)).synthesize("warm up", voice="load"))
-    list(RemoteTts(engine="espeak", **options(config)).synthesize("warm up", voice="espeak-cmn"))
+    list(RemoteTts(engine="espeak", **options(config)).synthesize("warm up", voice="espeak-en"))
     RemoteAsr(**options(config)).transcribe(to_float32(fixture_audio("command.wav")))
-    for tier, model_id in ((tts, "load"), (tts, "espeak-cmn"), (asr, "en")):
+    for tier, model_id in ((tts, "load"), (tts, "espeak-en"), (asr, "en")):
         # Loaded model ids reach the routers asynchronously (replica -> controller ->
         # handle); then every request for the id goes to a replica that holds it.
         wait_until(lambda t=tier, m=model_id: m in where(t, m)["loaded"])

@@ -19,7 +19,7 @@ def test_is_a_tts_engine(espeak: EspeakTts) -> None:
     assert isinstance(espeak, TtsEngine)
     assert espeak.sample_rate == 22050
     ids = {v.id for v in espeak.voices()}
-    assert {"espeak-en", "espeak-cmn"} <= ids
+    assert ids == {"espeak-en"}  # no espeak-cmn: not intelligible (docs/engines.md)
     assert all(v.engine == "espeak" and v.sample_rate == 22050 for v in espeak.voices())
 
 
@@ -32,9 +32,10 @@ def test_audible_chunks_per_sentence(espeak: EspeakTts) -> None:
     assert np.sqrt(np.mean(audio.astype(np.float64) ** 2)) > 500
 
 
-def test_mandarin_voice(espeak: EspeakTts) -> None:
-    chunks = list(espeak.synthesize("你好。今天天气很好！", voice="espeak-cmn"))
-    assert len(chunks) == 2 and all(c.size > 0 for c in chunks)
+def test_no_mandarin_voice(espeak: EspeakTts) -> None:
+    """Whisper base heard eSpeak's cmn as Thai or English; zh-baker is the Mandarin voice."""
+    with pytest.raises(ValueError, match=r"valid: espeak-en$"):
+        espeak.synthesize("你好。", voice="espeak-cmn")
 
 
 def test_round_trip_through_whisper(espeak: EspeakTts, asr: WhisperAsr) -> None:
@@ -59,7 +60,7 @@ def test_threads_are_serialised(espeak: EspeakTts) -> None:
     eSpeak carries a little state (pitch flutter phase) from call to call, so lengths vary by
     a few samples; crossed settings would change them by a third or more.
     """
-    jobs = [(TEXT, "espeak-en", 1.0), ("你好。", "espeak-cmn", 1.0), (TEXT, "espeak-en", 1.5)] * 3
+    jobs = [(TEXT, "espeak-en", 1.0), ("Hi.", "espeak-en", 0.7), (TEXT, "espeak-en", 1.5)] * 3
 
     def run(job: tuple[str, str, float]) -> int:
         text, voice, speed = job

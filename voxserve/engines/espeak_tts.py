@@ -52,9 +52,11 @@ class _VoiceSpec:
     espeak_name: str
 
 
+# No Mandarin voice: eSpeak's `cmn` is not intelligible (multilingual Whisper base hears Thai
+# or English, CER 0.7-0.9 at every rate and pitch tried; docs/engines.md). zh-baker
+# (engines/baker_tts.py) is the Mandarin voice.
 _VOICES = {
     "espeak-en": ("en-us", "en", "eSpeak NG US English (formant synthesis, robotic)"),
-    "espeak-cmn": ("cmn", "zh", "eSpeak NG Mandarin Chinese (formant synthesis, robotic)"),
 }
 
 
