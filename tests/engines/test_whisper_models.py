@@ -98,3 +98,16 @@ def test_cuda_without_a_gpu_is_a_config_error() -> None:
         WhisperAsr(device="cuda")
     auto = WhisperAsr(device="auto")  # auto falls back to the CPU
     assert (auto.device, auto.compute_type) == ("cpu", "int8")
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_clear_config_error(tmp_path: Path) -> None:
+    """A read-only or full disk (here: a file where the directory should be) was a bare
+    OSError: `transcribe` said "Not a directory" with exit 1, `serve` stayed up unready."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(EngineConfigError) as bad:
+        WhisperAsr(model="base", cache_dir=str(blocker / "models"))
+    message = str(bad.value)
+    assert message.startswith("asr engine 'whisper': model 'base' cannot be joined into")
+    assert "writable directory with 148 MB free" in message and "cache_dir" in message
+    assert not list(tmp_path.glob("**/.model.bin.*"))

@@ -100,6 +100,19 @@ def _package_data(package: str) -> Path:
 def _joined_base(cache_dir: str | Path | None) -> Path:
     sources = [_package_data(p) for p in BASE_PACKAGES]
     target = models_dir(cache_dir) / f"whisper-base-{BASE_JOINED_SHA256[:16]}"
+    try:
+        return _join_into(sources, target)
+    except OSError as exc:  # read-only or full disk, a file where a directory should be
+        reason = exc.strerror or str(exc)
+        need_mb = sum(size for _, size, _ in BASE_PARTS) // 1_000_000 + 3
+        raise ModelNotAvailable(
+            f"model 'base' cannot be joined into {target.parent}: {reason}; it needs a "
+            f"writable directory with {need_mb} MB free (set XDG_CACHE_HOME or the "
+            "'cache_dir' option)"
+        ) from None
+
+
+def _join_into(sources: list[Path], target: Path) -> Path:
     model_bin = target / "model.bin"
     expected = sum(size for _, size, _ in BASE_PARTS)
     if model_bin.is_file() and model_bin.stat().st_size == expected and _sides_present(target):
