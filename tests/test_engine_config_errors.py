@@ -130,3 +130,14 @@ def test_serve_stops_on_a_bad_whisper_value(options: dict[str, Any], needle: str
     errors = [line for line in proc.stderr.splitlines() if line.startswith("voxserve: error:")]
     assert len(errors) == 1 and "asr engine 'whisper'" in errors[0], proc.stderr
     assert needle in errors[0], errors[0]
+
+
+def test_engines_shows_the_selected_options_without_loading_and_masks_keys() -> None:
+    """`voxserve engines` named the selected engine but not its model or remote."""
+    asr = {"name": "openai", "options": {"base_url": "http://gpu:9000/v1", "api_key": "s3cret"}}
+    tts = [{"name": "espeak", "options": {"device": "cpu"}}]
+    env = {"VOXSERVE_ENGINES__ASR": json.dumps(asr), "VOXSERVE_ENGINES__TTS": json.dumps(tts)}
+    proc = run_cli("engines", env=clean_env(**env, VOXSERVE_ENGINES__DEFAULT_VOICE="espeak-en"))
+    assert proc.returncode == 0, proc.stderr
+    assert "options: base_url='http://gpu:9000/v1', api_key='***'" in proc.stdout
+    assert "options: device='cpu'" in proc.stdout and "s3cret" not in proc.stdout
