@@ -15,7 +15,7 @@ from tests.test_cli import assert_one_error_line, clean_env, run_cli
 from voxserve.cluster.core_engines import build_engine as core_build_engine
 from voxserve.config import EngineSpec
 from voxserve.engines.loaded import build_engine
-from voxserve.engines.registry import EngineConfigError, check_options
+from voxserve.engines.registry import EngineConfigError, check_options, instantiate
 
 PORTS = ("--port", "0", "--grpc-port", "0", "--wyoming-port", "0")
 
@@ -95,3 +95,48 @@ def test_cluster_up_checks_the_core_engines_before_deploying() -> None:
     proc = run_cli("cluster", "up", env=env)
     assert proc.returncode == 2
     assert_one_error_line(proc, "asr engine 'whisper'", "unknown option 'modle'", "valid options:")
+
+
+def test_a_value_of_the_wrong_type_is_named_before_construction() -> None:
+    """`"model": 5` was a TypeError inside WhisperAsr: `serve` stayed up, never ready."""
+    with pytest.raises(EngineConfigError) as bad:
+        check_options("asr", "x", Takes, {"model": 5, "needed": "y"})
+    assert str(bad.value).startswith("asr engine 'x': option 'model' = 5: input should be a valid")
+    with pytest.raises(EngineConfigError, match=r"option 'threads' = 'x'.*\(int\)"):
+        check_options("asr", "x", Takes, {"threads": "x", "needed": "y"})
+
+
+class Refuses:
+    def __init__(self, *, threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+
+
+def test_a_value_the_constructor_refuses_is_a_config_error() -> None:
+    """A ValueError/TypeError from the constructor (`threads=0`) ends `serve` with one line
+    like any EngineConfigError, rather than a traceback and a server that never gets ready."""
+    with pytest.raises(EngineConfigError, match=r"asr engine 'x': bad option value: threads must"):
+        instantiate("asr", "x", Refuses, {"threads": 0})
+
+
+def test_serve_stops_on_a_value_whisper_refuses() -> None:
+    """A type error takes the unknown option's path (check_options, before the port opens),
+    tested end to end above; a refused value is found while loading, after it opens."""
+    asr = {"name": "whisper", "options": {"threads": 0}}
+    proc = serve({"VOXSERVE_ENGINES__ASR": json.dumps(asr)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("voxserve: error:")]
+    assert len(errors) == 1 and "asr engine 'whisper'" in errors[0], proc.stderr
+    assert "bad option value: threads, num_workers and beam_size must be >= 1" in errors[0]
+
+
+def test_engines_shows_the_selected_options_without_loading_and_masks_keys() -> None:
+    """`voxserve engines` named the selected engine but not its model or remote."""
+    asr = {"name": "openai", "options": {"base_url": "http://gpu:9000/v1", "api_key": "s3cret"}}
+    tts = [{"name": "espeak", "options": {"device": "cpu"}}]
+    env = {"VOXSERVE_ENGINES__ASR": json.dumps(asr), "VOXSERVE_ENGINES__TTS": json.dumps(tts)}
+    proc = run_cli("engines", env=clean_env(**env, VOXSERVE_ENGINES__DEFAULT_VOICE="espeak-en"))
+    assert proc.returncode == 0, proc.stderr
+    assert "options: base_url='http://gpu:9000/v1', api_key='***'" in proc.stdout
+    assert "options: device='cpu'" in proc.stdout and "s3cret" not in proc.stdout

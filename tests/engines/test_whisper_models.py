@@ -4,9 +4,12 @@ once into the cache dir, and the one-line config errors for what cannot work."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,7 +77,7 @@ def test_a_local_directory(tmp_path: Path) -> None:
         ({"compute_type": "int3"}, ("compute_type 'int3'", "int8")),
     ],
 )
-def test_bad_options_are_config_errors(options: dict[str, str], needles: tuple[str, ...]) -> None:
+def test_bad_options_are_config_errors(options: dict[str, Any], needles: tuple[str, ...]) -> None:
     with pytest.raises(EngineConfigError) as caught:
         WhisperAsr(**options)
     message = str(caught.value)
@@ -98,3 +101,27 @@ def test_cuda_without_a_gpu_is_a_config_error() -> None:
         WhisperAsr(device="cuda")
     auto = WhisperAsr(device="auto")  # auto falls back to the CPU
     assert (auto.device, auto.compute_type) == ("cpu", "int8")
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_clear_config_error(tmp_path: Path) -> None:
+    """A read-only or full disk (here: a file where the directory should be) was a bare
+    OSError: `transcribe` said "Not a directory" with exit 1, `serve` stayed up unready."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(EngineConfigError) as bad:
+        WhisperAsr(model="base", cache_dir=str(blocker / "models"))
+    message = str(bad.value)
+    assert message.startswith("asr engine 'whisper': model 'base' cannot be joined into")
+    assert "writable directory with 148 MB free" in message and "cache_dir" in message
+    assert not list(tmp_path.glob("**/.model.bin.*"))
+
+
+def test_the_joined_files_have_a_plain_files_mode(tmp_path: Path) -> None:
+    """mkstemp's 0600 made a cache joined by one user unreadable by another (the service)."""
+    old = os.umask(0o022)
+    try:
+        resolved = resolve_model("base", tmp_path)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in resolved.path.iterdir()}
+    assert set(modes.values()) == {0o644}, modes

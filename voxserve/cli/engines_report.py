@@ -42,6 +42,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
                 continue
             row = _describe_entry_point(kind, name, ep)
             row["selected"] = (kind, name) in selected
+            if row["selected"] and options.get((kind, name)):
+                row["options"] = _shown_options(options[(kind, name)])
             if args.load and row["imports"]:
                 row["loaded"] = _load_one(kind, name, options.get((kind, name), {}), settings)
             ok = row["imports"] and "error" not in row.get("loaded", {})
@@ -78,6 +80,18 @@ def _engine_options(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]
     for spec in cfg.tts:
         found[("tts", spec.name)] = dict(spec.options)
     return found
+
+
+_SECRET_WORDS = ("key", "secret", "token", "password")
+
+
+def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The configured options of a selected engine (which `model`, `device`, remote), so
+    the listing says what `serve` would load without loading it; secrets masked."""
+    return {
+        key: "***" if any(word in key.lower() for word in _SECRET_WORDS) else value
+        for key, value in options.items()
+    }
 
 
 def _describe_entry_point(kind: str, name: str, ep: Any) -> dict[str, Any]:
@@ -158,6 +172,9 @@ def _engines_text(report: Report, notes: list[str]) -> str:
                 f"  {row['name']:<8} {row['package']} {row['version']} ({row['license']})"
                 f"  {row['entry_point']}{mark}"
             )
+            if "options" in row:
+                shown = ", ".join(f"{k}={v!r}" for k, v in row["options"].items())
+                lines.append(f"           options: {shown}")
             if row["uses"]:
                 uses = ", ".join(
                     f"{d['package']} {d['version']} ({d['license']})" for d in row["uses"]

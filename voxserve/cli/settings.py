@@ -58,8 +58,9 @@ def check_engines_import(settings: Settings, extra: Sequence[tuple[str, EngineSp
     """Import the configured engines' classes and check their option names now, so a
     missing optional package, an unknown engine name (EngineNotFound) or a misspelt option
     (EngineConfigError) is one clear line (exit 2 for the last two) before the port opens,
-    not a failure deep inside model loading. Option values are the constructors' to judge:
-    they raise EngineConfigError while loading, which ends `serve` the same way. `extra`:
+    not a failure deep inside model loading. Option types are checked against the
+    constructor's annotations too; other values are the constructors' to judge: they raise
+    EngineConfigError (or ValueError) while loading, which ends `serve` the same way. `extra`:
     more engines to check (the Ray core tier's ASR engine per language)."""
     from voxserve.engines.registry import check_options, engine_class
 

@@ -16,7 +16,7 @@ from typing import Any
 from voxserve.config import EngineSpec, Settings
 from voxserve.engines.base import AsrEngine, Responder, TtsEngine, VadEngine, close_engine
 from voxserve.engines.micro_wakeword import WakeEngine, load_wake
-from voxserve.engines.registry import ENGINE_KINDS, check_options, engine_class
+from voxserve.engines.registry import ENGINE_KINDS, engine_class, instantiate
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.types import Voice
 
@@ -109,8 +109,7 @@ def build_engine(
         options["threads"] = default_threads
     if parallel is not None and "num_workers" not in options and _takes(cls, "num_workers"):
         options["num_workers"] = parallel
-    check_options(kind, spec.name, cls, options)
-    engine = cls(**options)
+    engine = instantiate(kind, spec.name, cls, options)
     return engine, time.perf_counter() - started
 
 

@@ -22,6 +22,7 @@ from voxserve.engines.base import Int16Array
 from voxserve.engines.openai_remote import Remote
 from voxserve.engines.registry import EngineConfigError
 from voxserve.engines.remote_audio import StreamedBody
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.types import EngineInfo, Voice
 
 PCM_RATE = 24_000
@@ -110,6 +111,13 @@ class OpenAITts:
             if response.status_code >= 400:
                 response.read()
                 raise remote.refused(response)
+            if not _may_be_audio(response):  # an HTML error page or JSON under a 200
+                raise VoxError(
+                    ErrorCode.ENGINE_ERROR,
+                    f"remote tts server at {remote.base_url} answered "
+                    f"{response.headers.get('content-type')!r}, not pcm audio",
+                    stage="tts",
+                )
 
         body_stream = StreamedBody(
             lambda: remote.client.stream("POST", remote.url("audio/speech"), json=body),
@@ -131,6 +139,13 @@ class OpenAITts:
 
     def close(self) -> None:
         self.remote.close()
+
+
+def _may_be_audio(response: httpx.Response) -> bool:
+    """False for a body that is text (HTML, JSON, XML): played as PCM it was noise under a
+    200, and its few bytes made the stage's chunks late, so admission shed all new work."""
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return not (kind.startswith("text/") or kind.endswith(("json", "xml")))
 
 
 def _bytes_for(seconds: float) -> int:

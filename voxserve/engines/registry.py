@@ -7,9 +7,12 @@ the class is constructed with the options from the ``engines`` section of the co
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 ENGINE_KINDS = ("vad", "asr", "tts", "responder")
 
@@ -95,12 +98,53 @@ def check_options(kind: str, name: str, cls: Any, options: Mapping[str, Any]) ->
         raise EngineConfigError(
             kind, name, f"missing option {', '.join(repr(k) for k in missing)} (required)"
         )
+    _check_types(kind, name, cls, options)
+
+
+def _check_types(kind: str, name: str, cls: Any, options: Mapping[str, Any]) -> None:
+    """An option whose value cannot be of its annotated type (`"model": 5`,
+    `"beam_size": "x"`) is an EngineConfigError now: inside the constructor it was a
+    TypeError that left `serve` up and never ready. Lax (pydantic's JSON-ish rules), so a
+    TOML list for a Sequence passes; a class whose hints cannot be read is not checked."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # names only the class's own module can resolve
+        return
+    for key, value in options.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        try:
+            TypeAdapter(hint).validate_python(value)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"].lower()
+            raise EngineConfigError(
+                kind, name, f"option {key!r} = {value!r}: {reason} ({_type_name(hint)})"
+            ) from None
+        except Exception:  # a type pydantic cannot check: the class judges
+            continue
+
+
+def _type_name(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) if isinstance(hint, type) else None
+    return text or str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
 def construct(kind: str, name: str, options: Mapping[str, Any]) -> Any:
     """The engine `name` of `kind` built with `options`, once they are checked
     (`check_options`): what every place that builds an engine calls (engines/loaded.py,
     the Ray core tier), so a bad option reads the same everywhere."""
-    cls = engine_class(kind, name)
+    return instantiate(kind, name, engine_class(kind, name), options)
+
+
+def instantiate(kind: str, name: str, cls: Any, options: Mapping[str, Any]) -> Any:
+    """`cls(**options)` once checked. A TypeError or ValueError from the constructor is a
+    value it refused (`threads=0`, a window bucket out of range): an EngineConfigError, so
+    `serve` stops with one line (exit 2) instead of staying up unready with a traceback."""
     check_options(kind, name, cls, options)
-    return cls(**options)
+    try:
+        return cls(**options)
+    except EngineConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise EngineConfigError(kind, name, f"bad option value: {exc}") from exc

@@ -100,6 +100,19 @@ def _package_data(package: str) -> Path:
 def _joined_base(cache_dir: str | Path | None) -> Path:
     sources = [_package_data(p) for p in BASE_PACKAGES]
     target = models_dir(cache_dir) / f"whisper-base-{BASE_JOINED_SHA256[:16]}"
+    try:
+        return _join_into(sources, target)
+    except OSError as exc:  # read-only or full disk, a file where a directory should be
+        reason = exc.strerror or str(exc)
+        need_mb = sum(size for _, size, _ in BASE_PARTS) // 1_000_000 + 3
+        raise ModelNotAvailable(
+            f"model 'base' cannot be joined into {target.parent}: {reason}; it needs a "
+            f"writable directory with {need_mb} MB free (set XDG_CACHE_HOME or the "
+            "'cache_dir' option)"
+        ) from None
+
+
+def _join_into(sources: list[Path], target: Path) -> Path:
     model_bin = target / "model.bin"
     expected = sum(size for _, size, _ in BASE_PARTS)
     if model_bin.is_file() and model_bin.stat().st_size == expected and _sides_present(target):
@@ -117,6 +130,7 @@ def _joined_base(cache_dir: str | Path | None) -> Path:
             os.fsync(out.fileno())
         if whole.hexdigest() != BASE_JOINED_SHA256:
             raise ModelNotAvailable("model 'base': the joined model.bin has the wrong SHA-256")
+        _readable(tmp)
         os.replace(tmp, model_bin)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -145,6 +159,14 @@ def _sides_present(target: Path) -> bool:
     return all((target / name).is_file() for name in BASE_SIDE_FILES)
 
 
+def _readable(path: str) -> None:
+    """The mode a plain file would get (0644 under umask 022): mkstemp makes it 0600, so a
+    cache joined by `sudo voxserve engines --load` could not be read by the service user."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _copy_atomic(source: Path, dest: Path) -> None:
     if dest.is_file() and dest.stat().st_size == source.stat().st_size:
         return
@@ -152,6 +174,7 @@ def _copy_atomic(source: Path, dest: Path) -> None:
     os.close(fd)
     try:
         shutil.copyfile(source, tmp)
+        _readable(tmp)
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
