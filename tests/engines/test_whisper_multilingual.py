@@ -144,19 +144,6 @@ def load_fixture_pcm(name: str) -> np.ndarray:
     return np.round(load_fixture(name) * 32768.0).clip(-32768, 32767).astype(np.int16)
 
 
-def test_engines_shows_the_model(cache_home: Path, base: WhisperAsr) -> None:
-    env = clean_env(
-        VOXSERVE_ENGINES__ASR=BASE_ASR,
-        VOXSERVE_ENGINES__TTS='[{"name": "espeak"}]',
-        VOXSERVE_ENGINES__DEFAULT_VOICE="espeak-en",
-        XDG_CACHE_HOME=str(cache_home),
-    )
-    proc = run_cli("engines", "--load", "--json", env=env)
-    assert proc.returncode == 0, proc.stderr
-    [whisper] = [r for r in json.loads(proc.stdout)["engines"]["asr"] if r["name"] == "whisper"]
-    assert whisper["loaded"]["model"] == "base"
-
-
 def test_serve_with_an_unknown_model_exits_2_with_one_line() -> None:
     bad = json.dumps({"name": "whisper", "options": {"model": "large-v9"}})
     args = ("serve", "--port", str(free_port()), "--grpc-port", "0", "--wyoming-port", "0")
