@@ -23,7 +23,8 @@ call to end (EDF ranks it among the bulk waiters). Bulk work is cut into calls o
 length (an upload's windows, pipeline/windows.py; a synthesis's chunks) that each queue
 again, so bulk's slots come back to the queue at least that often, in deadline order. The
 load signals flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count
-live calls only: bulk waiting its turn is by design, not pressure. Bulk calls are observed as `<stage>_bulk`.
+live calls only: bulk waiting its turn is by design, not pressure. Bulk calls are observed
+as `<stage>_bulk`.
 
 Inline calls: handing a call to a worker thread and back costs the loop two wake-ups and
 the worker one (36-46 µs to wake a thread on the project's VMs), more than a cheap engine's
