@@ -16,7 +16,10 @@ spread over the slots the stage will give its class (`EngineStage.slots_for`: ev
 the work-conserving TTS stage, live and one-shot work alike, so both count ahead):
 - the rest of every call running now;
 - every admitted first clause not started yet (first chunks are due FIRST_CHUNK_DUE_S after
-  arrival, so earlier arrivals go first);
+  arrival, so earlier arrivals go first), and not its tail: that is due when the first
+  clause's audio has played (1.6 s or more for piper's sentences), after every first clause
+  of its burst, so EDF serves it later. Counting it would double a burst's predicted wait
+  and refuse the last third of 16 two-sentence requests that the stage serves in time;
 - of every request already speaking, the clauses its playback needs before the new
   request's deadline (a clause due when its predecessors' audio ends); a reply buffered
   far ahead of its playback needs none, so a new first clause overtakes its tail.
