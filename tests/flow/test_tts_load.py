@@ -34,8 +34,16 @@ BUDGET_S = 3.0  # the least budget; the fixture raises it to fit this machine's 
 MAX_BUDGET_S = 12.0  # and at most this (the fixture says why)
 REFUSAL_S = 0.05  # refusals are answered before any synthesis
 # The prediction is made once, at admission, server side: the client's own time and a
-# shared machine slowing down afterwards come on top.
+# machine slowing down afterwards come on top, up to about one request's engine time (the
+# calls ahead run slower than measured): `slack`.
 SLACK_S = 1.0
+REQUEST_S: list[float] = []  # one request's engine time on one slot, measured at start
+
+
+def slack() -> float:
+    """SLACK_S, or one request's engine time on a machine slower than that (a quiet 2-core
+    box takes ~0.7 s: SLACK_S; the shared one this was written on up to 3.3 s)."""
+    return max(SLACK_S, *REQUEST_S)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +73,7 @@ def server() -> Iterator[LiveServer]:
     # too slow for this test (a loaded one measured 0.6 requests a second: 12 s).
     rps, _ = asyncio.run(http_capacity(live.http_url, 2, 2.0))
     budget = min(max(BUDGET_S, 24 / rps), MAX_BUDGET_S)
+    REQUEST_S[:] = [2 / rps]  # two slots
     live.runtime.tts_health.schedule.one_shot_budget_s = budget
     yield live
     stop_server(live)
@@ -81,7 +90,7 @@ async def test_a_wyoming_burst_that_fits_is_served_within_budget(
     results, wall = await wyoming_burst("127.0.0.1", server.settings.wyoming_port, n, 1)
     row = summary(results, wall)
     assert row["refused"] == 0, (row, server.runtime.tts_health.refusals)
-    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
+    assert row["first_audio_p99_s"] <= budget(server) + slack(), row
 
 
 @pytest.mark.parametrize("n", [8, 16])
@@ -89,7 +98,7 @@ async def test_an_http_burst_that_fits_is_served_within_budget(server: LiveServe
     results = await http_burst(server.http_url, n)
     row = summary(results, max(r.total_s for r in results))
     assert row["refused"] == 0, (row, server.runtime.tts_health.refusals)
-    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
+    assert row["first_audio_p99_s"] <= budget(server) + slack(), row
 
 
 async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_at_once(
@@ -111,7 +120,7 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     assert all(r.retry_after and int(r.retry_after) >= 1 for r in refused), row
     quick = sorted(r.total_s for r in refused)
     assert quick[len(quick) // 2] < REFUSAL_S, (quick, row)  # refused before any synthesis
-    assert row["first_audio_p99_s"] <= overload_budget + SLACK_S, row
+    assert row["first_audio_p99_s"] <= overload_budget + slack(), row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
     # The rule and its inputs are metrics.
