@@ -87,9 +87,9 @@ class TtsHealth:
 
     def observe_first_audio(self, seconds: float, *, one_shot: bool = False) -> None:
         """A miss's time to its first chunk (queueing for the stage included), judged by
-        its class's budget (`one_shot`: a one-shot request's, as the live schedule read)."""
+        its class's configured budget (`one_shot`: a one-shot request's)."""
         now = self.clock()
-        budget = self.schedule.one_shot_budget_s if one_shot else self.schedule.budget_s
+        budget = self._one_shot_budget_s if one_shot else self._budget_s
         if seconds > budget:
             if self._streak_start is None:
                 self._streak_start = now
