@@ -1,6 +1,7 @@
-"""One-shot synthesis (HTTP speech) is bulk work on the TTS stage: however many long texts
-stream at once, they hold at most `pipeline.tts.bulk_slots` slots (default: one of two), so
-a live session's reply always finds one (pipeline/stage.py, pipeline/synthesis.py)."""
+"""One-shot synthesis (HTTP speech) is bulk work on the TTS stage, which is work-conserving:
+while no live reply waits, long texts streaming at once use every slot (both of two), and
+the rest queue as bulk; `pipeline.tts.bulk_slots` (default one of two) is what they keep
+while live work waits (pipeline/stage.py, tests/test_stage_bulk.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from tests.conftest import LiveServer
 from tests.fakes import FakeTts
 
 
-async def test_long_http_texts_hold_only_bulks_share_of_tts(fake_server: LiveServer) -> None:
+async def test_long_http_texts_use_every_idle_tts_slot(fake_server: LiveServer) -> None:
     tts = fake_server.runtime.engines.tts[0]
     assert isinstance(tts, FakeTts)
     stage = fake_server.runtime.stages.stage("tts")
-    assert (stage.concurrency, stage.bulk_slots) == (2, 1)
+    assert (stage.concurrency, stage.bulk_slots, stage.work_conserving) == (2, 1, True)
     seen: list[tuple[int, int]] = []  # (bulk slots held, bulk callers waiting)
 
     async def speech(http: httpx.AsyncClient) -> httpx.Response:
@@ -35,5 +36,5 @@ async def test_long_http_texts_hold_only_bulks_share_of_tts(fake_server: LiveSer
             assert all(reply.status_code == 200 for reply in replies.result())
     finally:
         tts.chunk_delay_s = 0.0
-    assert max(held for held, _ in seen) == 1  # never both slots
+    assert max(held for held, _ in seen) == 2  # both slots: no live reply waited
     assert any(waiting for _, waiting in seen)  # the others queued as bulk meanwhile

@@ -72,9 +72,18 @@ async def _settle() -> None:
 
 
 class Harness:
-    def __init__(self, concurrency: int, bulk_slots: int | None) -> None:
+    def __init__(
+        self, concurrency: int, bulk_slots: int | None, work_conserving: bool = False
+    ) -> None:
         self.executor = SteppedExecutor()
-        self.stage = EngineStage("asr", concurrency, 30.0, self.executor, bulk_slots=bulk_slots)
+        self.stage = EngineStage(
+            "asr",
+            concurrency,
+            30.0,
+            self.executor,
+            bulk_slots=bulk_slots,
+            work_conserving=work_conserving,
+        )
         self.calls: list[Call] = []
         self.step = 0
 
@@ -111,13 +120,17 @@ class Harness:
         running = self.running()
         bulk_running = sum(c.bulk for c in running)
         assert len(running) == stage.running <= stage.concurrency
-        assert bulk_running <= stage.bulk_slots
         waiting = self.waiting()
+        live_waits = any(not c.bulk for c in waiting)
+        if not stage.work_conserving:
+            assert bulk_running <= stage.bulk_slots
         free = stage.concurrency - len(running)
-        if any(not c.bulk for c in waiting):
+        if live_waits:
             assert free == 0, "a live call waits beside a free slot"
         if any(c.bulk for c in waiting):
-            assert free == 0 or bulk_running == stage.bulk_slots, "bulk waits for nothing"
+            # Work-conserving: bulk borrows any free slot (none is free while live waits).
+            full = stage.work_conserving or bulk_running == stage.bulk_slots
+            assert free == 0 or full, "bulk waits for nothing"
         for started in (c for c in running if c.started == self.step):
             for other in waiting:
                 if other.bulk == started.bulk:
@@ -173,6 +186,37 @@ async def test_overdue_bulk_goes_first_but_never_past_its_share() -> None:
     await h.finish(live[0])  # a live slot frees: bulk is at its share, so the live call
     assert live[1].started == h.step and windows[3].started < 0
     await h.drain()
+
+
+async def test_a_work_conserving_stage_lends_bulk_every_slot_until_live_work_waits() -> None:
+    """TTS (one-shot syntheses are bulk): with no live reply queued, bulk takes both
+    slots; a live reply arriving then waits for one bulk call only: while live work waits,
+    bulk is back to its share (EDF within it), and when none waits bulk borrows again."""
+    h = Harness(concurrency=2, bulk_slots=None, work_conserving=True)
+    assert h.stage.slots_for(True) == 2 and h.stage.bulk_slots == 1
+    clauses = [h.arrive(True, 0.2 + 0.01 * k) for k in range(4)]
+    await h.settle()
+    assert [c.started > 0 for c in clauses] == [True, True, False, False]  # both slots
+    replies = [h.arrive(False, 0.5), h.arrive(False, 0.6)]
+    await h.settle()
+    assert all(r.started < 0 for r in replies)  # no free slot: it waits for one clause
+    await h.finish(clauses[0])  # bulk holds one slot, its share, and live work waits
+    assert replies[0].started == h.step and clauses[2].started < 0
+    await h.finish(clauses[1])  # bulk under its share: EDF, the clause is due first
+    assert clauses[2].started == h.step and replies[1].started < 0
+    await h.finish(clauses[2])  # likewise
+    assert clauses[3].started == h.step and replies[1].started < 0
+    await h.finish(clauses[3])  # no clause waits: the reply
+    assert replies[1].started == h.step
+    await h.finish(replies[0])
+    more = [h.arrive(True, 0.3), h.arrive(True, 0.3)]
+    await h.settle()
+    assert more[0].started == h.step and more[1].started < 0
+    await h.finish(replies[1])  # no live work waits: bulk borrows the slot again
+    assert more[1].started == h.step and h.stage.bulk_held == 2
+    await h.drain()
+    plain = EngineStage("asr", 2, 1.0, SteppedExecutor())
+    assert plain.slots_for(True) == 1 and plain.slots_for(False) == 2
 
 
 async def test_inline_calls_respect_the_share_too() -> None:
@@ -244,18 +288,19 @@ OPS = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(concurrency=st.integers(1, 4), share=st.integers(0, 4), ops=OPS)
+@given(concurrency=st.integers(1, 4), share=st.integers(0, 4), conserving=st.booleans(), ops=OPS)
 def test_generated_schedules_keep_the_rule(
-    concurrency: int, share: int, ops: list[tuple[str, float]]
+    concurrency: int, share: int, conserving: bool, ops: list[tuple[str, float]]
 ) -> None:
     """Any mix of arrivals, finishes and withdrawals: after every step bulk holds at most
-    its share, no live call waits beside a free slot, no bulk call waits for nothing, each
-    class is admitted earliest-deadline-first, and bulk never goes before live work due
-    sooner (Harness.check); at the end every slot is back."""
+    its share (unless the stage is work-conserving), no live call waits beside a free slot,
+    no bulk call waits for nothing, each class is admitted earliest-deadline-first, and
+    bulk never goes before live work due sooner (Harness.check); at the end every slot is
+    back."""
     bulk_slots = min(concurrency, share) or None
 
     async def play() -> None:
-        h = Harness(concurrency, bulk_slots)
+        h = Harness(concurrency, bulk_slots, conserving)
         for kind, value in ops:
             if kind in ("live", "bulk"):
                 h.arrive(kind == "bulk", value)

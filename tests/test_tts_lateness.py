@@ -86,15 +86,32 @@ def test_work_in_progress_counts_only_its_rest_and_finished_work_sets_the_rate()
     assert s.active == 1
 
 
-def test_bulk_requests_are_judged_on_bulk_work_only() -> None:
+def test_bulk_requests_count_live_work_only_where_it_shares_their_slots() -> None:
+    """On a stage that reserves slots for live work (`live_apart`), a one-shot request is
+    judged on bulk work only; on the work-conserving TTS stage it shares every slot with
+    live replies, so those arrived before it are ahead of it."""
     clock = Clock()
     s = schedule(clock)
     for _ in range(10):
         s.open("fake/fake", CLAUSE, bulk=False)
     bulk = s.open("fake/fake", CLAUSE, bulk=True)
-    assert s.predict(bulk, slots=1).wait_s == 0.0
+    assert s.predict(bulk, slots=1, live_apart=True).wait_s == 0.0
+    assert s.predict(bulk, slots=2).wait_s == pytest.approx(10 * 0.2 / 2)
     live = s.open("fake/fake", CLAUSE, bulk=False)
     assert s.predict(live, slots=2).wait_s == pytest.approx(11 * 0.2 / 2)
+
+
+def test_one_shot_requests_have_their_own_budget() -> None:
+    """A one-shot request is due its first audio `one_shot_budget_s` after it arrives, a
+    live reply `budget_s`: the same work ahead fits one and not the other."""
+    clock = Clock()
+    s = TtsSchedule(1.0, ServiceRates(0.01, 0.2), clock, one_shot_budget_s=4.0)
+    for _ in range(12):
+        s.open("fake/fake", CLAUSE, bulk=True)  # 12 first clauses of 0.2 s: 1.2 s on 2
+    live = s.open("fake/fake", CLAUSE, bulk=False)
+    one_shot = s.open("fake/fake", CLAUSE, bulk=True)
+    assert not s.predict(live, slots=2).fits
+    assert s.predict(one_shot, slots=2).fits and s.predict(one_shot, slots=2).budget_s == 4.0
 
 
 def test_health_refuses_late_with_a_retry_hint_and_counts_it_by_reason() -> None:

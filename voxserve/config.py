@@ -173,6 +173,12 @@ class DegradeConfig(BaseModel):
     # the measured service rate and the work ahead of it in EDF order, would come later
     # than first_audio_budget_ms after it arrived. False: no prediction (counts only).
     predict: bool = True
+    # The same deadline for a one-shot request (HTTP speech, gRPC Synthesize, Wyoming
+    # `synthesize`): nobody is in a conversation, so a burst may queue longer than a live
+    # reply would. 4000 ms holds a burst of 16 two-sentence requests on a 2-vCPU box
+    # (piper joe-medium, both TTS slots: ~190 ms a first clause, 16 of them ~3 s; measured,
+    # docs/benchmarks.md) and still refuses a sustained overload at once.
+    one_shot_first_audio_budget_ms: int = Field(default=4000, ge=1)
     # The service rate before any synthesis was measured: engine ms per character (piper
     # medium: ~1-3 ms on a 2-vCPU box). Then an EWMA per engine/voice, each finished
     # synthesis weighing `rate_smoothing`.

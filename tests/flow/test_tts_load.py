@@ -3,8 +3,12 @@ are queued and served in budget over Wyoming (the `wyoming` package's client) an
 sustained 4x overload keeps the engine busy on admitted work (goodput near capacity),
 refuses the rest at once with Retry-After, and the admitted stay within budget.
 
-The budget is this test's setting (generous: a shared 2-core CI box), so the assertions are
-properties (none refused, within the budget, refusals immediate), not exact times.
+The TTS stage is as configured by default (two slots, one reserved for live sessions while
+live work waits: none here, so one-shot requests use both: pipeline/stage.py). The one-shot
+budget is this test's, derived from the capacity measured at start (a CI box differs from a
+laptop), so the assertions are properties (none refused, within the budget, refusals
+immediate), not exact times. A count-based rule (a fixed number waiting) refuses a burst of
+16 whatever the budget, so these tests fail if admission regresses to counting.
 """
 
 from __future__ import annotations
@@ -24,47 +28,61 @@ from voxserve.bench.tts_burst import (
     summary,
     wyoming_burst,
 )
-from voxserve.config import StageConfig, load_settings
+from voxserve.config import load_settings
 
 BUDGET_S = 3.0  # the least budget; the fixture raises it to fit this machine's capacity
+MAX_BUDGET_S = 12.0  # and at most this (the fixture says why)
 REFUSAL_S = 0.05  # refusals are answered before any synthesis
 # The prediction is made once, at admission, server side: the client's own time and a
-# shared machine slowing down afterwards come on top.
+# machine slowing down afterwards come on top, up to about one request's engine time (the
+# calls ahead run slower than measured): `slack`.
 SLACK_S = 1.0
+REQUEST_S: list[float] = []  # one request's engine time on one slot, measured at start
+
+
+def slack() -> float:
+    """SLACK_S, or one request's engine time on a machine slower than that (a quiet 2-core
+    box takes ~0.7 s: SLACK_S; the shared one this was written on up to 3.3 s)."""
+    return max(SLACK_S, *REQUEST_S)
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
     base = load_settings(port=free_port(), log_level="warning")
     degrade = base.tts.degrade.model_copy(
-        update={"enabled": True, "first_audio_budget_ms": int(BUDGET_S * 1000)}
+        # The configured budget is what the slow-streak breaker judges misses by: the
+        # most this test allows (admission reads the schedule's, set below per test).
+        update={"enabled": True, "one_shot_first_audio_budget_ms": int(MAX_BUDGET_S * 1000)}
     )
-    # Only one-shot requests here: let them use both TTS slots.
-    tts_stage = StageConfig(concurrency=2, timeout_s=15.0, bulk_slots=2)
     settings = base.model_copy(
         update={
             "cache": base.cache.model_copy(update={"enabled": False}),
             "tts": base.tts.model_copy(update={"degrade": degrade}),
-            "pipeline": base.pipeline.model_copy(update={"tts": tts_stage}),
             # The TTS queue must not shed sessions (flow.shed_tts is off).
             "flow": base.flow.model_copy(update={"shed_after_s": 1.0}),
         }
     )
     live = start_server(settings, wyoming_port=free_port())
-    # The budget follows this machine's capacity (CI boxes differ, and are shared): two
-    # closed-loop seconds on the real engine, then room for a burst of 16 whole requests
-    # and then some (the first calls of a burst run slower than a lone one).
-    # At most half the stage timeout (15 s a chunk, its wait for a slot included): the
-    # tails of a burst admitted at the budget's edge still finish; a machine too slow for
-    # 16 requests in that is too slow for this test.
+    # The budget follows this machine's capacity (CI boxes differ): two closed-loop seconds
+    # on the real engine (`rps` two-sentence requests a second over both slots), then 24
+    # requests' service. A burst of 16 needs its 16 first clauses (about half a request
+    # each: 8 / rps for the last) and the predictor may count the tails due before the
+    # deadline too (16 / rps): 24 / rps is that and half again, as the first calls of a
+    # burst run slower than a lone one.
+    # At most MAX_BUDGET_S: a tail waits behind a burst's first clauses (EDF: first chunks
+    # first), at most the budget, then its own clause, within the stage timeout (15 s a
+    # chunk, its wait for a slot included); a machine too slow for 16 requests in that is
+    # too slow for this test (a loaded one measured 0.6 requests a second: 12 s).
     rps, _ = asyncio.run(http_capacity(live.http_url, 2, 2.0))
-    live.runtime.tts_health.schedule.budget_s = min(max(BUDGET_S, 24 / rps), 7.5)
+    budget = min(max(BUDGET_S, 24 / rps), MAX_BUDGET_S)
+    REQUEST_S[:] = [2 / rps]  # two slots
+    live.runtime.tts_health.schedule.one_shot_budget_s = budget
     yield live
     stop_server(live)
 
 
 def budget(server: LiveServer) -> float:
-    return server.runtime.tts_health.schedule.budget_s
+    return server.runtime.tts_health.schedule.one_shot_budget_s
 
 
 @pytest.mark.parametrize("n", [8, 16])
@@ -73,16 +91,16 @@ async def test_a_wyoming_burst_that_fits_is_served_within_budget(
 ) -> None:
     results, wall = await wyoming_burst("127.0.0.1", server.settings.wyoming_port, n, 1)
     row = summary(results, wall)
-    assert row["refused"] == 0, row
-    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
+    assert row["refused"] == 0, (row, server.runtime.tts_health.refusals)
+    assert row["first_audio_p99_s"] <= budget(server) + slack(), row
 
 
 @pytest.mark.parametrize("n", [8, 16])
 async def test_an_http_burst_that_fits_is_served_within_budget(server: LiveServer, n: int) -> None:
     results = await http_burst(server.http_url, n)
     row = summary(results, max(r.total_s for r in results))
-    assert row["refused"] == 0, row
-    assert row["first_audio_p99_s"] <= budget(server) + SLACK_S, row
+    assert row["refused"] == 0, (row, server.runtime.tts_health.refusals)
+    assert row["first_audio_p99_s"] <= budget(server) + slack(), row
 
 
 async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_at_once(
@@ -92,11 +110,11 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     # A budget of ~2 requests' service: admitted work (first clauses and their tails) stays
     # well inside the stage timeout; 4x for 4 s overflows it many times.
     schedule = server.runtime.tts_health.schedule
-    before, schedule.budget_s = schedule.budget_s, max(1.0, 2 / rps)
+    before, schedule.one_shot_budget_s = schedule.one_shot_budget_s, max(1.0, 2 / rps)
     try:
         results, wall = await http_open_loop(server.http_url, 4 * rps, 4.0, offset=3)
     finally:
-        schedule.budget_s, overload_budget = before, schedule.budget_s
+        schedule.one_shot_budget_s, overload_budget = before, schedule.one_shot_budget_s
     row = summary(results, wall)
     refused = [r for r in results if not r.ok]
     assert refused, row  # 4x capacity: more than the budget's worth of work
@@ -104,7 +122,7 @@ async def test_a_sustained_4x_overload_serves_at_capacity_and_refuses_the_rest_a
     assert all(r.retry_after and int(r.retry_after) >= 1 for r in refused), row
     quick = sorted(r.total_s for r in refused)
     assert quick[len(quick) // 2] < REFUSAL_S, (quick, row)  # refused before any synthesis
-    assert row["first_audio_p99_s"] <= overload_budget + SLACK_S, row
+    assert row["first_audio_p99_s"] <= overload_budget + slack(), row
     # Goodput: the engine spent the overload on admitted requests, as fast as at capacity.
     assert row["audio_s_per_wall_s"] >= 0.9 * audio_rate, (row, audio_rate)
     # The rule and its inputs are metrics.
@@ -132,12 +150,12 @@ async def test_a_refused_wyoming_request_gets_an_error_and_the_connection_stays_
     while not schedule.active:  # noqa: ASYNC110 (a counter of the server thread)
         await asyncio.sleep(0.005)
     async with AsyncTcpClient("127.0.0.1", server.settings.wyoming_port) as client:
-        before, schedule.budget_s = schedule.budget_s, 0.001
+        before, schedule.one_shot_budget_s = schedule.one_shot_budget_s, 0.001
         try:
             await client.write_event(Synthesize(text="Are you there? Say something.").event())
             event = await client.read_event()
         finally:
-            schedule.budget_s = before
+            schedule.one_shot_budget_s = before
         assert event is not None and Error.is_type(event.type), event
         assert Error.from_event(event).code == "tts_degraded"
         await busy

@@ -16,11 +16,15 @@ a one-shot synthesis, prewarm: `priority=PRIORITY_BULK`). Bulk calls hold at mos
 `bulk_slots` slots at once (`pipeline.<stage>.bulk_slots`, default one less than the
 limit), so however much bulk work is queued, the other slots stay free for live calls; a
 bulk waiter whose turn comes while bulk holds its share is passed over (it keeps its place)
-for the next live one. Bulk work is cut into calls of bounded length (an upload's windows,
-pipeline/windows.py; a synthesis's chunks) that each queue again, so bulk's slots come
-back to the queue at least that often, in deadline order. The load signals
-flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count live calls only:
-bulk waiting its turn is by design, not pressure. Bulk calls are observed as `<stage>_bulk`.
+for the next live one. A work-conserving stage (`work_conserving=True`: TTS, whose bulk calls
+are one clause each) lends bulk every slot while no live caller is queued: the reservation
+holds only when live work actually waits, and then a live caller waits at most for one bulk
+call to end (EDF ranks it among the bulk waiters). Bulk work is cut into calls of bounded
+length (an upload's windows, pipeline/windows.py; a synthesis's chunks) that each queue
+again, so bulk's slots come back to the queue at least that often, in deadline order. The
+load signals flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count
+live calls only: bulk waiting its turn is by design, not pressure. Bulk calls are observed
+as `<stage>_bulk`.
 
 Inline calls: handing a call to a worker thread and back costs the loop two wake-ups and
 the worker one (36-46 µs to wake a thread on the project's VMs), more than a cheap engine's
@@ -82,6 +86,7 @@ class EngineStage:
         edf: bool = True,
         inline_below_s: float = 0.0,
         bulk_slots: int | None = None,
+        work_conserving: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"stage {name}: concurrency must be >= 1")
@@ -91,6 +96,7 @@ class EngineStage:
         self.name = name
         self.concurrency = concurrency
         self.bulk_slots = bulk  # slots bulk calls may hold at once (module docstring)
+        self.work_conserving = work_conserving  # bulk borrows every slot no live caller wants
         self.timeout_s = timeout_s
         self._executor = executor
         self.edf = edf  # False: first come, first served (deadlines still count `late`)
@@ -134,6 +140,16 @@ class EngineStage:
         """Bulk callers wait while bulk holds less than its share: live work took the
         slots. Best-effort live work (partials) stands aside then (listener.py)."""
         return self.bulk_waiting > 0 and self.bulk_held < self.bulk_slots
+
+    def slots_for(self, bulk: bool) -> int:
+        """The slots a call of this class can count on while no live caller waits: what a
+        prediction of its start spreads the work ahead over (pipeline/tts_lateness.py)."""
+        return self.concurrency if self.work_conserving or not bulk else self.bulk_slots
+
+    def _bulk_limit(self, live_waits: bool) -> int:
+        """Slots bulk may hold now: its share, or every slot on a work-conserving stage
+        while no live caller waits (module docstring)."""
+        return self.concurrency if self.work_conserving and not live_waits else self.bulk_slots
 
     def bulk_done_s(self, deadline: float) -> float:
         """A rough time until a new bulk call due at `deadline` would be done: the bulk
@@ -227,7 +243,7 @@ class EngineStage:
         if self._free <= 0:
             return False
         if bulk:
-            if self._queued or self.bulk_held >= self.bulk_slots:
+            if self._queued or self.bulk_held >= self._bulk_limit(False):
                 return False
             self.bulk_held += 1
         elif self._queued - self.bulk_waiting:
@@ -260,9 +276,10 @@ class EngineStage:
 
     def _pass_slot(self) -> None:
         """A slot came free: give it to the earliest-deadline waiter (a bulk one only while
-        bulk holds less than its share), else keep it."""
+        bulk holds less than it may: `_bulk_limit`), else keep it."""
         live = _first_waiting(self._queue)
-        bulk = _first_waiting(self._bulk_queue) if self.bulk_held < self.bulk_slots else None
+        limit = self._bulk_limit(live is not None)
+        bulk = _first_waiting(self._bulk_queue) if self.bulk_held < limit else None
         if bulk is not None and (live is None or bulk[:3] < live[:3]):
             heapq.heappop(self._bulk_queue)[3].set_result(None)
             self.bulk_held += 1

@@ -44,6 +44,9 @@ class Stages(Mapping[str, EngineStage]):
                 edf=self._cfg.edf,
                 inline_below_s=self._cfg.inline_below_us / 1e6,
                 bulk_slots=cfg.bulk_slots,
+                # A TTS bulk call is one clause: lending it idle slots delays a live reply
+                # by one clause at most (pipeline/stage.py).
+                work_conserving=name == "tts",
             )
             found.on_latency = self._on_latency
             self._made[name] = found

@@ -206,7 +206,7 @@ async def synthesize(
         ticket = _admit_miss(ctx, request, bulk)
         source = "miss"
         chunks = _observed(
-            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket)
+            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
         )
     else:
         fingerprints = ctx.speech.fingerprints
@@ -316,7 +316,8 @@ def rate_key(request: SpeechRequest) -> str:
 
 def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticket:
     """A synthesis that needs the engine: its ticket, or TtsDegraded when its first audio
-    is predicted late (bulk spread over the stage's bulk slots, a live reply over all) or
+    is predicted late (over the slots the stage gives its class: every one on the
+    work-conserving TTS stage, pipeline/stage.py) or
     TTS is degraded (the backstop queue judged by live work only for a live reply, by the
     whole queue for bulk), or `overloaded` over the memory threshold."""
     stage = ctx.stages.stage("tts")
@@ -325,7 +326,8 @@ def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticke
     prediction = health.admit(
         ticket,
         stage.waiting if bulk else stage.live_waiting,
-        stage.bulk_slots if bulk else stage.concurrency,
+        stage.slots_for(bulk),
+        live_apart=not stage.work_conserving,
     )
     ctx.metrics.observe_tts_prediction(prediction.wait_s, prediction.first_audio_s)
     try:
@@ -343,7 +345,7 @@ def _producer(
 
     async def produce(flight: Flight) -> None:
         chunks = _observed(
-            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket)
+            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
         )
         async with contextlib.aclosing(chunks) as it:
             async for piece in it:
@@ -353,15 +355,15 @@ def _producer(
 
 
 async def _observed(
-    health: TtsHealth, chunks: AsyncGenerator[Int16Array, None]
+    health: TtsHealth, chunks: AsyncGenerator[Int16Array, None], one_shot: bool
 ) -> AsyncGenerator[Int16Array, None]:
-    """Pass chunks through, telling TTS health how long a live miss waited for its first."""
+    """Pass chunks through, telling TTS health how long a miss waited for its first."""
     started = time.perf_counter()
     first = True
     async with contextlib.aclosing(chunks):
         async for piece in chunks:
             if first:
-                health.observe_first_audio(time.perf_counter() - started)
+                health.observe_first_audio(time.perf_counter() - started, one_shot=one_shot)
                 first = False
             yield piece
 

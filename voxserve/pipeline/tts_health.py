@@ -2,10 +2,11 @@
 
 Each new synthesis is admitted by predicted lateness first (`admit`, tts_lateness.py):
 refused (`late`) only when its first audio, predicted from the measured service rate and
-the work ahead of it in EDF order, would miss `first_audio_budget_ms`. Then two signals,
+the work ahead of it in EDF order, would miss its budget (`first_audio_budget_ms` for a
+live reply, `one_shot_first_audio_budget_ms` for a one-shot request). Then two signals,
 kept from before as backstops:
 
-Two signals, both about live requests: the first-audio latency of misses (slow for
+The first-audio latency of misses, each against its class's budget (slow for
 `sustained_s` in a row, at least `min_slow` of them: degraded) and the TTS stage's queue
 (`max_waiting` callers already waiting: degraded at once, so its memory stays bounded).
 A miss under budget recovers at once. Degraded syntheses are refused, so no new latencies
@@ -52,6 +53,7 @@ class TtsHealth:
         self.config = config
         self.clock = clock
         self._budget_s = config.first_audio_budget_ms / 1000
+        self._one_shot_budget_s = config.one_shot_first_audio_budget_ms / 1000
         self._streak_start: float | None = None  # first slow miss of the current run
         self._streak = 0
         self._last_slow = 0.0
@@ -60,13 +62,16 @@ class TtsHealth:
         self.refused = 0  # syntheses refused while degraded
         self.refusals: dict[str, int] = {}  # by reason: late, queue, slow
         rates = ServiceRates(config.ms_per_char / 1000, config.rate_smoothing)
-        self.schedule = TtsSchedule(self._budget_s, rates, clock)
+        self.schedule = TtsSchedule(self._budget_s, rates, clock, self._one_shot_budget_s)
 
-    def admit(self, ticket: Ticket, waiting: int, slots: int) -> Prediction:
+    def admit(
+        self, ticket: Ticket, waiting: int, slots: int, *, live_apart: bool = False
+    ) -> Prediction:
         """Raise TtsDegraded when `ticket`'s synthesis should not start: predicted to miss
-        its first-audio deadline, or a backstop (`check`). The ticket is closed then.
-        Returns the prediction (for the metrics) when admitted."""
-        prediction = self.schedule.predict(ticket, slots)
+        its first-audio deadline (over `slots`; `live_apart`: TtsSchedule.predict), or a
+        backstop (`check`). The ticket is closed then. Returns the prediction (for the
+        metrics) when admitted."""
+        prediction = self.schedule.predict(ticket, slots, live_apart=live_apart)
         try:
             if self.config.enabled and self.config.predict and not prediction.fits:
                 self._refuse("late", prediction.retry_after_s())
@@ -80,10 +85,12 @@ class TtsHealth:
         """What admission by predicted lateness reads (for the metrics)."""
         return self.schedule
 
-    def observe_first_audio(self, seconds: float) -> None:
-        """A live miss's time to its first chunk (queueing for the stage included)."""
+    def observe_first_audio(self, seconds: float, *, one_shot: bool = False) -> None:
+        """A miss's time to its first chunk (queueing for the stage included), judged by
+        its class's configured budget (`one_shot`: a one-shot request's)."""
         now = self.clock()
-        if seconds > self._budget_s:
+        budget = self._one_shot_budget_s if one_shot else self._budget_s
+        if seconds > budget:
             if self._streak_start is None:
                 self._streak_start = now
             self._streak += 1

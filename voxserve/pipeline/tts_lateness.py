@@ -8,12 +8,18 @@ every engine call (so it follows the machine's load within a burst), and of audi
 per character, from every finished synthesis; their product is engine seconds per
 character (`tts.degrade.ms_per_char` is only the prior before the first call).
 
-A new request is due its first audio `tts.degrade.first_audio_budget_ms` after it arrives.
-Its start is predicted from the work ahead of it in the TTS stage's earliest-deadline-first
-order (pipeline/stage.py), spread over the slots its class may use:
+A new request is due its first audio a budget after it arrives: a live session's reply
+`tts.degrade.first_audio_budget_ms`, a one-shot request (HTTP speech, gRPC, Wyoming
+`synthesize`) `tts.degrade.one_shot_first_audio_budget_ms`. Its start is predicted from the
+work ahead of it in the TTS stage's earliest-deadline-first order (pipeline/stage.py),
+spread over the slots the stage will give its class (`EngineStage.slots_for`: every slot on
+the work-conserving TTS stage, live and one-shot work alike, so both count ahead):
 - the rest of every call running now;
 - every admitted first clause not started yet (first chunks are due FIRST_CHUNK_DUE_S after
-  arrival, so earlier arrivals go first);
+  arrival, so earlier arrivals go first), and not its tail: that is due when the first
+  clause's audio has played (1.6 s or more for piper's sentences), after every first clause
+  of its burst, so EDF serves it later. Counting it would double a burst's predicted wait
+  and refuse the last third of 16 two-sentence requests that the stage serves in time;
 - of every request already speaking, the clauses its playback needs before the new
   request's deadline (a clause due when its predecessors' audio ends); a reply buffered
   far ahead of its playback needs none, so a new first clause overtakes its tail.
@@ -162,7 +168,7 @@ class Ticket:
 class Prediction:
     wait_s: float  # until the first clause starts
     first_audio_s: float  # until its first chunk is ready (wait + its own cost)
-    budget_s: float
+    budget_s: float  # its class's budget
 
     @property
     def late_s(self) -> float:
@@ -188,8 +194,10 @@ class TtsSchedule:
         budget_s: float,
         rates: ServiceRates,
         clock: Callable[[], float] = time.monotonic,
+        one_shot_budget_s: float | None = None,
     ) -> None:
-        self.budget_s = budget_s
+        self.budget_s = budget_s  # a live reply's first-audio budget
+        self.one_shot_budget_s = budget_s if one_shot_budget_s is None else one_shot_budget_s
         self.rates = rates
         self.clock = clock
         self.tickets: set[Ticket] = set()
@@ -251,21 +259,28 @@ class TtsSchedule:
             apc = self.rates.of(ticket.key).audio_s_per_char
             ticket.chars_done = min(ticket.chars, ticket.audio_s / apc if apc > 0 else 0.0)
 
-    def predict(self, ticket: Ticket, slots: int) -> Prediction:
+    def budget_for(self, ticket: Ticket) -> float:
+        """The first-audio budget of the ticket's class (one-shot or live)."""
+        return self.one_shot_budget_s if ticket.bulk else self.budget_s
+
+    def predict(self, ticket: Ticket, slots: int, *, live_apart: bool = False) -> Prediction:
         """When `ticket`'s (not yet started) first audio would come, given the tickets
-        ahead of it and `slots` parallel calls for its class."""
+        ahead of it and `slots` parallel calls for its class. `live_apart`: live work runs
+        on slots a one-shot request cannot use (a stage that reserves them), so it is not
+        ahead of one."""
         now = self.clock()
-        deadline = ticket.arrived + self.budget_s
+        budget = self.budget_for(ticket)
+        deadline = ticket.arrived + budget
         ahead = 0.0
         for other in self.tickets:
-            if other is ticket or (ticket.bulk and not other.bulk):
-                continue  # live work has its own slot(s) (pipeline/stage.py bulk_slots)
+            if other is ticket or (live_apart and ticket.bulk and not other.bulk):
+                continue
             ahead += self._work_before(other, ticket.arrived, deadline, now)
         rate = self.rates.of(ticket.key)
         wait = ahead / max(1, slots)
         self.last_wait_s = wait
         own = ticket.first_chars * rate.first_s_per_char
-        return Prediction(wait, (now - ticket.arrived) + wait + own, self.budget_s)
+        return Prediction(wait, (now - ticket.arrived) + wait + own, budget)
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
         """Engine seconds of `other` that EDF serves before a first clause that arrived at
