@@ -497,7 +497,9 @@ class Listener:
             return
         text = result.text.strip()
         if self.end_of_turn is not None:
-            end = self.turns.settle(spec.end, self.end_of_turn.wait_ms(text, spec.energy))
+            language = self.language or result.language  # the session's, else detected
+            wait = self.end_of_turn.wait_ms(text, spec.energy, language)
+            end = self.turns.settle(spec.end, wait)
             if end is not None:
                 await self._on_turn(end)
                 return
