@@ -501,6 +501,8 @@ class Listener:
             wait = self.end_of_turn.wait_ms(text, spec.energy, language)
             end = self.turns.settle(spec.end, wait)
             if end is not None:
+                if self.wake_gate is not None:  # the command is over (not seen by VAD's round)
+                    self.wake_gate.after_turns(self.turns.position, False, True)
                 await self._on_turn(end)
                 return
         if self.on_speculate is not None and text and self.turns.silence_from == spec.end:
