@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voxserve.pipeline.endpointing import EndOfTurn, Ending, ending
+from voxserve.pipeline.endpointing import Ending, EndOfTurn, ending
 
 
 def test_english_rules() -> None:
