@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.fakes import SR, FakeTts, silence
+from tests.fakes import SR, FakeAsr, FakeTts, fake_runtime, silence, tone
 from tests.helpers import fixture_audio
 from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
@@ -22,7 +23,9 @@ from voxserve.engines.micro_wakeword import Detection
 from voxserve.engines.responders import RulesResponder
 from voxserve.engines.silero_vad import SileroVad
 from voxserve.engines.whisper_asr import WhisperAsr
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
+    ErrorEvent,
     Event,
     ResponseDelta,
     ResponseText,
@@ -38,6 +41,7 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.runtime import Runtime
+from voxserve.types import AsrResult
 
 BATCH = SR * 64 // 1000
 FRAME = SR // 50
@@ -255,3 +259,26 @@ async def test_a_semantic_end_closes_the_wake_gate(asr: WhisperAsr) -> None:
     )
     assert len(of(events, WakeDetected)) == 1
     assert len(of(events, TranscriptFinal)) == 1, of(events, TranscriptFinal)
+
+
+class FailsOnce(FakeAsr):
+    """Its first final decode fails (a busy stage, an engine hiccup); then as FakeAsr."""
+
+    failed = False
+
+    def transcribe(self, audio: np.ndarray, **kwargs: Any) -> AsrResult:
+        if not kwargs.get("partial") and not self.failed:
+            self.failed = True
+            raise VoxError(ErrorCode.ENGINE_ERROR, "busy")
+        return super().transcribe(audio, **kwargs)
+
+
+async def test_a_failed_decode_at_the_pause_is_not_the_turn_s_final() -> None:
+    """The decode made at the tentative end failed: the turn's final is decoded anew (as
+    without speculation), not reported as that failure."""
+    rt = fake_runtime(load_settings(log_level="warning"), asr=FailsOnce())
+    turns = Turns(rt, StreamConfig(mode="asr", partials=False))
+    events = await turns.run(silence(0.2), tone(440.0, 0.8), silence(1.0))
+    assert not of(events, ErrorEvent), of(events, ErrorEvent)
+    (final,) = of(events, TranscriptFinal)
+    assert isinstance(final, TranscriptFinal) and final.text

@@ -722,12 +722,10 @@ class Listener:
         while (utterance := await self._finals.get()) is not None:
             self._finalized = max(self._finalized, utterance.segment)
             try:
-                if utterance.decoded is not None:  # decoded at the pause that ended it
-                    decoded = await utterance.decoded
-                    if isinstance(decoded, VoxError):
-                        raise decoded
+                decoded = await utterance.decoded if utterance.decoded is not None else None
+                if isinstance(decoded, AsrResult):  # decoded at the pause that ended it
                     result = decoded
-                else:
+                else:  # none, or it failed then (busy, ...): the turn's own decode, as ever
                     result = await self._recognise(utterance.audio, partial_result=False)
             except VoxError as exc:
                 await self._failed(utterance.segment, exc)
