@@ -27,6 +27,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     ErrorEvent,
     Event,
+    Mode,
     ResponseDelta,
     ResponseText,
     SessionEnded,
@@ -242,13 +243,16 @@ class HeardAt:
         pass
 
 
-async def test_a_semantic_end_closes_the_wake_gate(asr: WhisperAsr) -> None:
+@pytest.mark.parametrize("mode", ["asr", "assistant"])
+async def test_a_semantic_end_closes_the_wake_gate(asr: WhisperAsr, mode: Mode) -> None:
     """semantic_vad ends "What time is it?" on its text, once its decode is back (here
     after 600 ms of silence, past the 300 ms its text asks for): that is the command's end
     too, so the same question said again, without the word, within wake.command_window_s,
-    is not transcribed."""
+    is not transcribed. Assistant mode: the one command is answered once (its reply made
+    at the pause, held back, released)."""
     detection = TurnDetection(type="semantic_vad", eagerness="auto")
-    turns = Turns(runtime(asr), StreamConfig(mode="asr", turn_detection=detection))
+    responder = CountingResponder()
+    turns = Turns(runtime(asr, responder), StreamConfig(mode=mode, turn_detection=detection))
     listener = turns.session.listener
     assert listener is not None
     listener.wake_gate = WakeGate(HeardAt(SR // 10), command_window_s=8.0)  # type: ignore[arg-type]
@@ -258,7 +262,10 @@ async def test_a_semantic_end_closes_the_wake_gate(asr: WhisperAsr) -> None:
         silence(0.2), command, silence(0.6), None, silence(1.0), command, silence(1.5)
     )
     assert len(of(events, WakeDetected)) == 1
-    assert len(of(events, TranscriptFinal)) == 1, of(events, TranscriptFinal)
+    (final,) = of(events, TranscriptFinal)
+    if mode == "assistant":
+        assert isinstance(final, TranscriptFinal) and responder.calls == [final.text]
+        assert len(of(events, TtsStart)) == 1 and len(of(events, ResponseText)) == 1
 
 
 class FailsOnce(FakeAsr):
