@@ -104,3 +104,17 @@ async def test_a_held_reply_s_error_is_told_only_once_confirmed() -> None:
     assert len(errors) == 1, errors  # the replacement's, not also the speculative one's
     errors = [e for e in await seen(Asked(fail=True), confirmed) if isinstance(e, ErrorEvent)]
     assert len(errors) == 1, errors
+
+
+async def test_a_reply_no_final_confirms_does_not_hold_the_session_open() -> None:
+    """Withdrawn, then the turn's final was empty (no `start`): at the end of input the
+    held reply is dropped unseen, not waited for."""
+
+    async def steps(replies: Replies) -> None:
+        await replies.speculate(0, "Hello")
+        await asyncio.sleep(0.05)
+        await replies.withdraw(0)
+
+    async with asyncio.timeout(10):
+        events = await seen(Asked(), steps)
+    assert not [e for e in events if isinstance(e, TtsStart | ResponseText)], events

@@ -79,7 +79,12 @@ class Replies:
         return False
 
     async def wait(self) -> None:
-        """Until the reply in progress (if any) is over."""
+        """Until the reply in progress (if any) is over. The session calls it once every
+        final is out: a reply still held back will be confirmed by none (its final was
+        empty, or failed), so it is dropped unseen, not waited for."""
+        held, self._held = self._held, None
+        if held is not None and not held[2].is_set():
+            self.cancel()
         if self._task is not None:
             await asyncio.wait([self._task])
 
