@@ -171,6 +171,8 @@ class Replies:
         responder = self.ctx.engines.responder
         listener = self.listener
         turn = listener.take_turn(segment) if listener and hold is None else None
+        if listener is not None and listener.tracing and hold is not None:
+            turn = TurnMarks(segment)  # its own marks, joined to its turn's once confirmed
         sentences = SpokenSentences()
         pieces: list[str] = []
         unsent: list[str] = []  # held back until `hold` is set
@@ -214,6 +216,11 @@ class Replies:
         except* VoxError as errors:
             failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
         finally:
+            if hold is not None and turn is not None:  # speculative: its turn's, if confirmed
+                whole = listener.take_turn(segment) if listener and hold.is_set() else None
+                if whole is not None:
+                    whole.marks.update(turn.marks)
+                turn = whole
             if turn is not None and self.emit_turn is not None:
                 self.emit_turn(turn)
         fatal = next((exc for exc in failures if exc.fatal), None)
