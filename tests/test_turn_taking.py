@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.fakes import SR, FakeTts, silence
+from tests.fakes import SR, FakeAsr, FakeTts, fake_runtime, silence, tone
 from tests.helpers import fixture_audio
 from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
+from voxserve.engines.micro_wakeword import Detection
 from voxserve.engines.responders import RulesResponder
 from voxserve.engines.silero_vad import SileroVad
 from voxserve.engines.whisper_asr import WhisperAsr
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
+    ErrorEvent,
     Event,
+    Mode,
     ResponseDelta,
     ResponseText,
     SessionEnded,
@@ -31,10 +36,13 @@ from voxserve.events import (
     TtsStart,
     TurnDetection,
     VadEnd,
+    WakeDetected,
 )
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
+from voxserve.pipeline.wake_gate import WakeGate
 from voxserve.runtime import Runtime
+from voxserve.types import AsrResult
 
 BATCH = SR * 64 // 1000
 FRAME = SR // 50
@@ -80,6 +88,7 @@ class Turns:
         self.fed = 0  # samples
         self.events: list[Event] = []
         self.vad_end_fed: list[int] = []  # samples fed when each vad.end was queued
+        self.instant = True  # False: a decode at a pause comes back when `decoded` is awaited
 
     async def feed(self, *parts: np.ndarray) -> None:
         audio = np.concatenate(parts).astype(np.int16)
@@ -100,7 +109,7 @@ class Turns:
                 while len(listener.ring) >= listener.batch_samples or listener._holder:  # noqa: ASYNC110
                     await asyncio.sleep(0.002)
                 spec = listener._spec
-                if spec is None or spec.task.done():
+                if spec is None or spec.task.done() or not self.instant:
                     break
                 await asyncio.wait([spec.task])  # "instant" ASR: back before more audio
             await asyncio.sleep(0.01)  # the decode's control, a reply's first steps
@@ -113,10 +122,20 @@ class Turns:
                 if isinstance(item, VadEnd):
                     self.vad_end_fed.append(self.fed)
 
-    async def run(self, *parts: np.ndarray) -> list[Event]:
+    async def decoded(self) -> None:
+        """The decode started at the pause, back now (`instant` False: late)."""
+        spec = self.session.listener._spec if self.session.listener else None
+        if spec is not None:
+            await asyncio.wait([spec.task])
+        self.instant = True
+        await self._settle()
+
+    async def run(self, *parts: np.ndarray | None) -> list[Event]:
+        """Feeds `parts`; None: the decode started at the pause is back (`decoded`)."""
         running = asyncio.create_task(self.session.run())
         try:
-            await self.feed(*parts)
+            for part in parts:
+                await (self.decoded() if part is None else self.feed(part))
             await self.session.end_input()
             await asyncio.wait_for(asyncio.shield(running), 30)
         finally:
@@ -204,3 +223,69 @@ async def test_a_confirmed_speculative_reply_is_released_and_asked_once(
     assert len(of(events, TtsStart)) == 1 and len(of(events, ResponseText)) == 1
     kinds = [type(e).__name__ for e in events]
     assert kinds.index("VadEnd") < kinds.index("TranscriptFinal") < kinds.index("ResponseDelta")
+
+
+class HeardAt:
+    """A wake stream that hears its word at one sample (the gate's interplay with turns is
+    what is tested here; the real model is tests/test_ws_wake.py's)."""
+
+    def __init__(self, sample: int) -> None:
+        self.sample = sample
+        self.fed = 0
+
+    def process(self, audio: bytes) -> list[Detection]:
+        before, self.fed = self.fed, self.fed + len(audio) // 2
+        if before <= self.sample < self.fed:
+            return [Detection("okay_nabu", self.sample * 1000 // SR, self.sample)]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["asr", "assistant"])
+async def test_a_semantic_end_closes_the_wake_gate(asr: WhisperAsr, mode: Mode) -> None:
+    """semantic_vad ends "What time is it?" on its text, once its decode is back (here
+    after 600 ms of silence, past the 300 ms its text asks for): that is the command's end
+    too, so the same question said again, without the word, within wake.command_window_s,
+    is not transcribed. Assistant mode: the one command is answered once (its reply made
+    at the pause, held back, released)."""
+    detection = TurnDetection(type="semantic_vad", eagerness="auto")
+    responder = CountingResponder()
+    turns = Turns(runtime(asr, responder), StreamConfig(mode=mode, turn_detection=detection))
+    listener = turns.session.listener
+    assert listener is not None
+    listener.wake_gate = WakeGate(HeardAt(SR // 10), command_window_s=8.0)  # type: ignore[arg-type]
+    command = fixture_audio("command.wav")
+    turns.instant = False
+    events = await turns.run(
+        silence(0.2), command, silence(0.6), None, silence(1.0), command, silence(1.5)
+    )
+    assert len(of(events, WakeDetected)) == 1
+    (final,) = of(events, TranscriptFinal)
+    if mode == "assistant":
+        assert isinstance(final, TranscriptFinal) and responder.calls == [final.text]
+        assert len(of(events, TtsStart)) == 1 and len(of(events, ResponseText)) == 1
+
+
+class FailsOnce(FakeAsr):
+    """Its first final decode fails (a busy stage, an engine hiccup); then as FakeAsr."""
+
+    failed = False
+
+    def transcribe(self, audio: np.ndarray, **kwargs: Any) -> AsrResult:
+        if not kwargs.get("partial") and not self.failed:
+            self.failed = True
+            raise VoxError(ErrorCode.ENGINE_ERROR, "busy")
+        return super().transcribe(audio, **kwargs)
+
+
+async def test_a_failed_decode_at_the_pause_is_not_the_turn_s_final() -> None:
+    """The decode made at the tentative end failed: the turn's final is decoded anew (as
+    without speculation), not reported as that failure."""
+    rt = fake_runtime(load_settings(log_level="warning"), asr=FailsOnce())
+    turns = Turns(rt, StreamConfig(mode="asr", partials=False))
+    events = await turns.run(silence(0.2), tone(440.0, 0.8), silence(1.0))
+    assert not of(events, ErrorEvent), of(events, ErrorEvent)
+    (final,) = of(events, TranscriptFinal)
+    assert isinstance(final, TranscriptFinal) and final.text

@@ -287,9 +287,12 @@ async def test_client_leaving_withdraws_queued_model_work() -> None:
                 await ws.send(json.dumps({"type": "audio.end"}))
                 await asyncio.sleep(0.2)
             # leave without reading anything
-        await asyncio.sleep(1.2)
         stage = runtime.stages["asr"]
-        assert stage.running == 0 and stage.waiting == 0
+        # A decode already on a thread runs out (0.5 s each; a speculative one at each pause
+        # too): the stage empties soon, later on a loaded machine, not at a fixed time.
+        async with asyncio.timeout(10):
+            while stage.running or stage.waiting:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
         # Each session had 6 utterances queued; leaving must have withdrawn most of them.
         assert len(asr.calls) < 4 * 6
         assert runtime.active_sessions == 0

@@ -8,6 +8,11 @@ The energy of the last words (a voice trailing off ends sooner) and the session'
 follows OpenAI's `semantic_vad`: high answers soonest, low waits longest, auto is medium
 that learns from the session.
 
+The word lists are English. Another language (the decode's detected or the session's) is
+judged by its punctuation only: a question or exclamation ends soon, a trailing comma waits,
+anything else gets the neutral wait (about server_vad's), never the "continues" one that
+English rules would give text in which they find no English word.
+
 No small end-of-turn model installs with its weights from the registries and runs on CPU
 without a large dependency tree (docs/benchmarks.md, "Turn-taking"), hence the rules.
 """
@@ -63,13 +68,19 @@ _ANSWERS = frozenset("yes no yeah nope sure thanks thank you okay ok please bye 
 _WORD = re.compile(r"[a-z0-9']+")
 _TRAILING = (",", ";", ":", "-", "...", "…")
 _DIGITS_AT_END = re.compile(r"[\d][\d\s-]*$")
+_TRAILING_ANY = (*_TRAILING, "\u3001", "\uff0c", "\uff1b", "\uff1a")  # 、，；：
+_ASKED_ANY = ("?", "!", "\uff1f", "\uff01")  # ？！
 
 
-def ending(text: str) -> Ending:
-    """How `text` (a transcript, Whisper-punctuated) ends."""
+def ending(text: str, language: str = "en") -> Ending:
+    """How `text` (a transcript, Whisper-punctuated, in `language`) ends."""
     text = text.strip()
     if not text:
         return Ending.NEUTRAL
+    if not language.lower().startswith("en"):
+        if text.endswith(_TRAILING_ANY):
+            return Ending.CONTINUES
+        return Ending.COMPLETE if text.endswith(_ASKED_ANY) else Ending.NEUTRAL
     words = _WORD.findall(text.lower())
     if not words or text.endswith(_TRAILING):
         return Ending.CONTINUES
@@ -138,9 +149,9 @@ class EndOfTurn:
     eagerness: Eagerness = "auto"
     early_ends: int = 0  # auto: turns that ended too early, lately
 
-    def wait_ms(self, text: str, energy: float = 1.0) -> int:
-        """The silence that ends a turn whose transcript so far is `text`."""
-        kind = ending(text)
+    def wait_ms(self, text: str, energy: float = 1.0, language: str = "en") -> int:
+        """The silence that ends a turn whose transcript so far is `text` (in `language`)."""
+        kind = ending(text, language)
         wait = _WAIT_MS[self.eagerness][kind]
         if kind is Ending.CONTINUES:
             return wait

@@ -497,8 +497,12 @@ class Listener:
             return
         text = result.text.strip()
         if self.end_of_turn is not None:
-            end = self.turns.settle(spec.end, self.end_of_turn.wait_ms(text, spec.energy))
+            language = self.language or result.language  # the session's, else detected
+            wait = self.end_of_turn.wait_ms(text, spec.energy, language)
+            end = self.turns.settle(spec.end, wait)
             if end is not None:
+                if self.wake_gate is not None:  # the command is over (not seen by VAD's round)
+                    self.wake_gate.after_turns(self.turns.position, False, True)
                 await self._on_turn(end)
                 return
         if self.on_speculate is not None and text and self.turns.silence_from == spec.end:
@@ -718,12 +722,10 @@ class Listener:
         while (utterance := await self._finals.get()) is not None:
             self._finalized = max(self._finalized, utterance.segment)
             try:
-                if utterance.decoded is not None:  # decoded at the pause that ended it
-                    decoded = await utterance.decoded
-                    if isinstance(decoded, VoxError):
-                        raise decoded
+                decoded = await utterance.decoded if utterance.decoded is not None else None
+                if isinstance(decoded, AsrResult):  # decoded at the pause that ended it
                     result = decoded
-                else:
+                else:  # none, or it failed then (busy, ...): the turn's own decode, as ever
                     result = await self._recognise(utterance.audio, partial_result=False)
             except VoxError as exc:
                 await self._failed(utterance.segment, exc)

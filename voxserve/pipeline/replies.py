@@ -8,7 +8,10 @@ audible cancels it (`barge_in`). The (user, assistant) turns are kept for the re
 A speculative reply (`speculate`, at a pause before the turn is confirmed) runs the
 responder and TTS but sends nothing (no response.delta, no tts.start) until its turn's final
 confirms it with the same text (`start`: the responder is not asked twice); a different final
-replaces it, and `withdraw` (the user went on) drops it unseen.
+replaces it. When the user goes on after the pause (`withdraw`) it is kept, unseen and idle
+(its responder and TTS wait on their own back-pressure), until the next pause or the final
+says whether its text still holds: the same text again (a cough, a breath taken as speech)
+takes it up, so the responder is never asked twice for one text; another replaces it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Replies:
         "_held",
         "_history",
         "_task",
+        "_withdrawn",
         "ctx",
         "emit_turn",
         "group",
@@ -64,6 +68,7 @@ class Replies:
         self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_TURNS)
         # The speculative reply held back: (segment, its user text, released when set).
         self._held: tuple[int, str, asyncio.Event] | None = None
+        self._withdrawn = False  # the user went on after the pause of the held reply
 
     def cancel(self) -> bool:
         """Stop the reply in progress (its tts.end says interrupted); True if one ran."""
@@ -74,7 +79,12 @@ class Replies:
         return False
 
     async def wait(self) -> None:
-        """Until the reply in progress (if any) is over."""
+        """Until the reply in progress (if any) is over. The session calls it once every
+        final is out: a reply still held back will be confirmed by none (its final was
+        empty, or failed), so it is dropped unseen, not waited for."""
+        held, self._held = self._held, None
+        if held is not None and not held[2].is_set():
+            self.cancel()
         if self._task is not None:
             await asyncio.wait([self._task])
 
@@ -108,11 +118,15 @@ class Replies:
     # -- assistant mode -------------------------------------------------------------------
 
     async def barge_in(self, segment: int) -> None:
-        """The user started speaking (vad.start of `segment`)."""
-        held, self._held = self._held, None
-        if held is not None and not held[2].is_set():
-            self.cancel()  # a held-back reply nobody saw: no barge-in to tell
+        """The user started speaking (vad.start of `segment`). A held-back reply is left to
+        its own turn's final (`start`), on its way: nobody saw it, so no barge-in for it."""
+        held = self._held
         audible = self.speaker.audible()
+        if held is not None and not held[2].is_set():
+            if audible:  # the reply before it, still playing
+                self.speaker.playback_until = 0.0
+                await self.outbox.event(BargeIn(segment=segment))
+            return
         if self.cancel() or audible:
             self.speaker.playback_until = 0.0
             await self.outbox.event(BargeIn(segment=segment))
@@ -121,17 +135,23 @@ class Replies:
         """Answer the final transcript of `segment` (the previous reply is cancelled), or
         release its speculative reply if that answered the same text."""
         held, self._held = self._held, None
+        withdrawn, self._withdrawn = self._withdrawn, False
         if held is not None and held[:2] == (segment, text):
             held[2].set()
             return
-        if held is not None:  # the final says otherwise: answered anew
-            self.ctx.metrics.speculative_cancelled.inc()
+        if held is not None and not withdrawn:  # the final says otherwise: answered anew
+            self.ctx.metrics.speculative_cancelled.inc()  # (withdrawn: counted at the resume)
         self.cancel()
         assert self.group is not None
         self._task = self.group.create_task(self._reply(segment, text), name="voxserve-reply")
 
     async def speculate(self, segment: int, text: str) -> None:
         """Answer `text` at a pause of `segment`, held back until `start` confirms it."""
+        held = self._held
+        if held is not None and held[:2] == (segment, text) and not held[2].is_set():
+            self._withdrawn = False  # the same text after a resume: its reply goes on
+            return
+        self._withdrawn = False
         self.cancel()
         assert self.group is not None
         hold = asyncio.Event()
@@ -141,16 +161,18 @@ class Replies:
         )
 
     async def withdraw(self, segment: int) -> None:
-        """The user went on after the pause: the held-back reply of `segment` is dropped."""
+        """The user went on after the pause: the held-back reply of `segment` is kept, idle
+        and unseen, for the next pause or the final to take up or replace (module docstring)."""
         held = self._held
         if held is not None and held[0] == segment and not held[2].is_set():
-            self._held = None
-            self.cancel()
+            self._withdrawn = True
 
     async def _reply(self, segment: int, user_text: str, hold: asyncio.Event | None = None) -> None:
         responder = self.ctx.engines.responder
         listener = self.listener
         turn = listener.take_turn(segment) if listener and hold is None else None
+        if listener is not None and listener.tracing and hold is not None:
+            turn = TurnMarks(segment)  # its own marks, joined to its turn's once confirmed
         sentences = SpokenSentences()
         pieces: list[str] = []
         unsent: list[str] = []  # held back until `hold` is set
@@ -194,12 +216,19 @@ class Replies:
         except* VoxError as errors:
             failures = [exc for exc in errors.exceptions if isinstance(exc, VoxError)]
         finally:
+            if hold is not None and turn is not None:  # speculative: its turn's, if confirmed
+                whole = listener.take_turn(segment) if listener and hold.is_set() else None
+                if whole is not None:
+                    whole.marks.update(turn.marks)
+                turn = whole
             if turn is not None and self.emit_turn is not None:
                 self.emit_turn(turn)
         fatal = next((exc for exc in failures if exc.fatal), None)
         if fatal is not None:  # e.g. client_stalled: the session ends
             raise fatal
         if failures:
+            if hold is not None:  # a speculative reply's failure is told once it is confirmed
+                await hold.wait()
             for exc in failures:
                 await self.outbox.event(exc.to_event(reply=segment))
             return
