@@ -31,6 +31,7 @@ from voxserve.events import (
     TtsStart,
     TurnDetection,
     VadEnd,
+    WakeDetected,
 )
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
@@ -114,7 +115,10 @@ class Turns:
                     self.vad_end_fed.append(self.fed)
 
     async def run(self, *parts: np.ndarray) -> list[Event]:
-        running = asyncio.create_task(self.session.run())
+        return await self.run_rest(asyncio.create_task(self.session.run()), *parts)
+
+    async def run_rest(self, running: asyncio.Task[None], *parts: np.ndarray) -> list[Event]:
+        """`parts`, the end of input, then the session's end (`running`: its task)."""
         try:
             await self.feed(*parts)
             await self.session.end_input()
@@ -204,3 +208,69 @@ async def test_a_confirmed_speculative_reply_is_released_and_asked_once(
     assert len(of(events, TtsStart)) == 1 and len(of(events, ResponseText)) == 1
     kinds = [type(e).__name__ for e in events]
     assert kinds.index("VadEnd") < kinds.index("TranscriptFinal") < kinds.index("ResponseDelta")
+
+
+class LateTurns(Turns):
+    """`feed` without waiting for the decode started at a pause while `late` is set; such
+    a decode comes back when `late` is cleared (after the turn's wait, before the longest:
+    as on a busy server)."""
+
+    late = False
+    back = asyncio.Event()
+
+    def hold_decodes(self) -> None:
+        listener = self.session.listener
+        assert listener is not None
+        recognise = listener._recognise
+
+        async def held(audio: np.ndarray, partial_result: bool) -> object:
+            if not partial_result:
+                await self.back.wait()
+            return await recognise(audio, partial_result=partial_result)
+
+        listener._recognise = held  # type: ignore[method-assign,assignment]
+
+    async def _settle(self) -> None:
+        listener = self.session.listener
+        assert listener is not None
+        if not self.late:
+            return await super()._settle()
+        while len(listener.ring) >= listener.batch_samples or listener._holder:  # noqa: ASYNC110
+            await asyncio.sleep(0.002)
+
+
+async def test_the_wake_gate_closes_when_a_late_decode_ends_the_command(
+    asr: WhisperAsr,
+) -> None:
+    """An assistant session behind "okay_nabu" with semantic_vad: the command's decode comes
+    back after its wait, so that decode ends the turn (not the VAD round); the gate closes
+    then too: the words after it, without the wake word, are neither transcribed nor
+    answered."""
+    import soxr
+
+    from voxserve.engines.micro_wakeword import MicroWakeWordEngine
+    from voxserve.engines.piper_tts import PiperTts
+
+    piper = PiperTts()
+    word = np.concatenate(list(piper.synthesize("Okay Nabu.", voice="joe"))).astype(np.float32)
+    word = (soxr.resample(word / 32768.0, piper.sample_rate, SR) * 32767).astype(np.int16)
+    responder = CountingResponder()
+    engines = Engines(SileroVad(), asr, [FakeTts()], responder, "fake")
+    engines.wake = MicroWakeWordEngine(models=["okay_nabu"])
+    rt = Runtime.from_engines(load_settings(log_level="warning"), engines)
+    detection = TurnDetection(type="semantic_vad", eagerness="auto")
+    turns = LateTurns(
+        rt, StreamConfig(mode="assistant", turn_detection=detection, wake_word="okay_nabu")
+    )
+    running = asyncio.create_task(turns.session.run())
+    await turns.feed(silence(0.3), word)
+    turns.late = True
+    turns.back = asyncio.Event()
+    turns.hold_decodes()
+    await turns.feed(fixture_audio("command.wav"), silence(0.6))  # its decode at the pause waits
+    turns.late = False
+    turns.back.set()
+    events = await turns.run_rest(running, silence(0.5), fixture_audio("lights.wav"), silence(1.5))
+    finals = [e.text for e in of(events, TranscriptFinal) if isinstance(e, TranscriptFinal)]
+    assert len(of(events, WakeDetected)) == 1 and len(finals) == 1, finals
+    assert "time" in finals[0].lower() and responder.calls == finals, finals

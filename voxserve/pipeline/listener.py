@@ -544,6 +544,8 @@ class Listener:
             return
         assert isinstance(event, SpeechEnd)
         self._last_end = event.end
+        if self.wake_gate is not None:  # one command per word, whoever ended the turn
+            self.wake_gate.turn_ended(event.end)
         decoded = None
         spec, self._spec = self._spec, None
         if spec is not None and spec.segment == self.segment and spec.end == event.end:
