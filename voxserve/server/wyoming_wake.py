@@ -7,7 +7,10 @@ keeps streaming; the same word fires again only after `wake.refractory_s` of aud
 `not-detected` is sent only when nothing was heard. Unlike it, a `detect` naming no model
 listens for every enabled one (as wyoming-openwakeword does), and a name that is not an
 enabled model is refused (`unknown_wake_word`, listing the valid ones) instead of dropped.
-The timestamp is the detection's place in the audio, in ms from `audio-start`.
+The timestamp is the detection's place in the audio (the end of the word, not the start of
+its chunk) on the client's clock: ms from `audio-start`, shifted by the client's own chunk
+`timestamp`s when it sends them (the peers echo the chunk's timestamp; Home Assistant's
+count from 0 at its stream's start, so both agree there).
 
 Each stream has its own state (engines/micro_wakeword.py: one interpreter per word per
 stream) and holds a session slot from `audio-start` to `audio-stop`. Its audio is not
@@ -83,6 +86,8 @@ class WyomingWake:
         self._resampler: StreamResampler | None = None
         self._rate = SAMPLE_RATE
         self._heard = False
+        self._sent = 0  # 16 kHz samples given to the stream
+        self._clock_ms = 0  # client timestamp minus our ms at its latest timestamped chunk
 
     def route(self, event_type: str) -> Callable[[Event], Awaitable[None]] | None:
         """This flow's handler for an audio event while a `detect` is open, else None."""
@@ -108,6 +113,7 @@ class WyomingWake:
         self._rate = rate
         self._resampler = StreamResampler(rate, SAMPLE_RATE)
         self._heard = False
+        self._sent = self._clock_ms = 0
 
     async def _audio_chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
@@ -116,6 +122,9 @@ class WyomingWake:
         stream, resampler = self._stream, self._resampler
         assert stream is not None and resampler is not None
         samples = resampler.process(mono_samples(chunk, self._rate))
+        if chunk.timestamp is not None:  # the client's clock at this chunk's first sample
+            self._clock_ms = int(chunk.timestamp) - self._sent * 1000 // SAMPLE_RATE
+        self._sent += samples.size
         if not samples.size:
             return
         loop = asyncio.get_running_loop()
@@ -123,7 +132,8 @@ class WyomingWake:
         heard = await loop.run_in_executor(self.runtime.executor, partial(stream.process, pcm))
         for detection in heard:
             self._heard = True
-            await self.write(Detection(detection.name, detection.timestamp_ms).event())
+            timestamp = detection.timestamp_ms + self._clock_ms
+            await self.write(Detection(detection.name, timestamp).event())
 
     async def _audio_stop(self, event: Event) -> None:
         if self._stream is None:
