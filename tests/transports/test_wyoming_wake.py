@@ -107,6 +107,19 @@ async def test_unknown_name_is_refused_with_the_valid_ones(live_server: LiveServ
     events = await detect(live_server, bytes(3200), ["hey_siri"])
     error = Error.from_event(events[-1])
     assert error.code == "unknown_wake_word" and "okay_nabu" in error.text, error
+    # The audio that follows the refused detect (a satellite streams on) is dropped: it
+    # starts no transcription, and the error is said once.
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Detect(names=["hey_siri"]).event())
+        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
+        for _ in range(3):
+            await wyoming.write_event(AudioChunk(16000, 2, 1, bytes(CHUNK)).event())
+        await wyoming.write_event(AudioStop().event())
+        await wyoming.write_event(Event(type="ping"))
+        kinds = []
+        while (event := await wyoming.read_event()) is not None and event.type != "pong":
+            kinds.append(event.type)
+    assert kinds == ["error"], kinds
 
 
 async def test_20_concurrent_streams_each_get_their_own_answer(live_server: LiveServer) -> None:

@@ -86,12 +86,21 @@ class WyomingWake:
         self._resampler: StreamResampler | None = None
         self._rate = SAMPLE_RATE
         self._heard = False
+        self._refused = False  # the last detect was refused: its audio is dropped
         self._sent = 0  # 16 kHz samples given to the stream
         self._clock_ms = 0  # client timestamp minus our ms at its latest timestamped chunk
 
     def route(self, event_type: str) -> Callable[[Event], Awaitable[None]] | None:
-        """This flow's handler for an audio event while a `detect` is open, else None."""
-        if self._names is None or event_type not in AUDIO_EVENTS:
+        """This flow's handler for an audio event while a `detect` is open, else None. The
+        audio after a refused `detect` (a satellite streams on) is dropped up to its
+        `audio-stop` or the next other event: it must not start a transcription."""
+        if event_type not in AUDIO_EVENTS:
+            self._refused = False
+            return None
+        if self._refused:
+            self._refused = event_type != "audio-stop"
+            return self._drop
+        if self._names is None:
             return None
         if event_type == "audio-start":
             return self._audio_start
@@ -99,7 +108,15 @@ class WyomingWake:
 
     async def detect(self, event: Event) -> None:
         self.end()
-        self._names = wake_names(self.runtime.engines.wake, Detect.from_event(event).names or ())
+        try:
+            names = wake_names(self.runtime.engines.wake, Detect.from_event(event).names or ())
+        except VoxError:
+            self._refused = True
+            raise
+        self._names = names
+
+    async def _drop(self, event: Event) -> None:
+        return None
 
     async def _audio_start(self, event: Event) -> None:
         self._begin(AudioStart.from_event(event).rate)
