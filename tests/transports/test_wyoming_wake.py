@@ -122,6 +122,21 @@ async def test_unknown_name_is_refused_with_the_valid_ones(live_server: LiveServ
     assert kinds == ["error"], kinds
 
 
+async def test_a_bad_width_is_refused_once(live_server: LiveServer) -> None:
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Detect(names=["okay_nabu"]).event())
+        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=4, channels=1).event())
+        for _ in range(3):
+            await wyoming.write_event(AudioChunk(16000, 4, 1, bytes(CHUNK)).event())
+        await wyoming.write_event(AudioStop().event())
+        await wyoming.write_event(Event(type="ping"))
+        events = []
+        while (event := await wyoming.read_event()) is not None and event.type != "pong":
+            events.append(event)
+    assert [e.type for e in events] == ["error"], events
+    assert Error.from_event(events[0]).code == "unsupported_encoding", events
+
+
 async def test_20_concurrent_streams_each_get_their_own_answer(live_server: LiveServer) -> None:
     nabu = pcm_of(live_server, "Okay Nabu.")
     other = pcm_of(live_server, "Turn on the lights.")

@@ -133,6 +133,13 @@ class WyomingWake:
         self._sent = self._clock_ms = 0
 
     async def _audio_chunk(self, event: Event) -> None:
+        try:
+            await self._chunk(event)
+        except VoxError:  # said once: the rest of this audio is dropped (`route`)
+            self._refused = True
+            raise
+
+    async def _chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
         if self._stream is None:  # no audio-start: the first chunk says the format
             self._begin(chunk.rate)
