@@ -103,36 +103,33 @@ async def test_another_word_and_silence_are_not_detected(live_server: LiveServer
     assert [e.type for e in silence] == ["not-detected"]
 
 
-async def test_unknown_name_is_refused_with_the_valid_ones(live_server: LiveServer) -> None:
-    events = await detect(live_server, bytes(3200), ["hey_siri"])
-    error = Error.from_event(events[-1])
-    assert error.code == "unknown_wake_word" and "okay_nabu" in error.text, error
-    # The audio that follows the refused detect (a satellite streams on) is dropped: it
-    # starts no transcription, and the error is said once.
-    async with client(live_server) as wyoming:
-        await wyoming.write_event(Detect(names=["hey_siri"]).event())
-        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
+async def refused(live: LiveServer, name: str, width: int) -> list[Event]:
+    """A detect for `name`, three chunks of `width`-byte samples and audio-stop: every
+    answer up to a ping's pong (everything before it was answered)."""
+    async with client(live) as wyoming:
+        await wyoming.write_event(Detect(names=[name]).event())
+        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=width, channels=1).event())
         for _ in range(3):
-            await wyoming.write_event(AudioChunk(16000, 2, 1, bytes(CHUNK)).event())
-        await wyoming.write_event(AudioStop().event())
-        await wyoming.write_event(Event(type="ping"))
-        kinds = []
-        while (event := await wyoming.read_event()) is not None and event.type != "pong":
-            kinds.append(event.type)
-    assert kinds == ["error"], kinds
-
-
-async def test_a_bad_width_is_refused_once(live_server: LiveServer) -> None:
-    async with client(live_server) as wyoming:
-        await wyoming.write_event(Detect(names=["okay_nabu"]).event())
-        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=4, channels=1).event())
-        for _ in range(3):
-            await wyoming.write_event(AudioChunk(16000, 4, 1, bytes(CHUNK)).event())
+            await wyoming.write_event(AudioChunk(SAMPLE_RATE, width, 1, bytes(CHUNK)).event())
         await wyoming.write_event(AudioStop().event())
         await wyoming.write_event(Event(type="ping"))
         events = []
         while (event := await wyoming.read_event()) is not None and event.type != "pong":
             events.append(event)
+    return events
+
+
+async def test_unknown_name_is_refused_once_with_the_valid_ones(live_server: LiveServer) -> None:
+    # The audio that follows the refused detect (a satellite streams on) is dropped: it
+    # starts no transcription, and the error is said once.
+    events = await refused(live_server, "hey_siri", width=2)
+    assert [e.type for e in events] == ["error"], events
+    error = Error.from_event(events[0])
+    assert error.code == "unknown_wake_word" and "okay_nabu" in error.text, error
+
+
+async def test_a_bad_width_is_refused_once(live_server: LiveServer) -> None:
+    events = await refused(live_server, "okay_nabu", width=4)
     assert [e.type for e in events] == ["error"], events
     assert Error.from_event(events[0]).code == "unsupported_encoding", events
 
