@@ -204,7 +204,7 @@ def test_engines_lists_everything_with_versions_and_the_gpl_note() -> None:
     proc = run_cli("engines", timeout=30)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for kind in ("vad:", "asr:", "tts:", "responder:"):
+    for kind in ("vad:", "asr:", "tts:", "responder:", "wake:"):
         assert kind in out
     for name in ENGINE_NAMES:
         assert re.search(rf"^  {name}\s+voxserve \d+\.\d+", out, re.M), name
@@ -212,7 +212,8 @@ def test_engines_lists_everything_with_versions_and_the_gpl_note() -> None:
     assert re.search(r"piper-tts \d[\w.]* \(GPL-3\.0", out)
     notes = [line for line in out.splitlines() if line.startswith("note:")]
     assert any("piper-tts" in n and "GPL-3.0" in n for n in notes), notes
-    assert out.count("[selected]") == 5  # silero, whisper, piper, espeak, rules
+    assert re.search(r"^  micro_wakeword\s+voxserve .*\[selected\]", out, re.M), out
+    assert out.count("[selected]") == 6  # silero, whisper, piper, espeak, rules, wake
 
 
 def test_engines_load_json() -> None:
@@ -220,7 +221,7 @@ def test_engines_load_json() -> None:
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
     engines = body["engines"]
-    assert set(engines) == {"vad", "asr", "tts", "responder"}
+    assert set(engines) == {"vad", "asr", "tts", "responder", "wake"}
     names = {row["name"] for rows in engines.values() for row in rows}
     assert set(ENGINE_NAMES) <= names
     assert body["selected"]["tts"] == ["piper", "espeak"]
@@ -236,6 +237,10 @@ def test_engines_load_json() -> None:
     assert "GPL-3.0" in piper["loaded"]["license"]
     [whisper] = [row for row in engines["asr"] if row["name"] == "whisper"]
     assert whisper["loaded"]["model"]
+    [wake] = engines["wake"]
+    assert (
+        "okay_nabu" in wake["loaded"]["model"] and wake["loaded"]["package"] == "pymicro-wakeword"
+    )
     assert any("piper-tts" in note and "GPL-3.0" in note for note in body["notes"])
 
 

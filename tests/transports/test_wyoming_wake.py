@@ -29,14 +29,19 @@ def client(live: LiveServer) -> AsyncTcpClient:
     return AsyncTcpClient("127.0.0.1", live.settings.wyoming_port, read_timeout=TIMEOUT_S)
 
 
-async def detect(live: LiveServer, pcm: bytes, names: list[str] | None) -> list[Event]:
-    """One detect request, audio sent as fast as the server takes it; the answers up to the
-    first `detection` or `not-detected` (or `error`)."""
+async def detect(
+    live: LiveServer, pcm: bytes, names: list[str] | None, clock_ms: int | None = None
+) -> list[Event]:
+    """One detect request, audio sent as fast as the server takes it (chunks stamped from
+    `clock_ms` on the client's clock, if given); the answers up to the first `detection` or
+    `not-detected` (or `error`)."""
     async with client(live) as wyoming:
         await wyoming.write_event(Detect(names=names).event())
         await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
         for i in range(0, len(pcm), CHUNK):
-            chunk = AudioChunk(rate=SAMPLE_RATE, width=2, channels=1, audio=pcm[i : i + CHUNK])
+            at = None if clock_ms is None else clock_ms + i // (2 * SAMPLE_RATE // 1000)
+            audio = pcm[i : i + CHUNK]
+            chunk = AudioChunk(rate=SAMPLE_RATE, width=2, channels=1, audio=audio, timestamp=at)
             await wyoming.write_event(chunk.event())
         await wyoming.write_event(AudioStop().event())
         events = []
@@ -79,6 +84,10 @@ async def test_okay_nabu_is_detected_once(live_server: LiveServer) -> None:
     # The timestamp is the detection's place in the audio: after "Nabu", before the end.
     seconds = len(pcm) / 2 / SAMPLE_RATE
     assert detections[0].timestamp is not None and 500 < detections[0].timestamp < seconds * 1000
+    # On the client's clock when its chunks carry timestamps (a satellite's own clock).
+    stamped = await detect(live_server, pcm, ["okay_nabu"], clock_ms=7_000_000)
+    (detection,) = [Detection.from_event(e) for e in stamped if Detection.is_type(e.type)]
+    assert detection.timestamp == 7_000_000 + detections[0].timestamp, detection
     assert not any(NotDetected.is_type(e.type) for e in events)
 
 
@@ -94,10 +103,35 @@ async def test_another_word_and_silence_are_not_detected(live_server: LiveServer
     assert [e.type for e in silence] == ["not-detected"]
 
 
-async def test_unknown_name_is_refused_with_the_valid_ones(live_server: LiveServer) -> None:
-    events = await detect(live_server, bytes(3200), ["hey_siri"])
-    error = Error.from_event(events[-1])
+async def refused(live: LiveServer, name: str, width: int) -> list[Event]:
+    """A detect for `name`, three chunks of `width`-byte samples and audio-stop: every
+    answer up to a ping's pong (everything before it was answered)."""
+    async with client(live) as wyoming:
+        await wyoming.write_event(Detect(names=[name]).event())
+        await wyoming.write_event(AudioStart(rate=SAMPLE_RATE, width=width, channels=1).event())
+        for _ in range(3):
+            await wyoming.write_event(AudioChunk(SAMPLE_RATE, width, 1, bytes(CHUNK)).event())
+        await wyoming.write_event(AudioStop().event())
+        await wyoming.write_event(Event(type="ping"))
+        events = []
+        while (event := await wyoming.read_event()) is not None and event.type != "pong":
+            events.append(event)
+    return events
+
+
+async def test_unknown_name_is_refused_once_with_the_valid_ones(live_server: LiveServer) -> None:
+    # The audio that follows the refused detect (a satellite streams on) is dropped: it
+    # starts no transcription, and the error is said once.
+    events = await refused(live_server, "hey_siri", width=2)
+    assert [e.type for e in events] == ["error"], events
+    error = Error.from_event(events[0])
     assert error.code == "unknown_wake_word" and "okay_nabu" in error.text, error
+
+
+async def test_a_bad_width_is_refused_once(live_server: LiveServer) -> None:
+    events = await refused(live_server, "okay_nabu", width=4)
+    assert [e.type for e in events] == ["error"], events
+    assert Error.from_event(events[0]).code == "unsupported_encoding", events
 
 
 async def test_20_concurrent_streams_each_get_their_own_answer(live_server: LiveServer) -> None:

@@ -50,6 +50,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
             if row["selected"] and not ok:
                 failed_selected.append(f"{kind}.{name}")
             rows.append(row)
+    report["wake"] = [_wake_row(settings, load=args.load)]
+    if args.load and report["wake"][0]["selected"] and "error" in report["wake"][0]["loaded"]:
+        failed_selected.append("wake.micro_wakeword")
     notes = licence_notes(report)
     if args.json:
         body = {
@@ -59,6 +62,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
                 "asr": settings.engines.asr.name,
                 "tts": [spec.name for spec in settings.engines.tts],
                 "responder": settings.engines.responder.name,
+                "wake": "micro_wakeword" if settings.wake.enabled else None,
             },
             "notes": notes,
         }
@@ -117,6 +121,47 @@ def _describe_entry_point(kind: str, name: str, ep: Any) -> dict[str, Any]:
     else:
         row["imports"] = True
     return row
+
+
+def _wake_row(settings: Settings, *, load: bool) -> dict[str, Any]:
+    """The wake engine: not a registry kind (one built-in engine, `wake.*` settings), listed
+    as the others are; selected when `wake.enabled`, loaded (its models) with --load."""
+    from importlib.metadata import EntryPoint, distribution
+
+    value = "voxserve.engines.micro_wakeword:MicroWakeWordEngine"
+    ep = EntryPoint("micro_wakeword", value, "voxserve.wake")
+    dist = distribution("voxserve")
+    row = _describe_entry_point("wake", "micro_wakeword", _Located(ep, dist))
+    row["selected"] = settings.wake.enabled
+    if load and row["imports"] and settings.wake.enabled:
+        from voxserve.engines.micro_wakeword import load_wake
+
+        seconds: dict[str, float] = {}
+        try:
+            engine = load_wake(settings.wake, seconds)
+        except Exception as exc:
+            row["loaded"] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
+            return row
+        if engine is None:  # pymicro-wakeword not installed
+            row["loaded"] = {"error": "pymicro-wakeword is not installed (the `wyoming` extra)"}
+            return row
+        info = engine.info
+        row["loaded"] = {
+            "seconds": round(seconds["wake"], 3),
+            "package": info.package,
+            "version": info.version,
+            "license": info.license,
+            "model": info.model,
+        }
+        engine.close()
+    return row
+
+
+class _Located:
+    """An entry point with its distribution (what `_describe_entry_point` reads)."""
+
+    def __init__(self, ep: Any, dist: Distribution) -> None:
+        self.value, self.module, self.dist, self.load = ep.value, ep.module, dist, ep.load
 
 
 def _load_one(kind: str, name: str, options: dict[str, Any], settings: Settings) -> dict[str, Any]:

@@ -501,8 +501,6 @@ class Listener:
             wait = self.end_of_turn.wait_ms(text, spec.energy, language)
             end = self.turns.settle(spec.end, wait)
             if end is not None:
-                if self.wake_gate is not None:  # the command is over (not seen by VAD's round)
-                    self.wake_gate.after_turns(self.turns.position, False, True)
                 await self._on_turn(end)
                 return
         if self.on_speculate is not None and text and self.turns.silence_from == spec.end:
@@ -548,6 +546,8 @@ class Listener:
             return
         assert isinstance(event, SpeechEnd)
         self._last_end = event.end
+        if self.wake_gate is not None:  # one command per word, whoever ended the turn
+            self.wake_gate.turn_ended(event.end)
         decoded = None
         spec, self._spec = self._spec, None
         if spec is not None and spec.segment == self.segment and spec.end == event.end:

@@ -6,8 +6,9 @@ usual (its state stays warm), but while the gate is closed its probabilities are
 silence, so no turn starts: nothing before the word is transcribed. A detection opens the
 gate at the word's end: VAD windows from there count, the turn's audio starts there (not
 before: the word itself is not transcribed), and `wake.detected` precedes its `vad.start`.
-The gate closes again when that turn ends (its `vad.end`: one command per wake word, as a
-Home Assistant satellite goes back to listening for the word), or when no speech started
+The gate closes again when that turn ends (its `vad.end`, however the turn ended: the VAD
+round, or semantic_vad's decode at a pause in the listener's task: one command per wake
+word, as a Home Assistant satellite goes back to listening for the word), or when no speech started
 within `wake.command_window_s` of audio after the word.
 
 The model runs in the VAD batcher's round, on the event loop (`Listener.vad_input`): one
@@ -64,6 +65,13 @@ class WakeGate:
         if opened is None:
             return
         if turn_ended or (not speaking and position - opened > self.window):
+            self.open_from = None
+
+    def turn_ended(self, end: int) -> None:
+        """A turn ended at sample `end` however it ended (the VAD round, semantic_vad's
+        decode at a pause, a commit): the gate opened before it closes; one opened by a
+        later word stays open."""
+        if self.open_from is not None and self.open_from <= end:
             self.open_from = None
 
     def close(self) -> None:

@@ -7,7 +7,10 @@ keeps streaming; the same word fires again only after `wake.refractory_s` of aud
 `not-detected` is sent only when nothing was heard. Unlike it, a `detect` naming no model
 listens for every enabled one (as wyoming-openwakeword does), and a name that is not an
 enabled model is refused (`unknown_wake_word`, listing the valid ones) instead of dropped.
-The timestamp is the detection's place in the audio, in ms from `audio-start`.
+The timestamp is the detection's place in the audio (the end of the word, not the start of
+its chunk) on the client's clock: ms from `audio-start`, shifted by the client's own chunk
+`timestamp`s when it sends them (the peers echo the chunk's timestamp; Home Assistant's
+count from 0 at its stream's start, so both agree there).
 
 Each stream has its own state (engines/micro_wakeword.py: one interpreter per word per
 stream) and holds a session slot from `audio-start` to `audio-stop`. Its audio is not
@@ -83,10 +86,21 @@ class WyomingWake:
         self._resampler: StreamResampler | None = None
         self._rate = SAMPLE_RATE
         self._heard = False
+        self._refused = False  # the last detect was refused: its audio is dropped
+        self._sent = 0  # 16 kHz samples given to the stream
+        self._clock_ms = 0  # client timestamp minus our ms at its latest timestamped chunk
 
     def route(self, event_type: str) -> Callable[[Event], Awaitable[None]] | None:
-        """This flow's handler for an audio event while a `detect` is open, else None."""
-        if self._names is None or event_type not in AUDIO_EVENTS:
+        """This flow's handler for an audio event while a `detect` is open, else None. The
+        audio after a refused `detect` (a satellite streams on) is dropped up to its
+        `audio-stop` or the next other event: it must not start a transcription."""
+        if event_type not in AUDIO_EVENTS:
+            self._refused = False
+            return None
+        if self._refused:
+            self._refused = event_type != "audio-stop"
+            return self._drop
+        if self._names is None:
             return None
         if event_type == "audio-start":
             return self._audio_start
@@ -94,7 +108,15 @@ class WyomingWake:
 
     async def detect(self, event: Event) -> None:
         self.end()
-        self._names = wake_names(self.runtime.engines.wake, Detect.from_event(event).names or ())
+        try:
+            names = wake_names(self.runtime.engines.wake, Detect.from_event(event).names or ())
+        except VoxError:
+            self._refused = True
+            raise
+        self._names = names
+
+    async def _drop(self, event: Event) -> None:
+        return None
 
     async def _audio_start(self, event: Event) -> None:
         self._begin(AudioStart.from_event(event).rate)
@@ -108,14 +130,25 @@ class WyomingWake:
         self._rate = rate
         self._resampler = StreamResampler(rate, SAMPLE_RATE)
         self._heard = False
+        self._sent = self._clock_ms = 0
 
     async def _audio_chunk(self, event: Event) -> None:
+        try:
+            await self._chunk(event)
+        except VoxError:  # said once: the rest of this audio is dropped (`route`)
+            self._refused = True
+            raise
+
+    async def _chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
         if self._stream is None:  # no audio-start: the first chunk says the format
             self._begin(chunk.rate)
         stream, resampler = self._stream, self._resampler
         assert stream is not None and resampler is not None
         samples = resampler.process(mono_samples(chunk, self._rate))
+        if chunk.timestamp is not None:  # the client's clock at this chunk's first sample
+            self._clock_ms = int(chunk.timestamp) - self._sent * 1000 // SAMPLE_RATE
+        self._sent += samples.size
         if not samples.size:
             return
         loop = asyncio.get_running_loop()
@@ -123,7 +156,8 @@ class WyomingWake:
         heard = await loop.run_in_executor(self.runtime.executor, partial(stream.process, pcm))
         for detection in heard:
             self._heard = True
-            await self.write(Detection(detection.name, detection.timestamp_ms).event())
+            timestamp = detection.timestamp_ms + self._clock_ms
+            await self.write(Detection(detection.name, timestamp).event())
 
     async def _audio_stop(self, event: Event) -> None:
         if self._stream is None:
