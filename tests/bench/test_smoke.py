@@ -59,7 +59,8 @@ def test_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:
     assert step["server"]["pid"] > 0 and step["server"]["cpu_percent"] is not None
     batches = step["engine_batches"]  # read from the server's /metrics around the step
     assert batches["vad"]["batches"] > 0 and batches["vad"]["mean_size"] >= 1
-    assert batches["asr"]["requests"] == step["counts"]["finals"]
+    # every final is an ASR request; decodes at pauses (vad.speculate_ms) may add more
+    assert batches["asr"]["requests"] >= step["counts"]["finals"]
     assert 0 <= batches["asr"]["share_of_one"] <= 1
     assert step["loadgen"]["send_lateness_ms"]["p99"] is not None
     assert (out / "latency_cdf.png").stat().st_size > 1000

@@ -97,7 +97,8 @@ def server(
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "voxserve", "serve", "--port", str(port), "--workers", "1"],
+            [sys.executable, "-m", "voxserve", "serve", "--port", str(port), "--workers", "1"]
+                + ["--grpc-port", "0", "--wyoming-port", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
