@@ -80,6 +80,9 @@ def test_translate_spanish_to_english(base: WhisperAsr) -> None:
 # --- a real server configured by environment JSON ------------------------------------------
 
 
+SERVE = (sys.executable, "-m", "voxserve", "serve")
+
+
 @pytest.fixture(scope="module")
 def server(
     cache_home: Path, base: WhisperAsr, tmp_path_factory: pytest.TempPathFactory
@@ -97,8 +100,17 @@ def server(
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "voxserve", "serve", "--port", str(port), "--workers", "1"]
-                + ["--grpc-port", "0", "--wyoming-port", "0"],
+            [
+                *SERVE,
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+                "--grpc-port",
+                "0",
+                "--wyoming-port",
+                "0",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
