@@ -31,7 +31,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_session import Installed, initial_wire, installed_of
+from voxserve.server.realtime_session import Installed, RealtimeWire, initial_wire, installed_of
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import limit_error
 from voxserve.server.webrtc_inbound import InboundAudio
@@ -174,11 +174,7 @@ async def call(runtime: Runtime) -> AsyncIterator[Call]:
     """A call as webrtc_calls.py runs one: the driver started, the link run once the
     channel is open, hang_up and the driver closed at the end."""
     caller, server, client, channel = await channel_pair()
-    wire = initial_wire(
-        installed_of(runtime.engines, runtime.settings.vad), model="gpt-realtime", media="track"
-    )
-    config = wire.config()
-    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    wire, driver = track_session(runtime, model="gpt-realtime")
     audio, track = StandInAudio(), StandInTrack()
     link = WebRtcLink(driver, wire, channel, audio, track, runtime)
     c = Call(link, driver, client, audio, track)
@@ -211,6 +207,15 @@ async def spoken_reply(c: Call, text: str) -> dict[str, Any]:
     )
     c.send("response.create")
     return await c.until("response.created")
+
+
+def track_session(runtime: Runtime, model: str = "m") -> tuple[RealtimeWire, SessionDriver]:
+    """A call's wire (media on the track) and its session driver, not started."""
+    wire = initial_wire(
+        installed_of(runtime.engines, runtime.settings.vad), model=model, media="track"
+    )
+    config = wire.config()
+    return wire, SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
 
 
 async def test_a_reply_is_events_on_the_channel_and_audio_on_the_track() -> None:
@@ -393,11 +398,7 @@ class StuckChannel:
 
 async def test_a_caller_that_reads_nothing_ends_as_stalled() -> None:
     runtime = fake_runtime(settings(stalled_client_s=0.3))
-    wire = initial_wire(
-        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
-    )
-    config = wire.config()
-    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    wire, driver = track_session(runtime)
     channel = StuckChannel()
     link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime)
     driver.start()
@@ -437,11 +438,7 @@ async def test_a_spoken_turn_over_real_media_is_answered_on_the_track() -> None:
     caller.on("track", lambda track: caller_heard.set_result(InboundAudio(track)))
     events: list[dict[str, Any]] = []
     client.on("message", lambda text: events.append(json.loads(text)))
-    wire = initial_wire(
-        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
-    )
-    config = wire.config()
-    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    wire, driver = track_session(runtime)
     try:
         await caller.setLocalDescription(await caller.createOffer())
         await server.setRemoteDescription(caller.localDescription)
@@ -506,11 +503,7 @@ async def test_messages_sent_as_the_channel_opens_are_not_lost() -> None:
     update("first")
     await eventually(lambda: early)
     channel.remove_listener("message", early.append)
-    wire = initial_wire(
-        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
-    )
-    config = wire.config()
-    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    wire, driver = track_session(runtime)
     driver.start()
     link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=early)
     update("second")
@@ -537,11 +530,7 @@ async def test_messages_the_call_could_not_hold_are_told() -> None:
     caller, server, client, channel = await channel_pair()
     events: list[dict[str, Any]] = []
     client.on("message", lambda text: events.append(json.loads(text)))
-    wire = initial_wire(
-        installed_of(runtime.engines, runtime.settings.vad), model="m", media="track"
-    )
-    config = wire.config()
-    driver = SessionDriver.open(runtime, lambda: config, wire=WEBRTC, principal=ANONYMOUS)
+    wire, driver = track_session(runtime)
     driver.start()
     held = [json.dumps({"type": "input_audio_buffer.clear"})] * 3
     link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=held, dropped=6)
