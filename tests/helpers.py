@@ -48,8 +48,23 @@ def spoken(runtime: Any, text: str, pad_s: float = 0.5) -> np.ndarray:
     return np.concatenate([pad, _SPOKEN[text], pad])
 
 
+_NUMBER_WORDS = {
+    word: str(value)
+    for value, word in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen"
+        " fourteen fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
+
+
 def wer(reference: str, hypothesis: str) -> float:
-    clean = lambda t: " ".join(re.sub(r"[^a-z0-9' ]+", " ", t.lower()).split())  # noqa: E731
+    """Word error rate after lower-casing, dropping punctuation and writing small numbers
+    as digits (Whisper writes "5" or "five" for the same audio, run to run)."""
+
+    def clean(text: str) -> str:
+        words = re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+        return " ".join(_NUMBER_WORDS.get(word, word) for word in words)
+
     return float(jiwer.wer(clean(reference), clean(hypothesis) or "<empty>"))
 
 
