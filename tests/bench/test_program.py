@@ -68,6 +68,19 @@ def test_script_maps_frames_and_times_to_utterances() -> None:
     assert shifted.frame(0) == program.pcm[90 * 640 : 91 * 640]
 
 
+def test_a_run_never_ends_inside_an_utterance() -> None:
+    """The run's last frame is stretched to the end of the utterance it would cut: a
+    truncated sentence was answered by the server and counted as a premature turn."""
+    clip = np.concatenate([quiet(0.2), tone(0.4), quiet(0.2)])  # speech 10..29 per clip
+    script = Script(build([(clip, "a"), (clip, "b")], gap_s=1.0))  # 90 frames per clip
+    assert script.whole(5) == 5 and script.whole(10) == 10  # before speech: as it was
+    assert script.whole(11) == 30 and script.whole(29) == 30  # inside: to its last frame
+    assert script.whole(30) == 30 and script.whole(60) == 60  # after it, in the gap
+    assert script.whole(180 + 15) == 180 + 30  # the second loop
+    shifted = Script(script.program, shift=90)
+    assert shifted.whole(12) == 30  # stream frame 12 plays program frame 102
+
+
 def test_fixtures_load_with_their_texts() -> None:
     clips = fixture_clips(FIXTURES)
     program = build(clips, gap_s=1.0)

@@ -78,7 +78,7 @@ class AudioStream(WsStream):
         """The script until end_at, then silence for the hangover (+ TAIL_S) so the last
         turn ends as it would live, not cut short by audio.end."""
         clock = FrameClock(time.monotonic())
-        frames = clock.frames_before(self.end_at)
+        frames = self.script.whole(clock.frames_before(self.end_at))
         tail = math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
         size = frame_bytes(self.rate)
         pcm, silent = pcm_at(self.script.program, self.rate), bytes(size)

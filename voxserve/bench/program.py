@@ -83,6 +83,17 @@ class Script:
         index = self.program.last_at.get((k + self.shift) % self.program.frames)
         return None if index is None else self._number(k, index)
 
+    def whole(self, frames: int) -> int:
+        """`frames`, or more when stream frame `frames` would cut an utterance short: the
+        frame after its last speech frame. A run's end then never truncates what a speaker
+        is saying (the server would answer a sentence that only paused, a premature turn
+        and missing words that the server never heard)."""
+        p = (frames + self.shift) % self.program.frames
+        for u in self.program.utterances:
+            if u.first < p <= u.last:
+                return frames + u.last + 1 - p
+        return frames
+
     def reference(self, number: int) -> str:
         return self.program.utterances[number % len(self.program.utterances)].text
 

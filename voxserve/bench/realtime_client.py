@@ -185,7 +185,7 @@ class RealtimeStream(RecordedStream):
         b64 = frames_b64(self.script.program)
         silent = base64.b64encode(bytes(frame_bytes(RATE))).decode()
         clock = FrameClock(time.monotonic())
-        frames = clock.frames_before(self.end_at)
+        frames = self.script.whole(clock.frames_before(self.end_at))
         tail = math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
         total = math.ceil((frames + tail) / self.piece_frames) * self.piece_frames
         piece: list[str] = []

@@ -188,7 +188,7 @@ class WebRtcStream:
         """Frame k of the track: the script until end_at, then silence (None)."""
         if self.limit is None:
             clock = FrameClock(time.monotonic() - k * FRAME_S)
-            self.limit = clock.frames_before(self.end_at)
+            self.limit = self.script.whole(clock.frames_before(self.end_at))
             self.total = self.limit + math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
         if k >= self.limit:
             return None
