@@ -128,10 +128,16 @@ class VadConfig(BaseModel):
     turn_detection: Literal["server_vad", "semantic_vad"] = "semantic_vad"
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
     # A tentative end: after this much silence the final is decoded (and, assistant mode,
-    # the reply made, held back) before the turn is confirmed; 0: no speculation. 64 ms (one
-    # VAD batch): the turn's end waits on that decode, so starting it sooner is what brings
-    # turn latency down (docs/benchmarks.md "Turn-taking": P50 554 -> 492 ms, P99 1049 -> 756).
-    speculate_ms: int = Field(default=64, ge=0, le=2000)
+    # the reply made, held back) before the turn is confirmed; 0: no speculation. 32 ms (one
+    # VAD window): a complete sentence's turn ends when that decode is back, so starting it
+    # sooner is what brings turn latency down (docs/benchmarks.md "Turn-taking"); a pause
+    # that goes on costs the decode (voxserve_speculative_cancelled_total).
+    speculate_ms: int = Field(default=32, ge=0, le=2000)
+    # Audio after the VAD's end of speech that the decode at a tentative end is given.
+    # Whisper writes a word into trailing silence ("a table for" + 120 ms of silence ->
+    # "a table for it?", a question that ends the turn); the VAD's own lag (its end comes
+    # 60-130 ms after the last audible sound) already holds the last word's tail.
+    pause_tail_ms: int = Field(default=0, ge=0, le=2000)
 
 
 class AsrConfig(BaseModel):

@@ -5,8 +5,8 @@ whether the user sounds done. A complete sentence or question ends soon; a trail
 "so", "um", a preposition, a number being read or a list still going on waits longer.
 The energy of the last words (a voice trailing off ends sooner) and the session's history
 (turns it ended too early: the user spoke again within a second) move the wait. Eagerness
-follows OpenAI's `semantic_vad`: high answers soonest, low waits longest, auto is medium
-that learns from the session.
+follows OpenAI's `semantic_vad`: high answers soonest, low waits longest, auto answers a
+complete sentence as soon as high and anything else as medium, and learns from the session.
 
 The word lists are English. Another language (the decode's detected or the session's) is
 judged by its punctuation only: a question or exclamation ends soon, a trailing comma waits,
@@ -41,7 +41,9 @@ class Ending(Enum):
 _WAIT_MS: dict[Eagerness, dict[Ending, int]] = {
     "high": {Ending.COMPLETE: 200, Ending.NEUTRAL: 400, Ending.CONTINUES: 800},
     "medium": {Ending.COMPLETE: 300, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
-    "auto": {Ending.COMPLETE: 300, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
+    # auto: high's wait after a complete sentence, medium's otherwise, and it learns
+    # (EARLY_TURN_S): a session whose turns it ends too early waits longer.
+    "auto": {Ending.COMPLETE: 200, Ending.NEUTRAL: 550, Ending.CONTINUES: 1200},
     "low": {Ending.COMPLETE: 500, Ending.NEUTRAL: 900, Ending.CONTINUES: 2000},
 }
 EARLY_TURN_S = 1.0  # speech this soon after a turn ended: that turn ended too early

@@ -184,6 +184,7 @@ class Listener:
         self.on_resume: Callable[[int], Awaitable[None]] | None = None
         self.pad = vad.pad_ms * SAMPLE_RATE // 1000  # kept before speech start
         self.tail_pad = settings.vad.pad_ms * SAMPLE_RATE // 1000  # and after its end
+        self.pause_tail = settings.vad.pause_tail_ms * SAMPLE_RATE // 1000  # at a pause
         self.in_conversation = conversation is not None
         self.wake_gate = wake_gate
         self.session_id = session_id
@@ -471,7 +472,7 @@ class Listener:
         if self._group is None:
             return
         begin = max(event.start - self.pad, self._kept_from)
-        audio = self.audio.slice(begin, event.end + self.tail_pad)
+        audio = self.audio.slice(begin, event.end + self.pause_tail)
         energy = trailing_energy(audio[: max(event.end - begin, 0)], SAMPLE_RATE)
         task = self._group.create_task(self._decode(audio), name="voxserve-asr-speculative")
         spec = self._spec = _Speculation(self.segment, event.end, energy, task)
