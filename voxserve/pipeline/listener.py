@@ -21,8 +21,9 @@ A conversation session (the Realtime API; `conversation` set) adds to that:
 
 Speculation (every session with VAD): at a tentative end (`SpeechPause`, vad.speculate_ms
 of silence) the final is decoded at once, on the audio up to where VAD heard the speech stop
-(vad.pause_tail_ms more: Whisper fills trailing silence with made-up words). With semantic_vad its text decides how long the
-silence must last (pipeline/endpointing.py), and the turn's final reuses that decode; while
+(vad.pause_tail_ms more: Whisper fills trailing silence with made-up words). With
+semantic_vad its text decides how long the silence must last (pipeline/endpointing.py), and
+the turn's final reuses that decode; while
 the turn is not confirmed `on_speculate` may start a held-back reply, and `on_resume`
 withdraws it if the user goes on (voxserve_speculative_cancelled_total).
 """
