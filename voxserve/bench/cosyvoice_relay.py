@@ -22,7 +22,7 @@ import grpc
 import httpx
 
 from voxserve.bench.cosyvoice_standin import GrpcStandin
-from voxserve.bench.servers import spawn_voxserve
+from voxserve.bench.servers import http_base, spawn_voxserve
 from voxserve.bench.stats import percentile
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log = Path(tempfile.mkdtemp(prefix="cosyvoice-relay-")) / "voxserve.log"
         with spawn_voxserve(log, env=env) as server:
-            base = server.url.replace("ws://", "http://").removesuffix("/v1/stream")
+            base = http_base(server.url)
             for concurrency in args.concurrency:
                 for name, call in (
                     ("direct", direct(f"127.0.0.1:{standin.port}")),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxserve.bench.servers import http_base
 from voxserve.bench.stats import percentile
 
 if TYPE_CHECKING:  # imported where used: `voxserve bench --help` builds this module's parsers
@@ -239,7 +240,7 @@ def cmd_tts_burst(args: argparse.Namespace) -> int:
 
 
 def cmd_tts_steps(args: argparse.Namespace) -> int:
-    url = args.url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")
+    url = http_base(args.url)
     rps, audio_rate = asyncio.run(http_capacity(url, args.capacity_clients, args.step_s))
     print(f"capacity: {rps:.2f} requests/s, {audio_rate:.1f} audio-s/s (closed loop)", flush=True)
     rows: list[dict[str, Any]] = [{"capacity_rps": rps, "capacity_audio_s_per_s": audio_rate}]

@@ -475,7 +475,9 @@ class Listener:
             return
         begin = max(event.start - self.pad, self._kept_from)
         audio = self.audio.slice(begin, event.end + self.pause_tail)
-        energy = trailing_energy(audio[: max(event.end - begin, 0)], SAMPLE_RATE)
+        energy = 1.0  # only semantic_vad reads it
+        if self.end_of_turn is not None:
+            energy = trailing_energy(audio[: max(event.end - begin, 0)], SAMPLE_RATE)
         task = self._group.create_task(self._decode(audio), name="voxserve-asr-speculative")
         spec = self._spec = _Speculation(self.segment, event.end, energy, task)
 

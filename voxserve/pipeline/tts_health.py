@@ -59,7 +59,6 @@ class TtsHealth:
         self._last_slow = 0.0
         self._degraded = False
         self.fallbacks = 0  # replies that spoke the fallback phrase
-        self.refused = 0  # syntheses refused while degraded
         self.refusals: dict[str, int] = {}  # by reason: late, queue, slow
         rates = ServiceRates(config.ms_per_char / 1000, config.rate_smoothing)
         self.schedule = TtsSchedule(self._budget_s, rates, clock, self._one_shot_budget_s)
@@ -80,6 +79,11 @@ class TtsHealth:
             self.schedule.close(ticket)
             raise
         return prediction
+
+    @property
+    def refused(self) -> int:
+        """Syntheses refused, for every reason."""
+        return sum(self.refusals.values())
 
     def lateness_inputs(self) -> TtsSchedule:
         """What admission by predicted lateness reads (for the metrics)."""
@@ -126,6 +130,5 @@ class TtsHealth:
             self._refuse(found, self.config.retry_after_s)
 
     def _refuse(self, reason: str, retry_after_s: int) -> None:
-        self.refused += 1
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
         raise TtsDegraded(reason, retry_after_s)

@@ -159,7 +159,6 @@ class Ticket:
     spent_s: float = 0.0  # the last engine call's seconds (written by the worker)
     playback_start: float = 0.0  # when the first chunk was ready
     audio_s: float = 0.0  # audio made so far
-    compute_s: float = 0.0  # engine seconds spent so far
     chars_done: float = 0.0  # characters made so far (estimated from the audio)
     closed: bool = field(default=False)
 
@@ -250,7 +249,6 @@ class TtsSchedule:
         if not ticket.first_done:
             self.rates.observe_first(ticket.key, compute_s, ticket.first_chars)
         ticket.call_started = None
-        ticket.compute_s += compute_s
         if audio_s > 0:
             if not ticket.first_done:
                 ticket.first_done = True

@@ -28,7 +28,7 @@ from voxserve.events import (
 )
 from voxserve.pipeline.synthesis import check_speed
 from voxserve.server.grpc_events import MODE_ENUM
-from voxserve.server.ws_protocol import parse_start
+from voxserve.server.ws_protocol import fatal, parse_start
 from voxserve.types import FRAME_MS
 from voxserve.v1 import voxserve_pb2 as pb
 
@@ -153,7 +153,7 @@ def stream_config(message: pb.StreamConfig, default_mode: Mode = "assistant") ->
         data["turn_detection"] = turns
     config = _parse(data)
     # The WebSocket finds a bad speed only at the first reply; a config is checked whole.
-    _fatal(lambda: check_speed(config.speed))
+    fatal(lambda: check_speed(config.speed))
     return config
 
 
@@ -183,19 +183,7 @@ def _put_audio_fields(
 
 
 def _parse(data: dict[str, Any]) -> StreamConfig:
-    return _fatal(lambda: parse_start(data))
-
-
-T = TypeVar("T")
-
-
-def _fatal(check: Callable[[], T]) -> T:
-    """A config error ends the call, whatever the check thought."""
-    try:
-        return check()
-    except VoxError as exc:
-        exc.fatal = True
-        raise
+    return fatal(lambda: parse_start(data))
 
 
 # --- requests ------------------------------------------------------------------------------

@@ -189,8 +189,7 @@ class InboundAudio:
         due = self._anchor + self._played * FRAME_MS / 1000
         if self._ended:
             return due
-        heard = self.last_heard_at + PLAYOUT_S
-        return due + PLAYOUT_S + min(HOLD_S, max(0.0, heard - due - PLAYOUT_S))
+        return due + PLAYOUT_S + min(HOLD_S, max(0.0, self.last_heard_at - due))
 
     def close(self) -> None:
         """Stop pulling the track (the call ended). Idempotent."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -145,12 +146,20 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
 
 
 def _start_turns(value: object) -> TurnDetection | None:
-    if value is None:
-        return None
+    """session.start's errors end the connection."""
+    return None if value is None else fatal(lambda: parse_turn_detection(value))
+
+
+T = TypeVar("T")
+
+
+def fatal(check: Callable[[], T]) -> T:
+    """A config error ends the session (the connection, the call), whatever the check
+    thought."""
     try:
-        return parse_turn_detection(value)
+        return check()
     except VoxError as exc:
-        exc.fatal = True  # session.start's errors end the connection
+        exc.fatal = True
         raise
 
 
