@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
-from tests.fakes import fake_runtime
+from tests.fakes import FakeTts, fake_runtime
 from voxserve.config import load_settings
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode, VoxError
@@ -37,7 +37,15 @@ class Asked(EchoResponder):
 
 async def seen(responder: Asked, steps: Callable[[Replies], Awaitable[None]]) -> list[Event]:
     """The events an assistant session's replies send while `steps` run."""
-    rt = fake_runtime(load_settings(log_level="warning"), responder=responder)
+    events, _ = await played(responder, steps)
+    return events
+
+
+async def played(
+    responder: Asked, steps: Callable[[Replies], Awaitable[None]], tts: FakeTts | None = None
+) -> tuple[list[Event], Session]:
+    """`seen`, and the session (its reply counters)."""
+    rt = fake_runtime(load_settings(log_level="warning"), responder=responder, tts=tts)
     outbox = Outbox(4096)
     session = Session(rt.session_context(), StreamConfig(mode="assistant"), outbox)
     replies = session.replies
@@ -52,7 +60,7 @@ async def seen(responder: Asked, steps: Callable[[Replies], Awaitable[None]]) ->
         item = await outbox.next()
         if isinstance(item, Event):
             events.append(item)
-    return events
+    return events, session
 
 
 async def test_the_same_text_after_a_resume_asks_the_responder_once() -> None:
@@ -118,3 +126,35 @@ async def test_a_reply_no_final_confirms_does_not_hold_the_session_open() -> Non
     async with asyncio.timeout(10):
         events = await seen(Asked(), steps)
     assert not [e for e in events if isinstance(e, TtsStart | ResponseText)], events
+
+
+async def test_a_confirmed_reply_counts_once_however_early_it_is_confirmed() -> None:
+    """The session's `replies`/`interrupted` (session.ended): a speculative reply counts
+    once confirmed, whether its first audio was ready then or not (slow TTS), and a confirmed
+    one cut before its first chunk is a reply, interrupted; a replaced one is none."""
+
+    def confirmed_early(cut: bool) -> Callable[[Replies], Awaitable[None]]:
+        async def steps(replies: Replies) -> None:
+            await replies.speculate(0, "Hello there.")
+            await replies.start(0, "Hello there.")  # before its first chunk (slow TTS)
+            if cut:
+                await asyncio.sleep(0.01)
+                await replies.barge_in(1)
+
+        return steps
+
+    async def confirmed_late(replies: Replies) -> None:
+        await replies.speculate(0, "Hello there.")
+        await asyncio.sleep(0.4)  # its first chunk held back, waiting
+        await replies.start(0, "Hello there.")
+
+    async def replaced(replies: Replies) -> None:
+        await replies.speculate(0, "Hello")
+        await asyncio.sleep(0.05)
+        await replies.start(0, "Hello, how are you?")
+
+    counts = []
+    for steps in (confirmed_early(False), confirmed_early(True), confirmed_late, replaced):
+        _, session = await played(Asked(), steps, tts=FakeTts(chunk_delay_s=0.2))
+        counts.append((session.speaker.replies, session.speaker.interrupted))
+    assert counts == [(1, 0), (1, 1), (1, 0), (1, 0)]

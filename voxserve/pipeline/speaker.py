@@ -136,8 +136,18 @@ class Speaker:
         started: float | None = None
         last_chunk = 0.0
         metrics = self.ctx.metrics
-        if hold is None:
-            self.replies += 1
+        counted = False
+
+        def confirmed() -> bool:
+            """Counts the reply once it is one: at once, or once its `hold` is set (a
+            speculative reply withdrawn before that counts as no reply)."""
+            nonlocal counted
+            if not counted and (hold is None or hold.is_set()):
+                counted = True
+                self.replies += 1
+            return counted
+
+        confirmed()
 
         async def send(chunk: Int16Array) -> None:
             nonlocal started, last_chunk
@@ -171,9 +181,10 @@ class Speaker:
         )
         try:
             while (item := await ahead.get()) is not None:
-                if hold is not None and not hold.is_set():
+                if not confirmed():
+                    assert hold is not None  # a reply without one is confirmed at once
                     await hold.wait()
-                    self.replies += 1
+                    confirmed()
                 if isinstance(item, Event):
                     await self.outbox.event(item)
                     continue
@@ -182,7 +193,7 @@ class Speaker:
                 await send(item)
         except asyncio.CancelledError:
             stats.interrupted = True
-            if hold is None or hold.is_set():
+            if confirmed():
                 self.interrupted += 1
             self.playback_until = 0.0
             if started is not None:
@@ -198,6 +209,7 @@ class Speaker:
             if not producer.done():
                 producer.cancel()
             await asyncio.wait([producer])
+        confirmed()  # confirmed with nothing (left) to say
         if started is not None:
             await self.outbox.event(self._end_event(stats, started))
         if turn is not None:
