@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from voxserve.cluster.credits import TierCredits
 from voxserve.config import ClusterCredits
+from voxserve.engines.credits import TierCredits
 
 
 def window(**config: float) -> TierCredits:

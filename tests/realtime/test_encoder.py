@@ -23,7 +23,7 @@ from voxserve.errors import ErrorCode
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import Quotas
 from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_events import RealtimeEncoder, stable_prefix
+from voxserve.server.realtime_events import RealtimeEncoder, stable_delta, stable_prefix
 from voxserve.server.realtime_responses import RateLimit, request_limits
 from voxserve.server.realtime_session import UPDATE_STAGE, installed_of
 
@@ -406,6 +406,13 @@ def test_stable_prefix() -> None:
     assert stable_prefix("hello wor", "hello world") == "hello "
     assert stable_prefix("a b c", "a b c") == "a b "
     assert stable_prefix("x y", "z y") == ""
+
+
+def test_stable_delta_adds_only_agreed_words_past_what_was_sent() -> None:
+    assert stable_delta("turn on the", "turn on the lights", "") == "turn on "
+    assert stable_delta("turn on the", "turn on the lights", "turn ") == "on "
+    assert stable_delta("turn on the", "turn on the lights", "turn on ") == ""
+    assert stable_delta("turn of the", "turn of the lights", "turn on ") == ""  # never retracted
 
 
 def test_no_transcription_events_when_transcription_is_off() -> None:

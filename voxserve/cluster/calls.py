@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from voxserve.cluster.credits import TierCredits
 from voxserve.cluster.failures import (
     is_deployment_down,
     is_lost_replica,
@@ -20,6 +19,7 @@ from voxserve.cluster.failures import (
     unavailable,
 )
 from voxserve.engines.chunk_deadline import ChunkLate, with_chunk_deadline
+from voxserve.engines.credits import TierCredits
 from voxserve.errors import VoxError
 
 

@@ -9,8 +9,6 @@ import threading
 from voxserve.config import ClusterCredits
 from voxserve.engines.credits import TierCredits
 
-__all__ = ["TierCredits", "tier_credits"]
-
 _tiers: dict[str, TierCredits] = {}
 _tiers_lock = threading.Lock()
 

@@ -121,13 +121,9 @@ class Replies:
         """The user started speaking (vad.start of `segment`). A held-back reply is left to
         its own turn's final (`start`), on its way: nobody saw it, so no barge-in for it."""
         held = self._held
-        audible = self.speaker.audible()
-        if held is not None and not held[2].is_set():
-            if audible:  # the reply before it, still playing
-                self.speaker.playback_until = 0.0
-                await self.outbox.event(BargeIn(segment=segment))
-            return
-        if self.cancel() or audible:
+        audible = self.speaker.audible()  # a reply (or the one before the held one) playing
+        unseen = held is not None and not held[2].is_set()
+        if (not unseen and self.cancel()) or audible:
             self.speaker.playback_until = 0.0
             await self.outbox.event(BargeIn(segment=segment))
 

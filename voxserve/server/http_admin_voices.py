@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -32,7 +32,7 @@ from voxserve.engines.cosyvoice_voices import DEFAULT_LANGUAGE, MAX_PROMPT_S, MI
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.runtime import Runtime
 from voxserve.server.http_admin import admin_only
-from voxserve.server.http_requests import Endpoint, read_form
+from voxserve.server.http_requests import Endpoint, read_form, read_upload
 
 PROMPT_BODY_BYTES = 16 * 1024 * 1024  # 30 s of WAV at 48 kHz stereo is 11 MB
 MAX_TEXT_CHARS = 1000
@@ -57,13 +57,9 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
                 ErrorCode.INVALID_PARAMETER,
                 f"voice id {quoted(voice_id)} is served by the {taken} engine; pick another",
             )
-        upload = form.get("prompt_wav")
-        if not isinstance(upload, UploadFile):
-            raise VoxError(
-                ErrorCode.INVALID_PARAMETER,
-                "form field 'prompt_wav' (the prompt recording, an audio file) is required",
-            )
-        data = await upload.read(PROMPT_BODY_BYTES + 1)
+        data = await read_upload(
+            form, "prompt_wav", PROMPT_BODY_BYTES, what="the prompt recording, an audio file"
+        )
         pcm = await asyncio.to_thread(
             decode_audio, data, max_seconds=MAX_PROMPT_S, rate=PROMPT_RATE
         )

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
@@ -112,6 +112,20 @@ async def read_json(
     if not isinstance(body, dict):
         raise VoxError(ErrorCode.INVALID_JSON, "request body must be a JSON object")
     return body
+
+
+async def read_upload(form: FormData, name: str, limit: int, *, what: str) -> bytes:
+    """The bytes of the form's file field `name` (`what`: how the error names it), at
+    most `limit` (a declared size over it is refused before reading)."""
+    upload = form.get(name)
+    if not isinstance(upload, UploadFile):
+        raise VoxError(ErrorCode.INVALID_PARAMETER, f"form field {name!r} ({what}) is required")
+    if upload.size is not None and upload.size > limit:
+        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
+    return data
 
 
 async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:

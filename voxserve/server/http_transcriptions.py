@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,7 +25,7 @@ from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.closing_stream import ClosingStream
 from voxserve.server.errors import error_body
-from voxserve.server.http_requests import one_of, read_form
+from voxserve.server.http_requests import one_of, read_form, read_upload
 from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
 from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, transcript_response
@@ -67,7 +67,7 @@ async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Respo
     form = await read_form(request, max_upload + FORM_OVERHEAD_BYTES)
     try:
         plan = _plan(form, engines, task, runtime.settings.limits.max_text_chars)
-        data = await _read_upload(form, max_upload)
+        data = await read_upload(form, "file", max_upload, what="an audio file upload")
     finally:
         await form.close()
     # Decoding is CPU work (a long MP3 takes a while): off the event loop.
@@ -223,17 +223,3 @@ def _form_text(form: FormData, name: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise VoxError(ErrorCode.INVALID_PARAMETER, f"form field {name} must be text, not a file")
-
-
-async def _read_upload(form: FormData, limit: int) -> bytes:
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise VoxError(
-            ErrorCode.INVALID_PARAMETER, "form field 'file' (an audio file upload) is required"
-        )
-    if upload.size is not None and upload.size > limit:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
-    data = await upload.read(limit + 1)
-    if len(data) > limit:
-        raise VoxError(ErrorCode.MESSAGE_TOO_LARGE, f"the upload is larger than {limit} bytes")
-    return data

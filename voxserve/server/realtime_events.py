@@ -295,12 +295,9 @@ class RealtimeEncoder:
         previous, sent = self._turns.pop(event.segment, ("", ""))
         if len(self._turns) >= MAX_TURNS:
             self._turns.pop(next(iter(self._turns)))
-        stable = stable_prefix(previous, event.text)
-        self._turns[event.segment] = (event.text, sent)
-        if not self._transcribes() or len(stable) <= len(sent) or not stable.startswith(sent):
-            return []
-        self._turns[event.segment] = (event.text, stable)
-        return [self._transcript_delta(event.segment, stable[len(sent) :])]
+        delta = stable_delta(previous, event.text, sent) if self._transcribes() else ""
+        self._turns[event.segment] = (event.text, sent + delta)
+        return [self._transcript_delta(event.segment, delta)] if delta else []
 
     def _transcript_delta(self, segment: int, delta: str) -> Obj:
         return self._ev(
@@ -364,3 +361,13 @@ def stable_prefix(previous: str, current: str) -> str:
     common = current[:n]
     cut = max(common.rfind(" "), common.rfind("\n"), common.rfind("\t"))
     return common[: cut + 1]
+
+
+def stable_delta(previous: str, current: str, sent: str) -> str:
+    """What a partial adds to the `sent` text of its segment: the words it and the
+    `previous` partial agree on past `sent` ("" when none, or when they no longer start
+    with `sent`: text sent is never taken back)."""
+    stable = stable_prefix(previous, current)
+    if len(stable) <= len(sent) or not stable.startswith(sent):
+        return ""
+    return stable[len(sent) :]

@@ -2,7 +2,7 @@
 
 Chunks are append-only: a client shows them one after the other, and nothing can take
 back text already sent. So a partial contributes only the words two successive partials
-of its segment agree on (`stable_prefix`), past what was sent; a segment's final adds the
+of its segment agree on (`stable_delta`), past what was sent; a segment's final adds the
 rest of that segment. The chunks joined are `text`. Segments come out in order: the
 partials of a later segment (VAD goes on while a final is decoded) wait until the earlier
 final is in.
@@ -19,7 +19,7 @@ session's VAD may cut a long request in two) are joined with one space.
 
 from __future__ import annotations
 
-from voxserve.server.realtime_events import stable_prefix
+from voxserve.server.realtime_events import stable_delta
 
 
 class TranscriptChunks:
@@ -38,11 +38,9 @@ class TranscriptChunks:
         """The chunk a partial adds, or None."""
         if segment != self._segment:
             return None  # a late one of a closed segment, or an early one of the next
-        stable = stable_prefix(self._previous, text)
+        delta = stable_delta(self._previous, text, self._sent)
         self._previous = text
-        if len(stable) <= len(self._sent) or not stable.startswith(self._sent):
-            return None
-        return self._append(stable[len(self._sent) :])
+        return self._append(delta) if delta else None
 
     def final(self, segment: int, text: str) -> str | None:
         """The chunk that completes a segment (its final text past what was sent), or None."""

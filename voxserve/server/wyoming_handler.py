@@ -58,7 +58,7 @@ from voxserve.server.session_events import limit_error
 from voxserve.server.session_slot import SessionSlot, open_request
 from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
-from voxserve.server.wyoming_recording import PCM_WIDTH, Recording
+from voxserve.server.wyoming_recording import AUDIO_EVENTS, PCM_WIDTH, Recording
 from voxserve.server.wyoming_stt import StreamedTranscription, end_transcript, streams
 from voxserve.server.wyoming_tts import WyomingSpeech
 from voxserve.server.wyoming_wake import WyomingWake
@@ -66,7 +66,6 @@ from voxserve.server.wyoming_wake import WyomingWake
 log = logging.getLogger(__name__)
 
 TRANSPORT = "wyoming"
-ASR_AUDIO = frozenset({"audio-start", "audio-chunk", "audio-stop"})  # a transcription's events
 
 
 class WyomingHandler(AsyncEventHandler):
@@ -148,7 +147,7 @@ class WyomingHandler(AsyncEventHandler):
         except Exception:
             log.exception("wyoming event failed", extra={"event": event.type})
             error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs")
-        transcription = routed is None and event.type in ASR_AUDIO
+        transcription = routed is None and event.type in AUDIO_EVENTS
         if transcription:  # its audio up to audio-stop is dropped (module docstring)
             self._failed = event.type != "audio-stop"
         await self._error(error, transcription=transcription)

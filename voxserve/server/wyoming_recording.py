@@ -8,6 +8,7 @@ from wyoming.audio import AudioChunk
 
 from voxserve.errors import ErrorCode, VoxError
 
+AUDIO_EVENTS = frozenset({"audio-start", "audio-chunk", "audio-stop"})  # a request's audio
 PCM_WIDTH = 2  # 16-bit samples in and out
 
 

@@ -36,10 +36,9 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.session_slot import SessionSlot, open_request
-from voxserve.server.wyoming_recording import mono_samples
+from voxserve.server.wyoming_recording import AUDIO_EVENTS, mono_samples
 from voxserve.types import SAMPLE_RATE
 
-AUDIO_EVENTS = ("audio-start", "audio-chunk", "audio-stop")
 Write = Callable[[Event], Awaitable[None]]
 
 
