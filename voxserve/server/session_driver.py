@@ -76,7 +76,8 @@ class SessionDriver:
         self.fatal: VoxError | None = None  # a status wire's fatal error (in_band_end False)
         self.last_message_at = time.monotonic()  # read by the limits watcher
         self.unsent: Outgoing | None = None  # taken from the outbox, not written (resent)
-        self.charges_audio = slot.quota.charges_audio  # fixed for the session's life
+        # fixed for the session's life
+        self.charges_audio = wire.charges_audio and slot.quota.charges_audio
         self.attachment: AttachedConnection | None = None  # the connection attached now
         self._ran = False  # the pipeline task began (it releases the session then)
         self._forced = False

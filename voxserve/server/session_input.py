@@ -47,6 +47,7 @@ class Wire:
     in_band_end: bool  # a fatal error is an event before session.ended (session_driver.py)
     stalls: bool  # output waits at most limits.stalled_client_s for the client to read
     tasks: str  # the prefix of its tasks' names
+    charges_audio: bool = True  # False: the transport charges the audio quota itself (Wyoming)
 
 
 class InputEnd(enum.Enum):

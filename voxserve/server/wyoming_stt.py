@@ -58,7 +58,10 @@ from voxserve.types import FRAME_MS, SUPPORTED_INPUT_RATES
 
 log = logging.getLogger(__name__)
 
-WYOMING = Wire("wyoming", in_band_end=True, stalls=False, tasks="voxserve-wyoming")
+# The handler charges each chunk as it comes (docstring), so the driver does not.
+WYOMING = Wire(
+    "wyoming", in_band_end=True, stalls=False, tasks="voxserve-wyoming", charges_audio=False
+)
 SEQ_MOD = 1 << 32
 Write = Callable[[Event], Awaitable[None]]
 Message = Frames | EndMessage  # what the handler hands the session: audio, then the end
@@ -104,7 +107,6 @@ class StreamedTranscription:
         admit(runtime)
         config = StreamConfig(mode="asr", sample_rate=rate, language=language, partials=True)
         self.driver = SessionDriver.open(runtime, lambda: config, wire=WYOMING, principal=ANONYMOUS)
-        self.driver.charges_audio = False  # the handler charges each chunk (docstring)
         self._write = write
         self._input = QueuedInput()
         self._frame = rate * FRAME_MS // 1000 * 2  # bytes of one 20 ms frame
