@@ -211,6 +211,58 @@ def test_zero_shot_voices_stay_on_disk(standin: Standin, tmp_path: Path) -> None
     again.close()
 
 
+def test_a_bad_voice_file_skips_that_voice_not_the_engine(
+    grpc_standin: GrpcStandin, tmp_path: Path
+) -> None:
+    """An empty WAV, a WAV that is not one, a JSON that is not an object: each voice is
+    skipped at start (logged); the good one loads and the engine serves."""
+    tts = engine(grpc_standin, tmp_path)
+    tts.add_prompt_voice("good", PROMPT, "Hello there.", "en")
+    tts.close()
+    voices = tmp_path / "voices"
+    for name, wav, meta in (
+        ("empty", b"", b"{}"),
+        ("garbled", b"RIFF garbage", b"{}"),
+        ("listed", (voices / "good.wav").read_bytes(), b"[]"),
+        ("broken", (voices / "good.wav").read_bytes(), b"{"),
+    ):
+        (voices / f"{name}.wav").write_bytes(wav)
+        (voices / f"{name}.json").write_bytes(meta)
+    again = engine(grpc_standin, tmp_path)
+    assert {v.id for v in again.voices()} == {"woman", "calm", "good"}
+    speak(again, "Still me.", "good")
+    again.close()
+
+
+def test_registrations_at_once_keep_every_voice_and_no_half_file(
+    grpc_standin: GrpcStandin, tmp_path: Path
+) -> None:
+    """Admin calls run on executor threads: the same id and different ids registered at
+    once neither fail on each other's temporary file nor lose a voice."""
+    tts = engine(grpc_standin, tmp_path)
+    errors: list[BaseException] = []
+
+    def register(i: int) -> None:
+        try:
+            for round_ in range(15):
+                tts.add_prompt_voice("shared", PROMPT, f"take {round_}", "en")
+                tts.add_prompt_voice(f"own{i}", PROMPT, "", "en")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    ids = {v.id for v in tts.voices()}
+    assert {"shared", "own0", "own1", "own2", "own3"} <= ids
+    assert not list((tmp_path / "voices").glob(".*.tmp"))
+    tts.close()
+    assert {"shared", "own0", "own3"} <= {v.id for v in engine(grpc_standin, tmp_path).voices()}
+
+
 def test_option_errors_name_the_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def refused(**options: object) -> str:
         with pytest.raises(EngineConfigError) as error:

@@ -72,7 +72,7 @@ def to_form(request: CosyRequest) -> tuple[str, dict[str, str], dict[str, Any] |
         return "/inference_instruct", fields, None
     assert request.prompt is not None
     prompt = request.prompt
-    files = {"prompt_wav": ("prompt.wav", prompt.wav_path.read_bytes(), "audio/wav")}
+    files = {"prompt_wav": ("prompt.wav", prompt.wav(), "audio/wav")}
     if request.kind == "zero_shot":
         fields = {"tts_text": request.text, "prompt_text": prompt.text}
         return "/inference_zero_shot", fields, files

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+import numpy as np
+
+from voxserve.audio.wav import write_wav
+
 RequestKind = Literal["sft", "zero_shot", "cross_lingual", "instruct"]
 REQUEST_KINDS: tuple[RequestKind, ...] = ("sft", "zero_shot", "cross_lingual", "instruct")
 PROMPT_RATE = 16_000  # CosyVoice reads prompt recordings at 16 kHz
@@ -28,6 +32,11 @@ class Prompt:
     pcm16k: bytes
     wav_path: Path
     text: str = ""
+
+    def wav(self) -> bytes:
+        """The recording as a WAV file, from memory: the one on disk may be replaced or
+        deleted while a reply that began with this voice is still being spoken."""
+        return write_wav(np.frombuffer(self.pcm16k, dtype="<i2"), PROMPT_RATE)
 
 
 @dataclass(frozen=True, slots=True)

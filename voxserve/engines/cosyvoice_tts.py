@@ -18,6 +18,7 @@ refused as `overloaded`. A runtime that is down, dies mid-stream or sends nothin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,13 +113,15 @@ class CosyVoiceTts:
             ),
         )
         try:
-            self._table = parse_table(voices or {}, self.sample_rate)
-        except ValueError as exc:
-            raise _config(str(exc)) from None
-        if isinstance(self.transport, cosyvoice_local.LocalTransport):
-            _check_speakers(self.transport, self._table)
+            self._table = _table(voices or {}, self.sample_rate)
+            if isinstance(self.transport, cosyvoice_local.LocalTransport):
+                _check_speakers(self.transport, self._table)
+        except BaseException:
+            self.transport.close()  # its channel, client or model: a reload goes on without
+            raise
         directory = Path(voice_dir) if voice_dir else default_cache_dir() / "cosyvoice-voices"
         self.store = ZeroShotStore(directory, self.sample_rate)
+        self._registering = threading.Lock()  # admin calls on executor threads, one at a time
         self._prompted = {
             voice_id: entry
             for voice_id, entry in self.store.load().items()
@@ -235,10 +238,11 @@ class CosyVoiceTts:
         check_voice_id(voice_id)
         if voice_id in self._table:
             raise ValueError(f"voice {voice_id!r} is in the engine's voices table; pick another id")
-        entry = self.store.add(voice_id, pcm16k, prompt_text, language, description)
-        # Readers on executor threads see the old or the new dict, never one half-made.
-        self._prompted = {**self._prompted, voice_id: entry}
-        self._entries = {**self._prompted, **self._table}
+        with self._registering:
+            entry = self.store.add(voice_id, pcm16k, prompt_text, language, description)
+            # Readers on executor threads see the old or the new dict, never one half-made.
+            self._prompted = {**self._prompted, voice_id: entry}
+            self._entries = {**self._prompted, **self._table}
         return entry.voice
 
     def is_prompt_voice(self, voice_id: str) -> bool:
@@ -247,11 +251,12 @@ class CosyVoiceTts:
 
     def remove_prompt_voice(self, voice_id: str) -> bool:
         """Forget a registered voice and delete its files; False if there was none."""
-        if voice_id not in self._prompted:
-            return False
-        self.store.remove(voice_id)
-        self._prompted = {k: v for k, v in self._prompted.items() if k != voice_id}
-        self._entries = {**self._prompted, **self._table}
+        with self._registering:
+            if voice_id not in self._prompted:
+                return False
+            self.store.remove(voice_id)
+            self._prompted = {k: v for k, v in self._prompted.items() if k != voice_id}
+            self._entries = {**self._prompted, **self._table}
         return True
 
     def close(self) -> None:
@@ -282,6 +287,13 @@ def _check_types(**options: tuple[object, str]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
             article = "an" if kind == "integer" else "a"
             raise _config(f"{name} must be {article} {kind}, got {value!r}")
+
+
+def _table(voices: dict[str, Any], sample_rate: int) -> dict[str, CosyVoiceEntry]:
+    try:
+        return parse_table(voices, sample_rate)
+    except ValueError as exc:
+        raise _config(str(exc)) from None
 
 
 def _check_speakers(

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,9 @@ class ZeroShotStore:
                     self.sample_rate,
                     str(meta.get("description", "")),
                 )
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # a bad file skips its voice, never the engine's start
                 log.warning(
-                    "cosyvoice voice skipped", extra={"voice": voice_id, "reason": str(exc)}
+                    "cosyvoice voice skipped", extra={"voice": voice_id, "reason": repr(exc)}
                 )
         return entries
 
@@ -169,6 +170,14 @@ class ZeroShotStore:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Readers see the old file or the new one; a temporary file of its own per write, so
+    two writers of one voice never move each other's half-written file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
