@@ -21,18 +21,20 @@ import openai
 import pytest
 import soxr
 from faster_whisper import WhisperModel
+from pypinyin.pinyin_dict import pinyin_dict
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeVad
 from voxserve.audio.wav import read_wav
 from voxserve.config import CacheConfig, load_settings
+from voxserve.engines import baker_models
 from voxserve.engines.baker_tts import VOICE_ID, BakerTts
 from voxserve.engines.espeak_tts import EspeakTts
 from voxserve.engines.loaded import Engines
 from voxserve.engines.registry import EngineConfigError, engine_class
 from voxserve.engines.responders import EchoResponder
 from voxserve.engines.whisper_models import resolve_model
-from voxserve.engines.zh_frontend import normalize, split_syllable, syllables
+from voxserve.engines.zh_frontend import normalize, split_syllable, syllables, symbols
 from voxserve.runtime import Runtime
 from voxserve.types import SAMPLE_RATE
 
@@ -147,6 +149,15 @@ def test_long_text_is_cut_into_bounded_calls(baker: BakerTts) -> None:
     """45 syllables without punctuation: two model calls (40 syllables at most)."""
     chunks = list(baker.synthesize("我" * 45, voice=VOICE_ID, speed=4.0))
     assert len(chunks) == 2 and chunks[0].size > 4 * chunks[1].size
+
+
+def test_every_reading_pypinyin_knows_is_a_baker_symbol() -> None:
+    """All 41,000-odd characters pypinyin reads: each symbol the front end writes is in the
+    model's table (瓮's old reading "wong" was not: a KeyError, the reply failed)."""
+    table = baker_models.symbol_table()
+    text = "".join(chr(code) for code in pinyin_dict)
+    unknown = {s for s in symbols(syllables(text)) if s not in table}
+    assert not unknown, sorted(unknown)
 
 
 def test_front_end() -> None:

@@ -57,12 +57,16 @@ def asset_dir() -> Path:
     )
 
 
+def symbol_table(folder: Path | None = None) -> dict[str, int]:
+    """The voice's phoneme symbols and their ids (what the front end may write)."""
+    with ((folder or asset_dir()) / MAPPER_FILE).open(encoding="utf-8") as f:
+        return {str(k): int(v) for k, v in json.load(f)["symbol_to_id"].items()}
+
+
 def load(folder: Path | None = None) -> BakerModel:
     folder = folder or asset_dir()
-    with (folder / MAPPER_FILE).open(encoding="utf-8") as f:
-        symbol_ids = {str(k): int(v) for k, v in json.load(f)["symbol_to_id"].items()}
     acoustic = without_random_dropout((folder / ACOUSTIC_FILE).read_bytes())
-    return BakerModel(acoustic, (folder / VOCODER_FILE).read_bytes(), symbol_ids)
+    return BakerModel(acoustic, (folder / VOCODER_FILE).read_bytes(), symbol_table(folder))
 
 
 def without_random_dropout(model_bytes: bytes) -> bytes:

@@ -134,7 +134,8 @@ class BakerTts:
                     yield audio if last else np.concatenate((audio, pause))
 
     def _call(self, symbols: list[str], speed: float) -> Int16Array:
-        ids = np.array([[self._ids[s] for s in symbols] + [self._ids[_EOS]]], dtype=np.int32)
+        known = [self._ids[s] for s in symbols if s in self._ids]  # a rare reading it lacks
+        ids = np.array([[*known, self._ids[_EOS]]], dtype=np.int32)
         instance = self._pool.get()
         try:
             mel = _acoustic(instance.acoustic, ids, 1.0 / speed)

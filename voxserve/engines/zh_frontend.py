@@ -17,7 +17,7 @@ import re
 from pypinyin import Style, lazy_pinyin
 
 _INITIALS = ("zh", "ch", "sh", *"bpmfdtnlgkhjqxrzcs")
-_W_FINALS = {"wu": "u", "wei": "uei", "wen": "uen", "weng": "ueng"}
+_W_FINALS = {"wu": "u", "wei": "uei", "wen": "uen", "weng": "ueng", "wong": "ueng"}
 _SHORT_FINALS = {"iu": "iou", "ui": "uei", "un": "uen", "ue": "ve"}
 _DIGITS = "零一二三四五六七八九"
 _UNITS = ("", "十", "百", "千")
