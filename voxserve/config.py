@@ -481,8 +481,8 @@ class WakeConfig(BaseModel):
     # else ASR waits for the word again (as a voice assistant goes back to sleep).
     command_window_s: float = Field(default=8.0, gt=0)
     # Per model, overriding the model's own JSON (okay_nabu: 0.85 and 5 probabilities).
-    probability_cutoff: dict[str, float] = Field(default_factory=dict)
-    sliding_window_size: dict[str, int] = Field(default_factory=dict)
+    probability_cutoff: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    sliding_window_size: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
 
 
 class Settings(BaseSettings):

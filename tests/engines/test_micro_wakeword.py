@@ -4,11 +4,15 @@ utterance fires once (refractory period), and a bad wake setting stops `serve` a
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import soxr
+from pydantic import ValidationError
 
 from tests.test_cli import assert_one_error_line, clean_env, run_cli
+from voxserve.config import WakeConfig
 from voxserve.engines.micro_wakeword import MicroWakeWordEngine
 from voxserve.engines.piper_tts import PiperTts
 from voxserve.types import SAMPLE_RATE
@@ -71,3 +75,17 @@ def test_an_unknown_wake_model_stops_serve_with_one_line() -> None:
     proc = run_cli("serve", "--port", "0", "--grpc-port", "0", "--wyoming-port", "0", env=env)
     assert proc.returncode == 2
     assert_one_error_line(proc, "wake.models", "hey_siri", "okay_nabu, hey_jarvis")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"probability_cutoff": {"okay_nabu": 0}},  # every window would fire
+        {"probability_cutoff": {"okay_nabu": 1.5}},  # the word could never fire
+        {"sliding_window_size": {"okay_nabu": 0}},  # never fires: no window fills
+        {"sliding_window_size": {"okay_nabu": -1}},  # every stream would fail to open
+    ],
+)
+def test_a_per_model_override_out_of_range_is_a_config_error(setting: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        WakeConfig(**setting)
