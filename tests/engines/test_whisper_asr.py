@@ -73,6 +73,16 @@ def test_silence_is_empty(asr: WhisperAsr) -> None:
             assert result.text == "" and result.segments == (), (level, partial)
 
 
+def test_a_nan_or_infinite_sample_does_not_silence_the_utterance(asr: WhisperAsr) -> None:
+    """One NaN made the whole mel NaN: the words came back as "" with no error."""
+    audio = load_fixture("weather.wav")
+    for bad in (np.nan, np.inf, -np.inf):
+        spoiled = audio.copy()
+        spoiled[500] = bad
+        text = asr.transcribe(spoiled).text
+        assert wer(FIXTURE_TEXTS["weather.wav"], text) <= 0.25, (bad, text)
+
+
 def test_very_short_audio(asr: WhisperAsr) -> None:
     rng = np.random.default_rng(4)
     for n in (1, 100, 1000):

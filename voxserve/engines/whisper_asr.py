@@ -261,7 +261,7 @@ class WhisperAsr:
         results: list[AsrResult | None] = [None] * len(audios)
         groups: dict[int, list[tuple[int, npt.NDArray[np.float32], float]]] = {}
         for i, audio in enumerate(audios):
-            samples = np.ascontiguousarray(np.asarray(audio, dtype=np.float32).reshape(-1))
+            samples = finite(np.asarray(audio, dtype=np.float32).reshape(-1))
             if self._is_silent(samples):
                 results[i] = AsrResult(text="")
                 continue
@@ -407,7 +407,7 @@ class WhisperAsr:
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
             **search,
         )
-        rows = np.asarray(encoded) if plan.word_timestamps else None
+        rows = on_cpu(encoded) if plan.word_timestamps else None
         decoded: list[_Decoded] = []
         for row, (result, cap) in enumerate(zip(results, caps, strict=True)):
             tokens: list[int] = list(result.sequences_ids[0])
@@ -575,3 +575,19 @@ def _device_and_compute(device: str, compute_type: str | None) -> tuple[str, str
             f"compute_type {compute!r} is not supported on {chosen}; valid: {', '.join(valid)}",
         )
     return chosen, compute
+
+
+def on_cpu(view: ctranslate2.StorageView) -> npt.NDArray[np.float32]:
+    """The encoder output as numpy: on a GPU it stays there (`to_cpu=False`, for the
+    decode), and numpy cannot read GPU memory (it would make a 0-d object array)."""
+    if view.device != "cpu":
+        view = view.to_device(ctranslate2.Device.cpu)
+    return np.asarray(view)
+
+
+def finite(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Contiguous samples with NaN and infinities as silence and full scale: one NaN
+    would make the whole mel NaN and the utterance an empty text, with no error."""
+    if not np.isfinite(samples).all():
+        samples = np.clip(np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+    return np.ascontiguousarray(samples)
