@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from voxserve.audio.wav import read_wav
+from voxserve.config import ConfigError, load_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEXT = "The weather today is sunny with a light breeze."
@@ -317,6 +318,7 @@ def test_port_in_use() -> None:
         port = busy.getsockname()[1]
         proc = run_cli("serve", "--port", str(port), timeout=30)
     assert_one_error_line(proc, f"port {port}", "already in use")
+    assert proc.returncode == 2  # a configuration to change, as every bad setting
 
 
 def test_engine_import_failure_names_the_extra(tmp_path: Path) -> None:
@@ -466,6 +468,64 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
     cert.write_text("not used")
     proc = run_cli("serve", "--port", str(free_port()), "--tls-cert", str(cert), timeout=30)
     assert_one_error_line(proc, "TLS needs both")
+    assert proc.returncode == 2
+
+
+def test_tls_files_that_are_not_a_pem_pair_stop_serve_before_it_listens(tmp_path: Path) -> None:
+    """They failed with an SSLError traceback after "listening on"."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a certificate")
+    flags = ("--tls-cert", str(text), "--tls-key", str(text))
+    proc = run_cli("serve", "--port", str(free_port()), *flags, timeout=30)
+    assert_one_error_line(proc, "notes.txt", "PEM pair")
+    assert proc.returncode == 2 and "listening" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (("--port", "70000"), "port"),  # it listened on 70000 - 65536 = 4464
+        (("--workers", "500"), "workers"),  # it forked 500 workers
+        (("--workers", "0"), "workers"),
+        (("--tracemalloc", "-1"), "tracemalloc_frames"),  # a ValueError after "listening"
+    ],
+)
+def test_flags_are_checked_like_the_settings_they_set(flags: tuple[str, ...], needle: str) -> None:
+    proc = run_cli("serve", *flags, timeout=30)
+    assert_one_error_line(proc, f"invalid setting {needle}")
+    assert proc.returncode == 2 and "listening" not in proc.stdout
+
+
+def test_a_flag_still_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOXSERVE_PORT", "9001")
+    monkeypatch.setenv("VOXSERVE_WORKERS", "3")
+    settings = load_settings(None, port=9002)
+    assert (settings.port, settings.workers) == (9002, 3)
+
+
+def test_a_misspelt_key_in_a_table_names_the_valid_ones(tmp_path: Path) -> None:
+    """`[limits] max_sesions = 5` loaded with the default, silently."""
+    config = tmp_path / "voxserve.toml"
+    config.write_text('[limits]\nmax_sesions = 5\n\n[engines.asr]\nname = "whisper"\n')
+    proc = run_cli("engines", "--config", str(config), timeout=30)
+    assert_one_error_line(proc, "unknown setting limits.max_sesions", "max_sessions")
+    assert proc.returncode == 2
+    for data, needle in (
+        ({"engines": {"asr": {"name": "whisper", "model": "base"}}}, "engines.asr.model"),
+        ({"flow": {"credit_windoww": 3}}, "flow.credit_windoww"),
+        ({"engines": {"tts": [{"name": "piper", "voice": "joe"}]}}, "engines.tts.0.voice"),
+    ):
+        path = tmp_path / "settings.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ConfigError, match=f"unknown setting {needle}; valid keys there"):
+            load_settings(path)
+
+
+def test_a_config_file_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "voxserve.toml"
+    binary.write_bytes(b"\xd0\xff\x00")
+    proc = run_cli("engines", "--config", str(binary), timeout=30)
+    assert_one_error_line(proc, "voxserve.toml", "not UTF-8")
     assert proc.returncode == 2
 
 

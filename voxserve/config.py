@@ -10,20 +10,27 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 
-class EngineSpec(BaseModel):
+class Section(BaseModel):
+    """A settings table: a key it does not have is an error, not a silent default
+    (`[limits] max_sesions = 5` was ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(Section):
     """One engine: its registry name and the keyword options its constructor takes."""
 
     name: str
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class EnginesConfig(BaseModel):
+class EnginesConfig(Section):
     vad: EngineSpec = EngineSpec(name="silero")
     asr: EngineSpec = EngineSpec(name="whisper")
     tts: list[EngineSpec] = Field(
@@ -36,13 +43,13 @@ class EnginesConfig(BaseModel):
     default_threads: int = 1
 
 
-class ExecutorConfig(BaseModel):
+class ExecutorConfig(Section):
     min_workers: int = 2
     max_workers: int = 8
     idle_release_s: float = 30.0
 
 
-class StageConfig(BaseModel):
+class StageConfig(Section):
     """Concurrency (shared by all sessions) and timeout of one engine stage."""
 
     concurrency: int = Field(ge=1)
@@ -59,7 +66,7 @@ class StageConfig(BaseModel):
         return self
 
 
-class PipelineConfig(BaseModel):
+class PipelineConfig(Section):
     executor: ExecutorConfig = ExecutorConfig()
     vad: StageConfig = StageConfig(concurrency=2, timeout_s=2.0)
     asr: StageConfig = StageConfig(concurrency=2, timeout_s=15.0)
@@ -106,7 +113,7 @@ class PipelineConfig(BaseModel):
     pool_buffers: int | None = Field(default=None, ge=0)
 
 
-class GcConfig(BaseModel):
+class GcConfig(Section):
     """Garbage collector control (observe/gc_control.py; measured in docs/benchmarks.md)."""
 
     # gc.freeze() after the models load: collections skip the loaded objects, forked
@@ -116,7 +123,7 @@ class GcConfig(BaseModel):
     thresholds: tuple[int, int, int] | None = (10_000, 20, 20)
 
 
-class VadConfig(BaseModel):
+class VadConfig(Section):
     threshold: float = 0.5
     neg_threshold: float = 0.35
     min_speech_ms: int = 200
@@ -140,7 +147,7 @@ class VadConfig(BaseModel):
     pause_tail_ms: int = Field(default=0, ge=0, le=2000)
 
 
-class AsrConfig(BaseModel):
+class AsrConfig(Section):
     partials: bool = True
     partial_interval_ms: int = 640  # re-decode the growing utterance this often
     min_partial_ms: int = 480  # no partial until this much speech
@@ -161,7 +168,7 @@ class AsrConfig(BaseModel):
     bulk_max_batch: int = Field(default=8, ge=1, le=64)
 
 
-class DegradeConfig(BaseModel):
+class DegradeConfig(Section):
     """When TTS cannot keep up, answer from the cache instead of queueing without bound:
     uncached speech gets the fallback phrase (WebSocket) or 503 + Retry-After (HTTP)."""
 
@@ -198,7 +205,7 @@ class DegradeConfig(BaseModel):
     fallback_text: str | None = "Sorry, I'm a little busy right now. Please try again in a moment."
 
 
-class TtsConfig(BaseModel):
+class TtsConfig(Section):
     output_sample_rate: int = 16_000
     max_chunk_ms: int = 200  # audio is sent in chunks of at most this length
     # The first chunk of a reply is at most this long (time to first audio); later chunks
@@ -225,7 +232,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "voxserve"
 
 
-class CacheConfig(BaseModel):
+class CacheConfig(Section):
     """The TTS cache: finished replies by text, voice, speed, rate and engine version, held
     in memory (hits never touch disk) and in sqlite on local disk (restarts keep it)."""
 
@@ -250,7 +257,7 @@ class CacheConfig(BaseModel):
         return Path(self.dir or default_cache_dir()) / "tts-cache.sqlite3"
 
 
-class LimitsConfig(BaseModel):
+class LimitsConfig(Section):
     max_sessions: int = 500
     max_text_chars: int = 4_000
     max_message_bytes: int = 256 * 1024
@@ -298,7 +305,7 @@ class LimitsConfig(BaseModel):
     memory_guard_bytes: int = Field(default=0, ge=0)
 
 
-class IceServer(BaseModel):
+class IceServer(Section):
     """A STUN or TURN server offered to ICE (as RTCIceServer): `urls` like
     `stun:stun.example.org:3478` or `turn:turn.example.org:3478?transport=udp`."""
 
@@ -307,7 +314,7 @@ class IceServer(BaseModel):
     credential: SecretStr | None = None
 
 
-class WebRtcConfig(BaseModel):
+class WebRtcConfig(Section):
     """WebRTC calls (POST /v1/realtime/calls, docs/webrtc.md): Opus over UDP through aiortc
     in this process, onto the same sessions, limits, quotas and metrics as every transport.
     Needs the `webrtc` extra (in the default set-up); without it the route answers 501."""
@@ -335,7 +342,7 @@ class WebRtcConfig(BaseModel):
         return self
 
 
-class RealtimeConfig(BaseModel):
+class RealtimeConfig(Section):
     """Client secrets for the Realtime API (POST /v1/realtime/client_secrets): a browser page
     gets a short-lived, single-use key (`ek_...`) instead of the real one."""
 
@@ -346,7 +353,7 @@ class RealtimeConfig(BaseModel):
     max_client_secrets: int = Field(default=10_000, ge=1)
 
 
-class WyomingConfig(BaseModel):
+class WyomingConfig(Section):
     """The Wyoming port's zeroconf record (server/wyoming_zeroconf.py): Home Assistant
     discovers the server by it. `serve --no-zeroconf` / `--zeroconf-name NAME`."""
 
@@ -364,7 +371,7 @@ class WyomingConfig(BaseModel):
         return value
 
 
-class FlowConfig(BaseModel):
+class FlowConfig(Section):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
     Every `tick_ms` each model stage is judged: under pressure when more than
@@ -389,7 +396,7 @@ class FlowConfig(BaseModel):
     shed_tts: bool = False
 
 
-class QuotaLimits(BaseModel):
+class QuotaLimits(Section):
     """Limits for one principal (an API key, or the anonymous caller). In `default`, None
     means no limit; in a per-key override, None means "as the default" and 0 no limit."""
 
@@ -399,7 +406,7 @@ class QuotaLimits(BaseModel):
     audio_s_per_min: float | None = Field(default=None, ge=0)  # speech sent in, refilled per s
 
 
-class QuotasConfig(BaseModel):
+class QuotasConfig(Section):
     """Per-key quotas (docs/protocol.md "Quotas"), applied to every authenticated key, and
     to the anonymous caller while auth is off only when `anonymous` is true. Overrides in
     `keys` are by key id (`voxserve.server.auth.key_id`: 8 hex digits of the key's hash).
@@ -413,7 +420,7 @@ class QuotasConfig(BaseModel):
     keys: dict[str, QuotaLimits] = Field(default_factory=dict)
 
 
-class ClusterCredits(BaseModel):
+class ClusterCredits(Section):
     """The gateway's window of in-flight calls per core tier (asr, tts): AIMD, like TCP's.
     A refusal (Ray Serve BackPressureError) or a deadline miss multiplies it by `decrease`;
     each success adds `increase / window` (about `increase` per window of calls)."""
@@ -428,7 +435,7 @@ class ClusterCredits(BaseModel):
     wait_ms: int = Field(default=250, ge=0)
 
 
-class ClusterDeployment(BaseModel):
+class ClusterDeployment(Section):
     """One core tier's Ray Serve deployment (docs/cluster.md has the sizing rules)."""
 
     num_replicas: int = Field(default=1, ge=1)  # ignored when `autoscaling` is set
@@ -445,7 +452,7 @@ class ClusterDeployment(BaseModel):
     autoscaling: dict[str, Any] | None = None
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(Section):
     """Scale-out on Ray Serve (docs/cluster.md): the gateway's ASR and TTS engine calls go
     to core deployments (`voxserve cluster up`) instead of in-process engines."""
 
@@ -465,7 +472,7 @@ class ClusterConfig(BaseModel):
     credits: ClusterCredits = ClusterCredits()
 
 
-class WakeConfig(BaseModel):
+class WakeConfig(Section):
     """Wake words (microWakeWord models of the `pymicro-wakeword` package): the Wyoming wake
     service and /v1/stream's `wake_word` (docs/protocol.md)."""
 
@@ -491,7 +498,7 @@ class Settings(BaseSettings):
     )
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     engines: EnginesConfig = EnginesConfig()
     pipeline: PipelineConfig = PipelineConfig()
@@ -578,6 +585,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {file} is not UTF-8 text") from exc
     try:
         if file.suffix == ".json":
             data = json.loads(text)
@@ -598,14 +607,38 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     data = read_config_file(path) if path else {}
     try:
         settings = Settings(**data)
-        if overrides:
-            settings = settings.model_copy(
-                update={k: v for k, v in overrides.items() if v is not None}
-            )
+        updates = {k: v for k, v in overrides.items() if v is not None}
+        if updates:
+            # Checked like the file and the environment (a --port over 65535 listened on
+            # another port; --workers 500 forked 500), and still winning over both.
+            settings = settings.model_copy()
+            for name, value in updates.items():
+                Settings.__pydantic_validator__.validate_assignment(settings, name, value)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            keys = ", ".join(_keys_of(first["loc"][:-1]))
+            raise ConfigError(f"unknown setting {where}; valid keys there: {keys}") from exc
         raise ConfigError(f"invalid setting {where}: {first['msg']}") from exc
     except SettingsError as exc:  # e.g. a VOXSERVE_* variable that must be JSON and is not
         raise ConfigError(f"invalid environment setting: {exc}") from exc
     return settings
+
+
+def _keys_of(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the settings table at `loc` (list indexes skipped), for an unknown key's
+    message."""
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        if field is None:
+            continue
+        found = [t for t in (field.annotation, *get_args(field.annotation)) if _is_model(t)]
+        if found:
+            model = found[0]
+    return sorted(model.model_fields)
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)

@@ -120,9 +120,10 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
                 if exc.errno == errno.EADDRINUSE:
                     raise CliError(
                         f"port {port} is already in use on {host}; stop the other server "
-                        "or choose another port with --port"
+                        "or choose another port with --port",
+                        EXIT_USAGE,
                     ) from exc
-                raise CliError(f"cannot listen on {where}: {exc.strerror}") from exc
+                raise CliError(f"cannot listen on {where}: {exc.strerror}", EXIT_USAGE) from exc
             sock.listen(2048)
     except BaseException:
         for sock in sockets:
@@ -264,7 +265,8 @@ def check_transport_ports(settings: Settings) -> None:
             reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else exc
             raise CliError(
                 f"the {name} port {port} cannot be used on {settings.host} ({reason}); "
-                f"choose another with {flag}, or {flag} 0 to disable {name}"
+                f"choose another with {flag}, or {flag} 0 to disable {name}",
+                EXIT_USAGE,
             ) from exc
         for sock in probes:
             sock.close()

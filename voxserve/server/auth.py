@@ -76,6 +76,8 @@ def read_keys_file(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read API keys file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"API keys file {path} is not UTF-8 text") from exc
     lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
 

@@ -10,6 +10,7 @@ engines are closed. Their packages (the `grpc` extra) are imported only when a p
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Protocol
 
 from voxserve.config import ConfigError, Settings
@@ -60,6 +61,13 @@ def check_tls(settings: Settings) -> None:
     for path in (cert, key):
         if path is not None and not path.is_file():
             raise ConfigError(f"TLS file {path} does not exist or is not a file")
+    if cert is not None and key is not None:
+        try:  # a file that is not a PEM certificate and its key failed after "listening on"
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"TLS certificate {cert} and key {key} do not load as a PEM pair: {exc}"
+            ) from exc
 
 
 class Transports:
