@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from voxserve.audio.wav import read_wav
+from voxserve.cli.admin_http import url_host
 from voxserve.config import ConfigError, load_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -309,6 +310,10 @@ def test_bad_say_options_fail_before_loading_models(tmp_path: Path) -> None:
     assert_one_error_line(proc, "unsupported_sample_rate")
     proc = run_cli("say", "hi", "-o", str(tmp_path / "missing-dir" / "x.wav"))
     assert_one_error_line(proc, "missing-dir")
+    proc = run_cli("say", "hi", "-o", str(tmp_path))  # found only after synthesis, before
+    assert_one_error_line(proc, "is a directory", "-o")
+    proc = run_cli("say", "hi", "-o", str(tmp_path / "x.wav"), "--sample-rate", "0")
+    assert_one_error_line(proc, "unsupported_sample_rate")  # 0 meant the default
 
 
 def test_port_in_use() -> None:
@@ -564,3 +569,14 @@ def test_transports_off_need_no_grpc_packages() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_admin_commands_reach_an_ipv6_server() -> None:
+    """`cache stats` with host ::1 built http://::1:8000 (InvalidURL)."""
+    assert [url_host(h) for h in ("::1", "::", "0.0.0.0", "", "10.0.0.2")] == [
+        "[::1]",
+        "[::1]",
+        "127.0.0.1",
+        "127.0.0.1",
+        "10.0.0.2",
+    ]

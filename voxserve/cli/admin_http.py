@@ -13,8 +13,11 @@ if TYPE_CHECKING:
 
     from voxserve.config import Settings
 
-# A server bound to every address is reached on loopback.
-_LOOPBACK_FOR = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}
+
+def url_host(host: str) -> str:
+    """`host` as a URL writes it: a wildcard is reached on loopback; IPv6 in brackets."""
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{shown}]" if ":" in shown else shown
 
 
 def admin_client(args: argparse.Namespace, settings: Settings) -> httpx.Client:
@@ -23,8 +26,7 @@ def admin_client(args: argparse.Namespace, settings: Settings) -> httpx.Client:
     key = args.admin_key or (
         settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
     )
-    host = _LOOPBACK_FOR.get(settings.host, settings.host)
-    url = (args.url or f"http://{host}:{settings.port}").rstrip("/")
+    url = (args.url or f"http://{url_host(settings.host)}:{settings.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=url, headers=headers, timeout=30)
 

@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.admin_http import url_host
 from voxserve.cli.cache import with_cache_dir
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import check_engines_import, load_cli_settings
@@ -132,15 +133,9 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def _shown_host(host: str) -> str:
-    """A wildcard host is shown as the loopback address; IPv6 in brackets."""
-    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"[{shown}]" if ":" in shown else shown
-
-
 def connect_line(host: str, port: int, *, tls: bool = False) -> str:
     """Where a client connects."""
-    shown = _shown_host(host)
+    shown = url_host(host)
     base = f"{'https' if tls else 'http'}://{shown}:{port}"
     ws = "wss" if tls else "ws"
     also = "" if shown.strip("[]") == host else f" (all interfaces: {host or '*'})"
@@ -152,7 +147,7 @@ def connect_line(host: str, port: int, *, tls: bool = False) -> str:
 
 def transport_lines(settings: Settings, *, tls: bool = False) -> list[str]:
     """One line per extra transport that is on."""
-    shown = _shown_host(settings.host)
+    shown = url_host(settings.host)
     lines = []
     if settings.grpc_port:
         security = "TLS" if tls else "plaintext"

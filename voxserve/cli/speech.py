@@ -31,14 +31,19 @@ def cmd_say(args: argparse.Namespace) -> int:
 
     settings = load_cli_settings(args)
     configure_cli_logging(args)
+    if args.text == "-" and sys.stdin is None:
+        raise CliError("text '-' reads standard input, and there is none")
     text = sys.stdin.read() if args.text == "-" else args.text
     # Everything checkable without models is checked before spending seconds loading them.
     text = check_text(text, settings.limits.max_text_chars)
     check_speed(args.speed)
-    rate = check_rate(args.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
+    wanted = settings.tts.output_sample_rate if args.sample_rate is None else args.sample_rate
+    rate = check_rate(wanted, SUPPORTED_OUTPUT_RATES)
     output = Path(args.output)
     if not output.parent.is_dir():
         raise CliError(f"{output.parent}: no such directory for the output file")
+    if output.is_dir() or not output.name:
+        raise CliError(f"{args.output!r} is a directory; -o names the WAV file to write")
     check_engines_import(settings)
     runtime = load_runtime(settings)
     try:
