@@ -7,6 +7,7 @@ SIGINT/SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -412,6 +413,33 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
     assert len(ready_lines) == 1 and ready_lines[0]["seconds"] > 0
     assert "tts.piper" in ready_lines[0]["load_seconds"]
     assert any(r["logger"].startswith("uvicorn") for r in records)  # routed through ours
+
+
+def test_serve_stopped_while_its_models_load_exits_at_once(tmp_path: Path) -> None:
+    """A TTS engine that takes a minute to load (the `load` engine's load_ms): SIGTERM
+    while it loads ends the server in seconds (it waited for the load to finish)."""
+    port = free_port()
+    env = clean_env(VOXSERVE_ENGINES__TTS='[{"name": "load", "options": {"load_ms": 60000}}]')
+    config = Path(__file__).parent.parent / "bench" / "load-engines.toml"
+    err_path = tmp_path / "stderr"
+    command = [sys.executable, "-m", "voxserve", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--grpc-port", "0", "--wyoming-port", "0"]
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 503:
+                    break  # up, and loading
+            time.sleep(0.2)
+        assert proc.poll() is None, err_path.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class WyomingBrowser:

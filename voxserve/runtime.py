@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -34,7 +35,13 @@ from voxserve.pipeline.drain import Drain
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.flow import FlowMonitor
-from voxserve.pipeline.generations import Batching, Generation, Lease, close_when_idle
+from voxserve.pipeline.generations import (
+    Batching,
+    Generation,
+    Lease,
+    close_when_idle,
+    until_idle,
+)
 from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
@@ -42,6 +49,8 @@ from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, st
 from voxserve.types import FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
+
+CLOSE_GRACE_S = 2.0  # at shutdown, how long model calls still running may take to end
 
 
 class Runtime:
@@ -240,8 +249,8 @@ class Runtime:
         reading = asyncio.create_task(cache.load(), name="voxserve-load-cache") if cache else None
         try:
             if self._generation is None:
-                engines = await asyncio.to_thread(
-                    load_engines, self.settings, preloaded=self._preloaded
+                engines = await _load_in_daemon_thread(
+                    partial(load_engines, self.settings, preloaded=self._preloaded)
                 )
                 self._preloaded = None
                 self._set_generation(engines)
@@ -291,15 +300,55 @@ class Runtime:
             task.cancel()
         if self._closers:
             await asyncio.gather(*self._closers, return_exceptions=True)
-        for generation in self.generations:
-            aclose = getattr(generation.engines.responder, "aclose", None)
+        responders = {id(g.engines.responder): g.engines.responder for g in self.generations}
+        for responder in responders.values():  # one shared by generations is closed once
+            aclose = getattr(responder, "aclose", None)
             if callable(aclose):
                 await aclose()
+        await until_idle(self.stages.running, CLOSE_GRACE_S)
         self.close()
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-        for generation in self.generations:
+        current = self._generation
+        # Retired generations first, keeping what they share with the current one (closed
+        # last, whole): an engine two generations share is closed once.
+        for generation in sorted(self.generations, key=lambda g: g is current):
             generation.close_batchers()
-            generation.close_engines()
+            shared = current.engines if current is not None and generation is not current else None
+            generation.close_engines(shared)
         self.generations.clear()
+
+
+async def _load_in_daemon_thread(load: Callable[[], Engines]) -> Engines:
+    """`load()` in a daemon thread: a server stopped while its models load exits at once
+    (asyncio.to_thread's worker would hold the exit until the load ends), and what a
+    cancelled load still made is closed."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Engines] = loop.create_future()
+
+    def deliver(engines: Engines | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            if engines is not None:
+                engines.close()
+        elif error is not None:
+            done.set_exception(error)
+        else:
+            assert engines is not None
+            done.set_result(engines)
+
+    def run() -> None:
+        engines: Engines | None = None
+        error: BaseException | None = None
+        try:
+            engines = load()
+        except BaseException as exc:  # the awaiting task's to raise
+            error = exc
+        try:
+            loop.call_soon_threadsafe(deliver, engines, error)
+        except RuntimeError:  # the loop is closed: nobody will use them
+            if engines is not None:
+                engines.close()
+
+    threading.Thread(target=run, name="voxserve-load-engines", daemon=True).start()
+    return await done

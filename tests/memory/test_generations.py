@@ -12,6 +12,7 @@ import pytest
 from tests.fakes import FakeAsr, fake_runtime
 from voxserve.config import EngineSpec, load_settings
 from voxserve.engines.loaded import load_engines
+from voxserve.engines.responders import EchoResponder
 from voxserve.errors import VoxError
 
 
@@ -73,3 +74,46 @@ def test_reload_of_some_kinds_carries_the_others_over() -> None:
     assert second.asr is not first.asr
     assert second.vad is first.vad and second.tts == first.tts
     assert second.responder is first.responder
+
+
+class ClosingResponder(EchoResponder):
+    """Counts its closes: `aclose` (an HTTP client, as the OpenAI responder's) and `close`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acloses = 0
+
+    async def aclose(self) -> None:
+        self.acloses += 1
+
+
+class CountingAsr(FakeAsr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+async def test_a_reloaded_responder_is_closed_and_a_shared_engine_once() -> None:
+    """The retired generation's responder had its async client left open (only those still
+    listed at shutdown were closed); an engine two generations share was closed twice."""
+    settings = load_settings("bench/load-engines.toml")
+    old_responder, asr = ClosingResponder(), CountingAsr()
+    runtime = fake_runtime(settings, responder=old_responder, asr=asr)
+    held = runtime.lease()  # a session on generation 1 while the responder is reloaded
+    await runtime.reload(("responder",))
+    assert runtime.engines.responder is not old_responder and runtime.engines.asr is asr
+    held.release()
+    for _ in range(100):
+        if old_responder.acloses:
+            break
+        await asyncio.sleep(0.01)
+    assert old_responder.acloses == 1 and asr.closes == 0  # the ASR is still in use
+    await runtime.reload(("tts",))
+    second = runtime.lease()  # generation 3 shares the ASR with a generation 2 still held
+    await runtime.reload(("vad",))
+    await runtime.aclose()
+    second.release()
+    assert asr.closes == 1 and old_responder.acloses == 1

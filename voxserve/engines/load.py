@@ -188,9 +188,12 @@ class LoadTts:
         cpu_ms_per_second_of_audio: float = 0.0,
         sleep_ms: float = 0.0,
         hold_gil: bool = False,
+        load_ms: float = 0.0,
     ) -> None:
-        if ms_per_char <= 0 or chunk_ms <= 0:
-            raise ValueError("ms_per_char and chunk_ms must be > 0")
+        """`load_ms`: how long the engine takes to load (a large model's start-up)."""
+        if ms_per_char <= 0 or chunk_ms <= 0 or load_ms < 0:
+            raise ValueError("ms_per_char and chunk_ms must be > 0, load_ms >= 0")
+        time.sleep(load_ms / 1000)
         self.info = _info("tts")
         self.sample_rate = sample_rate
         self.ms_per_char = ms_per_char

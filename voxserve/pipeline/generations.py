@@ -176,17 +176,27 @@ async def close_when_idle(
     has work running (a cancelled session's model call may still be inside the engine) or
     after `grace_s` (the longest stage timeout), whichever comes first."""
     generation.close_batchers()
-    deadline = time.monotonic() + grace_s
     with contextlib.suppress(asyncio.CancelledError):
-        while time.monotonic() < deadline:
-            if not running_work():
-                break
-            await asyncio.sleep(0.05)  # a poll: stage slots signal no event per release
-    generation.close_engines(keep())
+        await until_idle(running_work, grace_s)
+    responder, kept = generation.engines.responder, keep()
+    generation.close_engines(kept)
+    aclose = getattr(responder, "aclose", None)  # async resources (an HTTP client)
+    if callable(aclose) and (kept is None or kept.responder is not responder):
+        await aclose()
     log.info(
         "engine generation closed",
         extra={"generation": generation.number, "sessions_total": generation.sessions_total},
     )
+
+
+async def until_idle(running_work: Callable[[], int], grace_s: float) -> None:
+    """Until no model call is running, or `grace_s` has passed: an engine is not closed
+    under a call still inside it (a cancelled session's)."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not running_work():
+            break
+        await asyncio.sleep(0.05)  # a poll: stage slots signal no event per release
 
 
 _CLOSED: Any = None  # what a closed generation's engines are: nothing
