@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import TwoNodes, need_ray
+from tests.conftest import free_port
 from voxserve.cli.app import main
 from voxserve.cli.serve import with_cluster
 from voxserve.config import load_settings
@@ -176,6 +177,21 @@ def test_serve_cluster_flag_rewrites_only_asr_and_tts() -> None:
         update={"cluster": settings.cluster.model_copy(update={"enabled": True})}
     )
     assert with_cluster(enabled, None).engines.asr.name == "ray"
+
+
+def test_an_address_nobody_answers_is_one_line_not_a_hang() -> None:
+    """Ray retries an unreachable GCS for minutes, printing only warnings."""
+    need_ray()
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    proc = voxserve("cluster", "status", "--address", f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        f"voxserve: error: no Ray cluster answers at 127.0.0.1:{port} (Connection refused); "
+        "start one with `voxserve cluster up` or set cluster.address (--address, --cluster)"
+    ]
+    assert time.monotonic() - started < 60
 
 
 def test_ray_engines_refuse_without_the_gateway_settings() -> None:

@@ -8,15 +8,17 @@ connected (a test, `cluster up`'s own head) is reused, never re-initialised.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
 
-from voxserve.config import ClusterConfig
+from voxserve.config import ClusterConfig, ConfigError
 
 ASR_DEPLOYMENT = "AsrCore"
 TTS_DEPLOYMENT = "TtsCore"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+PROBE_TIMEOUT_S = 5.0  # a cluster address that takes longer to accept a connection is down
 
 _lock = threading.Lock()
 
@@ -77,7 +79,26 @@ def connect(config: ClusterConfig) -> None:
     with _lock:
         if ray.is_initialized():
             return
+        check_reachable(config.address)
         ray.init(namespace=config.namespace, **init_kwargs(config.address))
+
+
+def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """A `host:port` (or `ray://host:port`) nobody listens on is a ConfigError now: Ray
+    itself retries its GCS for minutes, printing only warnings."""
+    if address is None or address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # Ray's to judge
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({reason}); start one with "
+            "`voxserve cluster up` or set cluster.address (--address, --cluster)"
+        ) from None
 
 
 def deployment_handle(config: ClusterConfig, deployment: str, app: str) -> Any:
