@@ -164,8 +164,8 @@ class Runtime:
             default=15.0,
         )
 
-        def keep() -> Engines | None:
-            return self._generation.engines if self._generation is not None else None
+        def keep() -> list[Engines]:  # what the generations still live use
+            return [live.engines for live in self.generations if live is not generation]
 
         try:
             loop = asyncio.get_running_loop()
@@ -310,13 +310,12 @@ class Runtime:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-        current = self._generation
-        # Retired generations first, keeping what they share with the current one (closed
-        # last, whole): an engine two generations share is closed once.
-        for generation in sorted(self.generations, key=lambda g: g is current):
+        # Each keeps what a generation not yet closed shares: an engine is closed once.
+        remaining = list(self.generations)
+        while remaining:
+            generation = remaining.pop(0)
             generation.close_batchers()
-            shared = current.engines if current is not None and generation is not current else None
-            generation.close_engines(shared)
+            generation.close_engines([live.engines for live in remaining])
         self.generations.clear()
 
 

@@ -117,3 +117,31 @@ async def test_a_reloaded_responder_is_closed_and_a_shared_engine_once() -> None
     await runtime.aclose()
     second.release()
     assert asr.closes == 1 and old_responder.acloses == 1
+
+
+async def test_an_engine_a_live_retired_generation_uses_is_not_closed_under_it() -> None:
+    """Generations 1 and 2 share the ASR, generation 3 has its own: generation 1 closing
+    must leave the ASR to generation 2, still serving a session (it kept only what the
+    current generation shared)."""
+    settings = load_settings("bench/load-engines.toml")
+    asr = CountingAsr()
+    runtime = fake_runtime(settings, asr=asr)
+    first = runtime.lease()
+    await runtime.reload(("tts",))  # generation 2: the same ASR
+    second = runtime.lease()
+    await runtime.reload(("asr",))  # generation 3: its own ASR
+    assert runtime.engines.asr is not asr
+    first.release()
+    for _ in range(100):
+        if [g.number for g in runtime.generations] == [2, 3]:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # generation 1's closer has run
+    assert [g.number for g in runtime.generations] == [2, 3] and asr.closes == 0
+    second.release()
+    for _ in range(100):
+        if asr.closes:
+            break
+        await asyncio.sleep(0.01)
+    assert asr.closes == 1
+    runtime.close()

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,13 +121,13 @@ class Generation:
             if batcher is not None:
                 batcher.close()
 
-    def close_engines(self, keep: Engines | None = None) -> None:
-        """Close every engine of this generation that `keep` (the current one) does not
-        share (a reload of some kinds carries the others over)."""
+    def close_engines(self, keep: Sequence[Engines] = ()) -> None:
+        """Close every engine of this generation that none of `keep` (the generations still
+        live) shares (a reload of some kinds carries the others over)."""
         if self.closed:
             return
         self.closed = True
-        kept = _engine_ids(keep) if keep is not None else set()
+        kept = {id(engine) for engines in keep for engine in _engine_list(engines)}
         for engine in _engine_list(self.engines):
             if id(engine) not in kept:
                 close_engine(engine)
@@ -168,7 +168,7 @@ class Lease:
 
 async def close_when_idle(
     generation: Generation,
-    keep: Callable[[], Engines | None],
+    keep: Callable[[], Sequence[Engines]],
     running_work: Callable[[], int],
     grace_s: float,
 ) -> None:
@@ -181,7 +181,7 @@ async def close_when_idle(
     responder, kept = generation.engines.responder, keep()
     generation.close_engines(kept)
     aclose = getattr(responder, "aclose", None)  # async resources (an HTTP client)
-    if callable(aclose) and (kept is None or kept.responder is not responder):
+    if callable(aclose) and all(engines.responder is not responder for engines in kept):
         await aclose()
     log.info(
         "engine generation closed",
@@ -205,7 +205,3 @@ _CLOSED: Any = None  # what a closed generation's engines are: nothing
 def _engine_list(engines: Engines) -> list[object]:
     wake = [engines.wake] if engines.wake is not None else []
     return [engines.vad, engines.asr, *engines.tts, engines.responder, *wake]
-
-
-def _engine_ids(engines: Engines) -> set[int]:
-    return {id(engine) for engine in _engine_list(engines)}
