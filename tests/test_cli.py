@@ -529,6 +529,17 @@ def test_flags_are_checked_like_the_settings_they_set(flags: tuple[str, ...], ne
     assert proc.returncode == 2 and "listening" not in proc.stdout
 
 
+@pytest.mark.parametrize("origin", ["not an origin", "https://app.example.com/"])
+def test_a_cors_origin_that_is_not_one_is_refused(origin: str) -> None:
+    """A browser's Origin has no path or trailing slash: such an entry never matched."""
+    proc = run_cli("serve", "--port", "0", "--cors-origin", origin, timeout=30)
+    assert_one_error_line(proc, "--cors-origin", "scheme://host[:port]")
+    assert proc.returncode == 2
+    env = clean_env(VOXSERVE_CORS_ALLOWED_ORIGINS=json.dumps([origin]))
+    proc = run_cli("serve", "--port", "0", env=env, timeout=30)
+    assert_one_error_line(proc, "invalid setting cors_allowed_origins", "is not an origin")
+
+
 def test_a_flag_still_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOXSERVE_PORT", "9001")
     monkeypatch.setenv("VOXSERVE_WORKERS", "3")

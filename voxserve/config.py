@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -562,6 +563,19 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("cors_allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        """A browser sends `Origin: scheme://host[:port]`, nothing after it: an entry with
+        a path or a trailing slash would never match, silently."""
+        for origin in value:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port] "
+                    "(e.g. https://app.example.com), or * for any"
+                )
+        return value
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -573,6 +587,9 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment variables win over the file, which wins over defaults.
         return (env_settings, init_settings)
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 
 class ConfigError(ValueError):
@@ -599,6 +616,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def with_updates(settings: Settings, **updates: Any) -> Settings:
+    """A copy with top-level `updates` (command-line flags), each checked as the file and
+    the environment are (ValidationError)."""
+    settings = settings.model_copy()
+    for name, value in updates.items():
+        Settings.__pydantic_validator__.validate_assignment(settings, name, value)
+    return settings
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Defaults < config file < VOXSERVE_* env vars < explicit overrides (CLI flags)."""
     from pydantic import ValidationError
@@ -611,16 +637,15 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         if updates:
             # Checked like the file and the environment (a --port over 65535 listened on
             # another port; --workers 500 forked 500), and still winning over both.
-            settings = settings.model_copy()
-            for name, value in updates.items():
-                Settings.__pydantic_validator__.validate_assignment(settings, name, value)
+            settings = with_updates(settings, **updates)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         if first["type"] == "extra_forbidden":
             keys = ", ".join(_keys_of(first["loc"][:-1]))
             raise ConfigError(f"unknown setting {where}; valid keys there: {keys}") from exc
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from exc
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"invalid setting {where}: {message}") from exc
     except SettingsError as exc:  # e.g. a VOXSERVE_* variable that must be JSON and is not
         raise ConfigError(f"invalid environment setting: {exc}") from exc
     return settings

@@ -200,7 +200,9 @@ def with_cluster(settings: Settings, flag: str | None) -> Settings:
 def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     """--api-key (added to the configured keys), --api-keys-file, --admin-key,
     --insecure-no-auth and --cors-origin over the settings."""
-    from pydantic import SecretStr
+    from pydantic import SecretStr, ValidationError
+
+    from voxserve.config import with_updates
 
     update: dict[str, Any] = {}
     keys = getattr(args, "api_key", None)
@@ -215,7 +217,20 @@ def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     origins = getattr(args, "cors_origin", None)
     if origins:
         update["cors_allowed_origins"] = [*settings.cors_allowed_origins, *origins]
-    return settings.model_copy(update=update) if update else settings
+    try:
+        return with_updates(settings, **update)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = _AUTH_FLAGS.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise CliError(f"{flag}: {first['msg'].removeprefix('Value error, ')}", EXIT_USAGE) from exc
+
+
+_AUTH_FLAGS = {
+    "api_keys": "--api-key",
+    "api_keys_file": "--api-keys-file",
+    "admin_key": "--admin-key",
+    "cors_allowed_origins": "--cors-origin",
+}
 
 
 def with_zeroconf_flags(settings: Settings, args: argparse.Namespace) -> Settings:
