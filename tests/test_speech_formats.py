@@ -172,7 +172,9 @@ def test_speed_two_is_shorter(client: openai.OpenAI, reference_s: float) -> None
     fast = client.audio.speech.create(
         model="tts-1", voice="joe", input=TEXT, response_format="mp3", speed=2.0
     ).read()
-    assert seconds(fast, "mp3") < 0.7 * reference_s
+    # About 0.64 of the reference's PCM, plus mp3's frame padding; both vary run to run
+    # (0.71 seen in CI against 0.7). A speed not applied would be about 1.0.
+    assert seconds(fast, "mp3") < 0.8 * reference_s
 
 
 def test_instructions_are_accepted(client: openai.OpenAI) -> None:

@@ -30,7 +30,7 @@ from tests.test_cli import clean_env
 from tests.wsclient import collect, of_type, send_audio, start
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
-from voxserve.config import CacheConfig, TtsConfig, load_settings
+from voxserve.config import CacheConfig, DegradeConfig, TtsConfig, load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.openai_asr import OpenAIAsr
 from voxserve.engines.openai_tts import OpenAITts
@@ -179,7 +179,8 @@ def failing(remote: str) -> Iterator[LiveServer]:
         port=free_port(),
         log_level="warning",
         cache=CacheConfig(enabled=False),
-        tts=TtsConfig(fallback_text=None),  # nothing synthesised at start (see `front`)
+        # Nothing synthesised at start (see `front`).
+        tts=TtsConfig(degrade=DegradeConfig(fallback_text=None)),
     )
     tts = [
         OpenAITts(base_url=remote, api_key=REMOTE_KEY, voices={"amy": "joe"}),
