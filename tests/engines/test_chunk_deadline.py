@@ -3,8 +3,10 @@ cancels the call is a late item, not a stream that then fails with the cancel's 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -48,11 +50,12 @@ class Paced:
         return self
 
     def __next__(self) -> int:
+        if self.cancelled.wait(self.gap_s):
+            raise RuntimeError("CANCELLED")
         if self.left == 0:
             if not self.stall:
                 raise StopIteration
             assert self.cancelled.wait(10), "the stalled call was never cancelled"
-        if self.cancelled.wait(self.gap_s):
             raise RuntimeError("CANCELLED")
         self.left -= 1
         return self.left
@@ -91,3 +94,13 @@ def test_streams_on_time_are_never_cancelled_and_a_stalled_one_is() -> None:
     assert not any(s.cancelled.is_set() for s in streams)
     # the readers themselves, and at most the one watchdog thread besides
     assert max(threads_seen) <= before + len(readers) + 1
+
+
+def test_a_finished_call_is_not_kept_alive_by_its_deadlines() -> None:
+    """Each item's deadline stays queued until its time; it must not hold the call."""
+    call = Paced(5, 0.05)  # the watchdog waits on each item's deadline meanwhile
+    assert list(with_chunk_deadline(call, 30.0)) == [4, 3, 2, 1, 0]
+    gone = weakref.ref(call)
+    del call
+    gc.collect()
+    assert gone() is None

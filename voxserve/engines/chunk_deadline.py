@@ -58,6 +58,7 @@ class Watchdog:
         """Withdraw `alarm` (its item came); False when it had already fired."""
         with self._cv:
             alarm.settled = True
+            alarm.fire = _nothing  # the call is not kept alive until the deadline passes
             return not alarm.fired
 
     def _run(self) -> None:
@@ -74,12 +75,17 @@ class Watchdog:
                     continue
                 alarm = heapq.heappop(self._due)[2]
                 alarm.fired = alarm.settled = True
+                fire, alarm.fire = alarm.fire, _nothing
                 self._cv.release()  # a cancel may block: never under the lock
                 try:
                     with contextlib.suppress(Exception):  # the call's failure is its reader's
-                        alarm.fire()
+                        fire()
                 finally:
                     self._cv.acquire()
+
+
+def _nothing() -> None:
+    """What a settled alarm fires: nothing (it holds no reference to its call)."""
 
 
 _WATCHDOG = Watchdog()
