@@ -567,7 +567,7 @@ class Settings(BaseSettings):
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
         """A browser sends `Origin: scheme://host[:port]`, nothing after it: an entry with
-        a path or a trailing slash would never match, silently."""
+        a path (or "null", which only `*` allows) would never match, silently."""
         for origin in value:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
                 raise ValueError(
@@ -589,7 +589,7 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+/?", re.IGNORECASE)
 
 
 class ConfigError(ValueError):

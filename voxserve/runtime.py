@@ -90,6 +90,7 @@ class Runtime:
         self._generation: Generation | None = None
         self.generations: list[Generation] = []  # current and retired, until closed
         self._closers: set[asyncio.Task[None]] = set()
+        self._retiring: set[Generation] = set()  # retired, unused, their engines closing
         self._reload_lock: asyncio.Lock | None = None
         self.reloads = 0
         if engines is not None:
@@ -164,8 +165,9 @@ class Runtime:
             default=15.0,
         )
 
-        def keep() -> list[Engines]:  # what the generations still live use
-            return [live.engines for live in self.generations if live is not generation]
+        def keep() -> list[Engines]:  # what the generations not closed yet use
+            others = [*self.generations, *self._retiring]
+            return [g.engines for g in others if g is not generation and not g.closed]
 
         try:
             loop = asyncio.get_running_loop()
@@ -178,7 +180,9 @@ class Runtime:
             name="voxserve-close-generation",
         )
         self._closers.add(task)
+        self._retiring.add(generation)  # still holding its engines until the task ends
         task.add_done_callback(self._closers.discard)
+        task.add_done_callback(lambda _: self._retiring.discard(generation))
 
     def lease(self) -> Lease:
         """Hold the current generation (a session holds it from start to end)."""
@@ -300,18 +304,18 @@ class Runtime:
             task.cancel()
         if self._closers:
             await asyncio.gather(*self._closers, return_exceptions=True)
+        await until_idle(self.stages.running, CLOSE_GRACE_S)  # a responder call included
         responders = {id(g.engines.responder): g.engines.responder for g in self.generations}
         for responder in responders.values():  # one shared by generations is closed once
             aclose = getattr(responder, "aclose", None)
             if callable(aclose):
                 await aclose()
-        await until_idle(self.stages.running, CLOSE_GRACE_S)
         self.close()
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
         # Each keeps what a generation not yet closed shares: an engine is closed once.
-        remaining = list(self.generations)
+        remaining = [g for g in self._retiring if not g.closed] + list(self.generations)
         while remaining:
             generation = remaining.pop(0)
             generation.close_batchers()

@@ -9,7 +9,7 @@ import gc
 
 import pytest
 
-from tests.fakes import FakeAsr, fake_runtime
+from tests.fakes import FakeAsr, FakeVad, fake_runtime
 from voxserve.config import EngineSpec, load_settings
 from voxserve.engines.loaded import load_engines
 from voxserve.engines.responders import EchoResponder
@@ -144,4 +144,35 @@ async def test_an_engine_a_live_retired_generation_uses_is_not_closed_under_it()
             break
         await asyncio.sleep(0.01)
     assert asr.closes == 1
+    runtime.close()
+
+
+class CountingVad(FakeVad):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+async def test_two_retired_generations_closing_together_close_a_shared_engine_once() -> None:
+    """Generations 1 and 2 share the VAD and lose their last sessions in the same moment:
+    the first closer must count the second (removed from the live list, engines not yet
+    closed) among those still using it."""
+    settings = load_settings("bench/load-engines.toml")
+    vad = CountingVad()
+    runtime = fake_runtime(settings, vad=vad)
+    first = runtime.lease()
+    await runtime.reload(("asr",))  # generation 2: the same VAD
+    second = runtime.lease()
+    await runtime.reload(("vad",))  # generation 3: its own VAD
+    first.release()
+    second.release()
+    for _ in range(100):
+        if vad.closes:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert vad.closes == 1
     runtime.close()

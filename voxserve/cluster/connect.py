@@ -89,8 +89,8 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
     if address is None or address == "auto":
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return  # Ray's to judge
+    if not host or not port.isdigit() or (":" in host and not host.startswith("[")):
+        return  # Ray's to judge (a bare IPv6 address has no port to split off)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:

@@ -46,7 +46,7 @@ class Watchdog:
         alarm = _Alarm(fire)
         with self._cv:
             heapq.heappush(self._due, (time.monotonic() + timeout_s, next(self._order), alarm))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="voxserve-chunk-deadlines", daemon=True
                 )
@@ -78,7 +78,7 @@ class Watchdog:
                 fire, alarm.fire = alarm.fire, _nothing
                 self._cv.release()  # a cancel may block: never under the lock
                 try:
-                    with contextlib.suppress(Exception):  # the call's failure is its reader's
+                    with contextlib.suppress(BaseException):  # the call's failure: its reader's
                         fire()
                 finally:
                     self._cv.acquire()

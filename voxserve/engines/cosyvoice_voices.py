@@ -174,9 +174,8 @@ def _write_atomically(path: Path, data: bytes) -> None:
     two writers of one voice never move each other's half-written file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb") as out:  # 0600: a voice prompt is someone's recording
             out.write(data)
-        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -178,6 +178,8 @@ async def close_when_idle(
     generation.close_batchers()
     with contextlib.suppress(asyncio.CancelledError):
         await until_idle(running_work, grace_s)
+    if generation.closed:  # the runtime closed everything meanwhile (shutdown)
+        return
     responder, kept = generation.engines.responder, keep()
     generation.close_engines(kept)
     aclose = getattr(responder, "aclose", None)  # async resources (an HTTP client)
