@@ -10,10 +10,13 @@ import gc
 import pytest
 
 from tests.fakes import FakeAsr, FakeVad, fake_runtime
+from tests.helpers import eventually
 from voxserve.config import EngineSpec, load_settings
 from voxserve.engines.loaded import load_engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import VoxError
+from voxserve.pipeline.generations import Lease
+from voxserve.runtime import Runtime
 
 
 class ClosingAsr(FakeAsr):
@@ -87,13 +90,21 @@ class ClosingResponder(EchoResponder):
         self.acloses += 1
 
 
-class CountingAsr(FakeAsr):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closes = 0
+class ClosesCounted:
+    """An engine that counts its closes (each must happen once)."""
+
+    closes = 0
 
     def close(self) -> None:
         self.closes += 1
+
+
+class CountingAsr(ClosesCounted, FakeAsr):
+    pass
+
+
+class CountingVad(ClosesCounted, FakeVad):
+    pass
 
 
 async def test_a_reloaded_responder_is_closed_and_a_shared_engine_once() -> None:
@@ -119,60 +130,42 @@ async def test_a_reloaded_responder_is_closed_and_a_shared_engine_once() -> None
     assert asr.closes == 1 and old_responder.acloses == 1
 
 
-async def test_an_engine_a_live_retired_generation_uses_is_not_closed_under_it() -> None:
-    """Generations 1 and 2 share the ASR, generation 3 has its own: generation 1 closing
-    must leave the ASR to generation 2, still serving a session (it kept only what the
-    current generation shared)."""
-    settings = load_settings("bench/load-engines.toml")
-    asr = CountingAsr()
-    runtime = fake_runtime(settings, asr=asr)
+async def held_sharing(kind: str, engine: ClosesCounted) -> tuple[Runtime, Lease, Lease]:
+    """Generations 1 and 2, each held by a session, share `engine` (a TTS reload between
+    them); generation 3, current, has its own."""
+    runtime = fake_runtime(load_settings("bench/load-engines.toml"), **{kind: engine})
     first = runtime.lease()
-    await runtime.reload(("tts",))  # generation 2: the same ASR
+    await runtime.reload(("tts",))
     second = runtime.lease()
-    await runtime.reload(("asr",))  # generation 3: its own ASR
-    assert runtime.engines.asr is not asr
+    await runtime.reload((kind,))
+    assert getattr(runtime.engines, kind) is not engine
+    return runtime, first, second
+
+
+async def test_an_engine_a_live_retired_generation_uses_is_not_closed_under_it() -> None:
+    """Generation 1 closing must leave the shared ASR to generation 2, still serving a
+    session (it kept only what the current generation shared)."""
+    asr = CountingAsr()
+    runtime, first, second = await held_sharing("asr", asr)
     first.release()
-    for _ in range(100):
-        if [g.number for g in runtime.generations] == [2, 3]:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: [g.number for g in runtime.generations] == [2, 3])
     await asyncio.sleep(0.1)  # generation 1's closer has run
-    assert [g.number for g in runtime.generations] == [2, 3] and asr.closes == 0
+    assert asr.closes == 0
     second.release()
-    for _ in range(100):
-        if asr.closes:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: asr.closes)
     assert asr.closes == 1
     runtime.close()
 
 
-class CountingVad(FakeVad):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closes = 0
-
-    def close(self) -> None:
-        self.closes += 1
-
-
 async def test_two_retired_generations_closing_together_close_a_shared_engine_once() -> None:
-    """Generations 1 and 2 share the VAD and lose their last sessions in the same moment:
-    the first closer must count the second (removed from the live list, engines not yet
-    closed) among those still using it."""
-    settings = load_settings("bench/load-engines.toml")
+    """Generations 1 and 2 lose their last sessions in the same moment: the first closer
+    must count the second (removed from the live list, engines not yet closed) among those
+    still using the shared VAD."""
     vad = CountingVad()
-    runtime = fake_runtime(settings, vad=vad)
-    first = runtime.lease()
-    await runtime.reload(("asr",))  # generation 2: the same VAD
-    second = runtime.lease()
-    await runtime.reload(("vad",))  # generation 3: its own VAD
+    runtime, first, second = await held_sharing("vad", vad)
     first.release()
     second.release()
-    for _ in range(100):
-        if vad.closes:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: vad.closes)
     await asyncio.sleep(0.1)
     assert vad.closes == 1
     runtime.close()
