@@ -20,9 +20,16 @@ those doubled the cost per utterance for ~0.2 points of WER, so it is an option
 (`redo_late_end`, off; docs/engines.md).
 
 Request options (AsrOptions, uploads): a prompt goes before the transcript as previous text
-(`<|startofprev|>`), a temperature above 0 samples, word timestamps come from CTranslate2's
+(`<|startofprev|>`), cut to Whisper's prompt budget as OpenAI's and faster-whisper's
+decoders cut it (its last 223 tokens), its special-token-like text (`<|endoftext|>`) kept as
+text, not control tokens; a temperature above 0 samples, word timestamps come from CTranslate2's
 alignment of the decoded text (engines/whisper_words.py) and `translate` is offered only by
 multilingual models (`tasks`). Without options every call decodes as before.
+
+Every call is bounded (issue 35): a row is redone alone at most once (it has no neighbour
+then), a result that looks wrong is redone with the 30 s window at most once, and a result
+keeps at most its token cap whatever CTranslate2 returns (with a prompt it can return one
+token past `max_length`: a redo on `len(tokens) > cap` alone recursed until it died).
 
 Thread safety: one CTranslate2 model serves all calls (it queues them to `num_workers`
 replicas); features come from our own FeatureExtractor, called without `chunk_length`, the
@@ -42,6 +49,7 @@ from typing import Any
 import ctranslate2
 import numpy as np
 import numpy.typing as npt
+import tokenizers
 from faster_whisper import WhisperModel
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
@@ -70,6 +78,10 @@ TIME_PRECISION_S = 0.02  # one timestamp token
 MAX_LENGTH = 448  # Whisper's decoder context
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # first timestamp <= 1.0 s, as faster-whisper does
 LATE_SLACK_S = 0.5  # text may start this far past the audio's end before it counts as made up
+PROMPT_TOKENS = MAX_LENGTH // 2 - 1  # 223 tokens of previous text, as Whisper was trained
+# Only a prompt's tail is tokenized: 223 tokens of Whisper's vocabulary (at most 66
+# characters each) fit in it, so the kept tokens are the same and the cost is bounded.
+PROMPT_MAX_CHARS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +189,10 @@ class WhisperAsr:
                 code for code in _LANGUAGE_CODES if vocab.token_to_id(f"<|{code}|>") is not None
             )
         _ = tok.sot_prev, tok.no_timestamps
+        # A copy that reads `<|endoftext|>` in a prompt as text: the shared one makes it the
+        # control token (faster-whisper's `initial_prompt` does), which ends the prompt early.
+        self._prompt_vocab = tokenizers.Tokenizer.from_str(self.whisper_model.hf_tokenizer.to_str())
+        self._prompt_vocab.encode_special_tokens = True
         self._plain = {
             p: _Plan(tok, [*tok.sot_sequence, *([tok.no_timestamps] if p else [])], 0.0, False, p)
             for p in (False, True)
@@ -278,6 +294,7 @@ class WhisperAsr:
                 members, self._decode_batch(mels, window, lengths, plan), strict=True
             ):
                 if window < FULL_WINDOW_S and self._anomalous(decoded, seconds):
+                    # Once: the 30 s window's result is kept, whatever it looks like.
                     redo = self._row_plan(plan, decoded.language)  # keep the detected language
                     decoded = self._decode(mel, FULL_WINDOW_S, seconds, redo)
                 results[i] = self._result(decoded, seconds, partial)
@@ -297,11 +314,8 @@ class WhisperAsr:
         if opts.temperature is not None and not 0.0 <= opts.temperature <= 1.0:
             raise ValueError("temperature must be within 0..1")
         tokenizer = self._tokenizer_for(opts.task, lang or "en")
-        previous: list[int] = []
-        text = (opts.prompt or "").strip()
-        if text:
-            tail = tokenizer.encode(" " + text)[-(MAX_LENGTH // 2 - 1) :]
-            previous = [tokenizer.sot_prev, *tail]
+        tail = self.prompt_tokens(opts.prompt)
+        previous = [tokenizer.sot_prev, *tail] if tail else []
         prompt = [*previous, *tokenizer.sot_sequence]
         if partial:
             prompt.append(tokenizer.no_timestamps)
@@ -315,6 +329,18 @@ class WhisperAsr:
             lang,
             tuple(previous),
         )
+
+    def prompt_tokens(self, prompt: str | None) -> list[int]:
+        """A prompt's text tokens within Whisper's budget: `" " + prompt.strip()` encoded and
+        its last 223 tokens kept, as OpenAI's decoder and faster-whisper's `get_prompt` keep
+        previous text (`n_text_ctx // 2 - 1`; with `<|startofprev|>`, 224). Only its last
+        PROMPT_MAX_CHARS characters are read; special-token-like text stays text."""
+        text = (prompt or "").strip()
+        if not text:
+            return []
+        tail = " " + text[-PROMPT_MAX_CHARS:]
+        ids = self._prompt_vocab.encode(tail, add_special_tokens=False).ids
+        return [t for t in ids if t < self._eot][-PROMPT_TOKENS:]
 
     def _row_plan(self, plan: _Plan, language: str) -> _Plan:
         """`plan` with a detected language's token (a plan with its language is kept)."""
@@ -360,8 +386,9 @@ class WhisperAsr:
         return loudest < self._silence_rms
 
     def _cap(self, seconds: float, prompt: list[int]) -> int:
-        # Speech is ~3-5 tokens/s; the cap stops a looping decoder early (and marks it).
-        return min(MAX_LENGTH - len(prompt), 16 + math.ceil(10 * seconds))
+        # Speech is ~3-5 tokens/s; the cap stops a looping decoder early (and marks it). One
+        # token of slack: with a prompt CTranslate2 may return one past `max_length`.
+        return max(1, min(MAX_LENGTH - 1 - len(prompt), 16 + math.ceil(10 * seconds)))
 
     def _decode(
         self, mel: npt.NDArray[np.float32], window_s: int, seconds: float, plan: _Plan
@@ -411,9 +438,13 @@ class WhisperAsr:
         decoded: list[_Decoded] = []
         for row, (result, cap) in enumerate(zip(results, caps, strict=True)):
             tokens: list[int] = list(result.sequences_ids[0])
-            if len(tokens) > cap:  # ran on under a longer neighbour's cap: redo it alone
+            produced = len(tokens)
+            if produced > cap and cap < max(caps):
+                # Ran on under a longer neighbour's cap: redo it alone, once (alone, its
+                # cap is the batch's, so this branch cannot be taken again).
                 decoded.append(self._decode(mels[row], window_s, lengths[row], plans[row]))
                 continue
+            tokens = tokens[:cap]  # the cap holds whatever CTranslate2 returned
             score = float(result.scores[0]) if result.scores else 0.0
             words: tuple[WordTiming, ...] = ()
             if rows is not None:
@@ -425,9 +456,9 @@ class WhisperAsr:
             decoded.append(
                 _Decoded(
                     tokens=tokens,
-                    avg_logprob=score * len(tokens) / (len(tokens) + 1),  # as faster-whisper
+                    avg_logprob=score * produced / (produced + 1),  # as faster-whisper
                     no_speech_prob=float(result.no_speech_prob),
-                    hit_cap=len(tokens) >= cap,
+                    hit_cap=produced >= cap,
                     temperature=plan.temperature,
                     words=words,
                     language=plans[row].language or "en",
@@ -524,7 +555,7 @@ class WhisperAsr:
             without_timestamps=partial,
             vad_filter=False,
             condition_on_previous_text=False,
-            initial_prompt=(opts.prompt or "").strip() or None,
+            initial_prompt=self.prompt_tokens(opts.prompt) or None,  # ids: kept as text
             word_timestamps=opts.word_timestamps and not partial,
             no_speech_threshold=self._no_speech_threshold,
             log_prob_threshold=self._log_prob_threshold,
