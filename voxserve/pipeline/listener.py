@@ -286,11 +286,15 @@ class Listener:
 
     # -- conversation sessions: the client's turn controls -------------------------------
 
-    def commit(self) -> None:
+    def commit(self) -> asyncio.Future[int | None]:
         """The audio received until now is a turn: push-to-talk, the audio since the last
         commit (refused with empty_audio under MIN_COMMIT_MS); server VAD, the turn in
-        progress ends now (refused when no speech is in progress)."""
-        self._control(self._commit)
+        progress ends now (refused when no speech is in progress). The future is the turn's
+        segment once it is committed (after `on_commit`), None if it is refused: a
+        `response.create` sent right after the commit answers that turn (Responses)."""
+        turn: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._control(partial(self._commit, turn))
+        return turn
 
     def clear(self) -> None:
         """Drop the audio received until now that no turn has taken (AudioCleared): with
@@ -596,21 +600,29 @@ class Listener:
         """An empty commit: told, nothing committed, the buffer as it was."""
         await self.outbox.event(VoxError(ErrorCode.EMPTY_AUDIO, why).to_event())
 
-    async def _commit(self) -> None:
-        if self.detecting:
-            event = self.turns.cut()
-            if event is None:
-                await self._refuse_commit("no speech in progress to commit")
+    async def _commit(self, turn: asyncio.Future[int | None]) -> None:
+        segment: int | None = None
+        try:
+            if self.detecting:
+                event = self.turns.cut()
+                if event is None:
+                    await self._refuse_commit("no speech in progress to commit")
+                    return
+                await self._on_turn(event)
+                segment = self.segment
                 return
-            await self._on_turn(event)
-            return
-        held = self.audio.end - self._kept_from
-        if held < self.min_commit:
-            await self._refuse_commit(
-                f"no audio to commit: {ms(held)} ms buffered, at least {MIN_COMMIT_MS} ms needed"
-            )
-            return
-        await self._on_turn(SpeechEnd(self._kept_from, self.audio.end, forced=True))
+            held = self.audio.end - self._kept_from
+            if held < self.min_commit:
+                await self._refuse_commit(
+                    f"no audio to commit: {ms(held)} ms buffered, at least {MIN_COMMIT_MS} ms"
+                    " needed"
+                )
+                return
+            await self._on_turn(SpeechEnd(self._kept_from, self.audio.end, forced=True))
+            segment = self.segment
+        finally:
+            if not turn.done():  # the session may have given up on it (Responses.wait)
+                turn.set_result(segment)
 
     async def _clear(self) -> None:
         if self.detecting:

@@ -89,6 +89,12 @@ class Responses:
         self._running: list[ResponseRun] = []  # started, ResponseDone not yet sent; oldest first
         self._replies = 0
         self._committed = -1  # the last spoken turn whose item was added
+        # Push-to-talk: the client's last commit (its turn's segment once committed, None if
+        # refused); a response.create after it waits for that turn's transcript.
+        self._commit: asyncio.Future[int | None] | None = None
+        self._asked: asyncio.Future[int | None] | None = None  # the commit a create follows
+        self._transcribed = -1  # the last spoken turn whose final (or failure) is in
+        self._transcripts: dict[int, asyncio.Future[None]] = {}  # turns a response awaits
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -110,7 +116,11 @@ class Responses:
         return cancelled
 
     async def wait(self) -> None:
-        """Until every response is over."""
+        """Until every response is over (input has ended: a commit or transcript that has
+        not come by now never will, and no response waits for it)."""
+        if self._commit is not None and not self._commit.done():
+            self._commit.set_result(None)
+        self._transcribed_up_to(1 << 62)
         while tasks := [r.task for r in self._running if r.task and not r.task.done()]:
             await asyncio.wait(tasks)  # one may start another meanwhile (a queued turn)
 
@@ -144,11 +154,16 @@ class Responses:
         turn detection says so."""
         item = await self._user_item(segment)
         if item is None:
+            self._transcribed_up_to(segment)
             return  # the client deleted it: nothing to complete or answer
         await self.items.done(msgspec.structs.replace(item, text=text))
+        self._transcribed_up_to(segment)
         detection = self.config.turn_detection
         if not (self.config.responds and detection and detection.create_response and text):
             return
+        asked = self._asked  # set before this final: Listener._commit resolves it first
+        if asked is not None and asked.done() and asked.result() == segment:
+            return  # the client's response.create answers this turn already
         if detection.interrupt_response:
             self.cancel("turn_detected")
         self._start(ResponseOptions(), segment)
@@ -159,6 +174,35 @@ class Responses:
         item = await self._user_item(segment)
         if item is not None:
             await self.items.done(item)
+        self._transcribed_up_to(segment)
+
+    def client_committed(self, turn: asyncio.Future[int | None]) -> None:
+        """The client's `input_audio_buffer.commit` (Listener.commit's future): the next
+        `response.create` answers its turn."""
+        self._commit = turn
+
+    def _transcribed_up_to(self, segment: int) -> None:
+        """Turns up to `segment` have their final (finals come in order): wake who waits."""
+        self._transcribed = max(self._transcribed, segment)
+        for turn in [s for s in self._transcripts if s <= segment]:
+            waiter = self._transcripts.pop(turn)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _committed_turn(self, commit: asyncio.Future[int | None] | None) -> None:
+        """Until the turn of the client's commit before a response.create is in the
+        conversation with its transcript (at once when there was none, or it was refused):
+        push-to-talk's `commit` then `response.create`, sent together, answer that turn,
+        as OpenAI's do."""
+        if commit is None:
+            return
+        segment = await asyncio.shield(commit)  # a cancel of the response is not the commit's
+        if segment is None or segment <= self._transcribed:
+            return
+        waiter = self._transcripts.get(segment)
+        if waiter is None:
+            waiter = self._transcripts[segment] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
 
     async def _user_item(self, segment: int) -> Item | None:
         item_id = speech_item_id(self.session_id, segment)
@@ -199,9 +243,18 @@ class Responses:
                 ErrorCode.RESPONSE_ACTIVE,
                 "a response is in progress: cancel it, or wait for its end",
             )
-        self._start(options, None)
+        self._asked = self._commit
+        self._start(options, None, after=self._commit)
 
-    def _start(self, options: ResponseOptions, segment: int | None) -> None:
+    def _start(
+        self,
+        options: ResponseOptions,
+        segment: int | None,
+        *,
+        after: asyncio.Future[int | None] | None = None,
+    ) -> None:
+        """Start a response (after the ones running); `after`: the client's commit whose
+        turn it answers (`_committed_turn`)."""
         defaults = self.config.response
         voice = options.voice or defaults.voice
         voice_id = self.ctx.engines.voice(voice)[0].id if voice else self.voice
@@ -226,7 +279,7 @@ class Responses:
         self._running.append(response)
         assert self.group is not None
         response.task = self.group.create_task(
-            self._run(response, previous), name="voxserve-response"
+            self._run(response, previous, after), name="voxserve-response"
         )
 
     def _request(self, options: ResponseOptions) -> ReplyRequest:
@@ -242,14 +295,21 @@ class Responses:
             max_output_tokens=_first(options.max_output_tokens, defaults.max_output_tokens),
         )
 
-    async def _run(self, response: ResponseRun, previous: list[asyncio.Task[None]]) -> None:
-        """One response, start to ResponseDone (after the ones before it)."""
+    async def _run(
+        self,
+        response: ResponseRun,
+        previous: list[asyncio.Task[None]],
+        after: asyncio.Future[int | None] | None,
+    ) -> None:
+        """One response, start to ResponseDone (after the ones before it, and the turn of
+        the commit it follows)."""
         response.started = True
         turn: TurnMarks | None = None
         error: VoxError | None = None
         try:
             if previous:
                 await asyncio.wait(previous)  # their ResponseDone comes first
+            await self._committed_turn(after)
             await response.announce()
             if response.cancel_reason is None:
                 listener = self.listener

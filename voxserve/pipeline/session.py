@@ -326,8 +326,11 @@ class Session:
 
     def commit_audio(self) -> None:
         """`CommitAudio`: the audio received until now is a user turn (Listener.commit);
-        an empty commit is told (empty_audio) by the listener, in its place in the events."""
-        self._with_all_audio().commit()
+        an empty commit is told (empty_audio) by the listener, in its place in the events;
+        a `response.create` after it answers its turn (Responses.client_committed)."""
+        turn = self._with_all_audio().commit()
+        if self.responses is not None:
+            self.responses.client_committed(turn)
 
     def clear_audio(self) -> None:
         """`ClearAudio`: drop the audio not yet committed (Listener.clear)."""

@@ -13,6 +13,7 @@ once the next partial keeps them).
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
@@ -135,6 +136,9 @@ class RealtimeEncoder:
     ) -> None:
         self.wire = wire
         self._ids = itertools.count(1)
+        # A connection refused before its session opens has no session id: its events are
+        # numbered under one of their own, so every event id is unique (not "event__1").
+        self._unopened = secrets.token_hex(8)
         self.responses = ResponseEvents(wire, self._ev, rate_limits)
         self._turns: dict[int, tuple[str, str]] = {}  # segment -> (last partial, sent)
 
@@ -154,7 +158,7 @@ class RealtimeEncoder:
         if self.wire.beta:
             kind = BETA.get(kind, kind)
         return {
-            "event_id": f"event_{self.wire.session_id}_{next(self._ids)}",
+            "event_id": f"event_{self.wire.session_id or self._unopened}_{next(self._ids)}",
             "type": kind,
         } | fields
 

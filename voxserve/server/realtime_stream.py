@@ -223,7 +223,7 @@ class RealtimeLink:
         if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
             fast.stall_s = self.limits.stalled_client_s
             fast.on_stall = driver.client_stalled
-            fast.holds_text = is_append  # appends are held and queued together
+            fast.holds_text = self._holdable  # appends are held and queued together
         try:
             await serve_attached(driver, self, self._send(), since=self.opened_at)
         finally:
@@ -236,6 +236,11 @@ class RealtimeLink:
             await close_stalled(driver, self.ws, fast)
 
     # -- the way in ------------------------------------------------------------------------
+
+    def _holdable(self, payload: bytes) -> bool:
+        """An append the decoder will take (a refused one is not held: its error comes at
+        once)."""
+        return is_append(payload) and self.decoder.holdable(payload)
 
     async def receive(self) -> Message | InputEnd:
         self.origins.end(self.decoder.last_event_id)  # the last message's reports are queued
