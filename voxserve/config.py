@@ -350,8 +350,17 @@ class RealtimeConfig(Section):
     # Lifetime when the request gives no `expires_after` (OpenAI's default, 10 minutes);
     # a request may ask for 10 s to 2 h.
     client_secret_ttl_s: int = Field(default=600, ge=10, le=7200)
-    # Unused secrets held at once (each a few hundred bytes); past it minting answers 429.
+    # Unused secrets held at once, server-wide; past it minting answers 429.
     max_client_secrets: int = Field(default=10_000, ge=1)
+    # ...and per API key (with auth off every caller is the one anonymous tenant), so one
+    # key cannot take every other key's secrets: its own 429 comes first.
+    max_client_secrets_per_key: int = Field(default=1_000, ge=1)
+    # A secret's session object as stored (compact JSON, unused fields dropped); a bigger
+    # one is refused at mint (400 `session_too_large`). 16 KiB x 10,000: 160 MB of disk.
+    max_client_secret_session_bytes: int = Field(default=16 * 1024, ge=256, le=1024 * 1024)
+    # The store's directory (None: the cache directory, `--cache-dir`); every worker of
+    # `serve --workers N` uses this one (server/realtime_secrets.py).
+    secrets_dir: Path | None = None
 
 
 class WyomingConfig(Section):

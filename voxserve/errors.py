@@ -39,6 +39,8 @@ class ErrorCode(StrEnum):
     INVALID_SDP = "invalid_sdp"  # not an SDP offer with an audio m-line and a data channel
     CALL_NOT_FOUND = "call_not_found"  # DELETE / hangup of a call that is not (or no longer) up
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # the webrtc extra (aiortc) is not installed
+    # Realtime client secrets (POST /v1/realtime/client_secrets, docs/realtime.md)
+    SESSION_TOO_LARGE = "session_too_large"  # over realtime.max_client_secret_session_bytes
     # server side
     STAGE_TIMEOUT = "stage_timeout"
     ENGINE_ERROR = "engine_error"
@@ -52,6 +54,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM): connect elsewhere
     CLIENT_STALLED = "client_stalled"  # the client stopped reading for limits.stalled_client_s
     RESUME_FAILED = "resume_failed"  # no parked session with that id (expired, or never was)
+    STORAGE_UNAVAILABLE = "storage_unavailable"  # the client-secret store cannot be used
     INTERNAL = "internal"
     # admin routes
     UNAUTHORIZED = "unauthorized"  # missing or wrong API key or admin key

@@ -116,12 +116,15 @@ def test_a_cache_dir_that_cannot_be_written_is_one_clear_config_error(tmp_path: 
     assert not list(tmp_path.glob("**/.model.bin.*"))
 
 
-def test_the_joined_files_have_a_plain_files_mode(tmp_path: Path) -> None:
-    """mkstemp's 0600 made a cache joined by one user unreadable by another (the service)."""
-    old = os.umask(0o022)
+def test_the_joined_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Issue 35: every file voxserve writes is 0600 in a 0700 directory (the join was 0644
+    on purpose before; it is now joined by the user that serves)."""
+    old = os.umask(0)
     try:
-        resolved = resolve_model("base", tmp_path)
+        resolved = resolve_model("base", tmp_path / "models")
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in resolved.path.iterdir()}
-    assert set(modes.values()) == {0o644}, modes
+    assert set(modes.values()) == {0o600}, modes
+    assert stat.S_IMODE(resolved.path.stat().st_mode) == 0o700
+    assert stat.S_IMODE(resolved.path.parent.stat().st_mode) == 0o700

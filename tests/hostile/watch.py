@@ -93,13 +93,16 @@ class _RssSampler:
             time.sleep(0.01)
 
 
-async def _live_stream(ws_url: str, watch: Watch, stop: asyncio.Event) -> None:
+async def _live_stream(
+    ws_url: str, watch: Watch, stop: asyncio.Event, key: str | None = None
+) -> None:
     """Speak one fixture at real-time pace, then silence until `stop`, pinging every 100 ms;
     then end the stream and read it out."""
     speech = np.round(fixture_audio("command.wav") * 32767).astype(np.int16)
     frames = [speech[i : i + 320] for i in range(0, speech.size, 320)]
     silence = np.zeros(320, dtype=np.int16)
-    async with connect(ws_url, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    async with connect(ws_url, max_size=None, additional_headers=headers) as ws:
         await ws.send(json.dumps({"type": "session.start", "mode": "asr"}))
 
         async def read() -> None:
@@ -138,10 +141,11 @@ async def _round_trip(ws: Any, watch: Watch) -> None:
 
 @contextlib.asynccontextmanager
 async def watched(
-    http_url: str, pid: int | None = None, abort_over: int = ABORT_OVER
+    http_url: str, pid: int | None = None, abort_over: int = ABORT_OVER, key: str | None = None
 ) -> AsyncIterator[Watch]:
     """`async with watched(live.http_url) as watch: <attack>` then `watch.assert_unhurt(...)`.
-    `pid`: the server's process when it runs apart (default: this process)."""
+    `pid`: the server's process when it runs apart (default: this process); `key`: the API
+    key the live stream connects with (a server with keys)."""
     watch = Watch()
     pid = pid or os.getpid()
     watch.rss_start = watch.rss_peak = rss_of(pid)
@@ -149,7 +153,7 @@ async def watched(
     sampler.thread.start()
     stop = asyncio.Event()
     ws_url = http_url.replace("http://", "ws://").replace("https://", "wss://") + "/v1/stream"
-    live = asyncio.create_task(_live_stream(ws_url, watch, stop))
+    live = asyncio.create_task(_live_stream(ws_url, watch, stop, key))
     await asyncio.sleep(0.3)  # the stream is live before the attack starts
     try:
         yield watch

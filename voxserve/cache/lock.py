@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from voxserve.private_files import open_private
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no locking (documented as unsupported)
@@ -28,8 +30,7 @@ class DirLock:
         """Take the lock without waiting; False when another process (or store) has it."""
         if self._fd is not None:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(self.path)
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

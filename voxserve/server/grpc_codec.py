@@ -97,6 +97,8 @@ _BY_NAME = {
     "unauthorized": S.UNAUTHENTICATED,
     "admin_disabled": S.PERMISSION_DENIED,
     "origin_not_allowed": S.PERMISSION_DENIED,
+    "session_too_large": S.INVALID_ARGUMENT,  # client secrets (HTTP) only
+    "storage_unavailable": S.UNAVAILABLE,
 }
 
 _MODES: dict[int, Mode] = {value: name for name, value in MODE_ENUM.items()}

@@ -89,11 +89,15 @@ def preload_engines(settings: Settings) -> dict[str, Any]:
 
 
 def worker_settings(settings: Settings, index: int) -> Settings:
-    """Each worker's TTS cache in its own directory (one server per cache directory)."""
-    cache = settings.cache.model_copy(
-        update={"dir": settings.cache.path().parent / f"worker-{index}"}
+    """Each worker's TTS cache in its own directory (one server per cache directory); the
+    client-secret store in the one directory they all share (a secret minted by one worker
+    is redeemed by another)."""
+    shared = settings.cache.path().parent
+    cache = settings.cache.model_copy(update={"dir": shared / f"worker-{index}"})
+    realtime = settings.realtime.model_copy(
+        update={"secrets_dir": settings.realtime.secrets_dir or shared}
     )
-    return settings.model_copy(update={"cache": cache, "workers": 1})
+    return settings.model_copy(update={"cache": cache, "realtime": realtime, "workers": 1})
 
 
 class Supervisor:
