@@ -6,6 +6,7 @@ Every bound written here is a decision; docs/architecture.md says why each defau
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -541,6 +542,10 @@ class Settings(BaseSettings):
     # Origins (scheme://host[:port]) allowed to call HTTP routes from a browser (CORS) and
     # to open the WebSocket; the server's own page is always allowed. Empty: closed.
     cors_allowed_origins: list[str] = Field(default_factory=list)
+    # Host names (besides loopback and `host`) a request's Host header may carry: the
+    # DNS-rebinding defence (server/host_guard.py). `*.example.com`: its sub-domains; `*`:
+    # any Host (the check off). VOXSERVE_ALLOWED_HOSTS takes them comma-separated.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # The gRPC (voxserve.v1) and Wyoming transports: own ports on `host`, served by the
     # same process and event loop as HTTP; 0 disables either. They need the `grpc` extra.
     grpc_port: int = Field(default=50051, ge=0, le=65535)
@@ -585,6 +590,19 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        """VOXSERVE_ALLOWED_HOSTS=a.example,b.example (a string) as a list."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        return [host_entry(entry) for entry in value]
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -599,6 +617,28 @@ class Settings(BaseSettings):
 
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+/?", re.IGNORECASE)
+
+
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_-]{1,63}(\.[a-z0-9_-]{1,63})*")
+
+
+def host_entry(entry: str) -> str:
+    """One `allowed_hosts` entry as the Host check compares it: lower case, no trailing
+    dot, an IP address in its short form without brackets. A scheme, port or path would
+    never match a Host name, silently: refused."""
+    value = entry.strip().lower()
+    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        return ipaddress.ip_address(bare).compressed
+    except ValueError:
+        pass
+    name = value.removesuffix(".")
+    if value == "*" or (len(name) <= 253 and _HOST_NAME.fullmatch(name)):
+        return name
+    raise ValueError(
+        f"{entry!r} is not a host name: write a name (voice.example.com), *.example.com for "
+        "its sub-domains, an IP address, or * for any; no scheme, port or path"
+    )
 
 
 class ConfigError(ValueError):

@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     # admin routes
     UNAUTHORIZED = "unauthorized"  # missing or wrong API key or admin key
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # browser Origin not in cors_allowed_origins
+    HOST_NOT_ALLOWED = "host_not_allowed"  # Host not this server's (DNS rebinding)
     ADMIN_DISABLED = "admin_disabled"  # no admin key configured
 
 

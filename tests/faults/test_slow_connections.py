@@ -52,7 +52,7 @@ def slow_server() -> Iterator[LiveServer]:
 
 def _json_request(path: str, length: int, body: bytes) -> bytes:
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
     )
     return head.encode() + body
@@ -60,7 +60,8 @@ def _json_request(path: str, length: int, body: bytes) -> bytes:
 
 def _chunked_upload(cut: bytes) -> bytes:
     head = (
-        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Transfer-Encoding: chunked\r\n"
         b"Content-Type: multipart/form-data; boundary=b\r\n\r\n"
     )
     part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'

@@ -331,7 +331,8 @@ async def test_origin_of_another_site_is_refused(server: LiveServer) -> None:
 
 def test_disabled_webrtc_has_no_route() -> None:
     settings = load_settings(log_level="warning", webrtc=WebRtcConfig(enabled=False))
-    client = TestClient(create_app(fake_runtime(settings)))
+    # TestClient's own Host, testserver, is no name of this server's (server/host_guard.py).
+    client = TestClient(create_app(fake_runtime(settings)), base_url="http://localhost")
     response = client.post(CALLS, content="v=0", headers={"Content-Type": "application/sdp"})
     assert response.status_code == 404
 
@@ -348,7 +349,7 @@ def test_without_aiortc_the_route_answers_501() -> None:
         from voxserve.config import load_settings
         from voxserve.server.app import create_app
         settings = load_settings(log_level="warning")
-        client = TestClient(create_app(fake_runtime(settings)))
+        client = TestClient(create_app(fake_runtime(settings)), base_url="http://localhost")
         r = client.post("/v1/realtime/calls", content="v=0",
                         headers={"Content-Type": "application/sdp"})
         print(r.status_code, r.json()["error"]["code"])

@@ -121,6 +121,14 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         "WebSocket; repeatable (default: none but the server's own page)",
     )
     serve.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="Host name requests may carry besides loopback and --host (DNS-rebinding "
+        "defence): the public name behind a proxy, *.example.com, or * for any; repeatable "
+        "or comma-separated (allowed_hosts)",
+    )
+    serve.add_argument(
         "--max-sessions",
         type=positive_int,
         metavar="N",

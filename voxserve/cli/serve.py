@@ -201,7 +201,7 @@ def with_cluster(settings: Settings, flag: str | None) -> Settings:
 
 def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     """--api-key (added to the configured keys), --api-keys-file, --admin-key,
-    --insecure-no-auth and --cors-origin over the settings."""
+    --insecure-no-auth, --cors-origin and --allowed-host over the settings."""
     from pydantic import SecretStr, ValidationError
 
     from voxserve.config import with_updates
@@ -219,6 +219,10 @@ def with_auth_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     origins = getattr(args, "cors_origin", None)
     if origins:
         update["cors_allowed_origins"] = [*settings.cors_allowed_origins, *origins]
+    hosts = getattr(args, "allowed_host", None)
+    if hosts:
+        named = [name.strip() for value in hosts for name in value.split(",") if name.strip()]
+        update["allowed_hosts"] = [*settings.allowed_hosts, *named]
     try:
         return with_updates(settings, **update)
     except ValidationError as exc:
@@ -232,6 +236,7 @@ _AUTH_FLAGS = {
     "api_keys_file": "--api-keys-file",
     "admin_key": "--admin-key",
     "cors_allowed_origins": "--cors-origin",
+    "allowed_hosts": "--allowed-host",
 }
 
 

@@ -31,6 +31,7 @@ from voxserve.server import (
     web,
     ws_stream,
 )
+from voxserve.server.host_guard import HostGuard, HostRule
 from voxserve.server.http_guards import BodyTimeout, OriginGuard
 from voxserve.server.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
@@ -82,10 +83,21 @@ def create_app(runtime: Runtime) -> Starlette:
         *calls.routes(),  # ... and over WebRTC (server/webrtc_calls.py)
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
-    middleware = [*cors_middleware(runtime), *guard_middleware(runtime)]
+    middleware = [host_middleware(runtime), *cors_middleware(runtime), *guard_middleware(runtime)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.runtime = runtime
     return app
+
+
+def host_middleware(runtime: Runtime) -> Middleware:
+    """Outermost, before CORS and any work: the Host allow-list on HTTP and WebSocket
+    alike (DNS rebinding; server/host_guard.py)."""
+    errors = runtime.metrics.errors
+
+    def count(transport: str) -> None:
+        errors.labels(ErrorCode.HOST_NOT_ALLOWED.value, transport).inc()
+
+    return Middleware(HostGuard, rule=HostRule.from_settings(runtime.settings), count=count)
 
 
 def cors_middleware(runtime: Runtime) -> list[Middleware]:

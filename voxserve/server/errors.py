@@ -23,6 +23,7 @@ _STATUS = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.ADMIN_DISABLED: 403,
     ErrorCode.ORIGIN_NOT_ALLOWED: 403,
+    ErrorCode.HOST_NOT_ALLOWED: 403,
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
