@@ -269,6 +269,11 @@ class LimitsConfig(Section):
     max_json_depth: int = Field(default=32, ge=1, le=256)
     max_frame_ms: int = 200  # one binary message may carry up to 10 frames of audio
     max_upload_bytes: int = 25 * 1024 * 1024
+    # Decoded audio that all uploads may hold at once (float32 at 16 kHz: 64 KB per second;
+    # the default ~2.3 h). Each upload reserves its decode before it is made (the length its
+    # header declares, then window by window); past this it waits up to 2 s, then 503
+    # `overloaded`. No single upload may decode to more than this either (413).
+    max_decoded_audio_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
     # Time between a WebSocket/gRPC connect and its session.start (slow-loris guard).
     handshake_timeout_s: float = Field(default=10.0, gt=0)
     # WebSocket: a client silent this long is ended (`idle_timeout`); no session outlives
@@ -371,6 +376,18 @@ class WyomingConfig(Section):
     zeroconf: bool = True  # advertise `_wyoming._tcp.local.` while Wyoming is on
     # The DNS-SD instance name ("" = voxserve-<host name>): what Home Assistant lists.
     zeroconf_name: str = Field(default="", max_length=63)
+    # Wyoming carries no key: its own share of the server, so anonymous connections can
+    # never hold what keyed tenants need (server/wyoming_seats.py). Requests running at
+    # once over every Wyoming connection (None: a quarter of limits.max_sessions, >= 1).
+    max_sessions: int | None = Field(default=None, ge=1)
+    # Connections open at once, in all (within the descriptors HTTP leaves) and from one
+    # address (Home Assistant connects from its own for every satellite, 1-2 each); over
+    # either: `wyoming_limit`, closed.
+    max_connections: int = Field(default=64, ge=1)
+    max_connections_per_peer: int = Field(default=32, ge=1)
+    # Audio one transcription may send (and limits.max_upload_bytes): what a connection
+    # buffers. A spoken command is seconds long.
+    max_audio_s: float = Field(default=120.0, gt=0)
 
     @field_validator("zeroconf_name")
     @classmethod
@@ -617,8 +634,6 @@ class Settings(BaseSettings):
 
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+/?", re.IGNORECASE)
-
-
 _HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_-]{1,63}(\.[a-z0-9_-]{1,63})*")
 
 

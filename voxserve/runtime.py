@@ -30,6 +30,7 @@ from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import make_tracer
+from voxserve.pipeline.audio_budget import DecodedAudioBudget
 from voxserve.pipeline.context import SessionContext, SpeechParts
 from voxserve.pipeline.drain import Drain
 from voxserve.pipeline.executor import AdaptiveExecutor
@@ -46,6 +47,7 @@ from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, start_prewarm_file
+from voxserve.pipeline.work_pools import WorkPools
 from voxserve.types import FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,14 @@ class Runtime:
         self.drain = Drain()
         self.memory_guard = MemoryGuard(
             threshold_bytes(settings.limits, workers=settings.workers),
+            retry_after_s=settings.flow.retry_after_s,
+        )
+        # Blocking work that is not a model call, one bounded pool per class (decode,
+        # encode, files): a flood of one never delays another's first byte.
+        self.pools = WorkPools.for_this_machine()
+        self.upload_budget = DecodedAudioBudget(
+            settings.limits.max_decoded_audio_bytes,
+            memory_guard=self.memory_guard,
             retry_after_s=settings.flow.retry_after_s,
         )
         self._batching = Batching(
@@ -314,6 +324,7 @@ class Runtime:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.pools.shutdown()
         # Each keeps what a generation not yet closed shares: an engine is closed once.
         remaining = [g for g in self._retiring if not g.closed] + list(self.generations)
         while remaining:

@@ -45,12 +45,13 @@ class MemoryGuard:
         self._rss = rss
         self.refusals: Counter[str] = Counter()  # by what was refused: voxserve_memory_guard_*
 
-    def check(self, what: str, *, fatal: bool = True) -> None:
-        """Raise `overloaded` (with a retry hint) if the process is over its threshold.
-        `what` ("session", "request", "synthesis") labels the refusal in the metrics."""
+    def check(self, what: str, *, fatal: bool = True, coming_bytes: int = 0) -> None:
+        """Raise `overloaded` (with a retry hint) if the process is over its threshold, or
+        would be with `coming_bytes` more (memory about to be made: an upload's next window).
+        `what` ("session", "request", "synthesis", "upload") labels the refusal in the metrics."""
         if not self.threshold:
             return
-        rss = self._rss()
+        rss = self._rss() + coming_bytes
         if rss <= self.threshold:
             return
         self.refusals[what] += 1

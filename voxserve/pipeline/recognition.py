@@ -31,7 +31,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+import numpy as np
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
@@ -63,7 +65,7 @@ class RecognitionContext(EngineContext, Protocol):
 
 async def transcribe(
     ctx: RecognitionContext,
-    samples: Int16Array,
+    samples: Int16Array | Float32Array,
     sample_rate: int,
     *,
     language: str | None = None,
@@ -77,7 +79,7 @@ async def transcribe(
 
 async def transcribe_windows(
     ctx: RecognitionContext,
-    samples: Int16Array,
+    samples: Int16Array | Float32Array,
     sample_rate: int,
     *,
     language: str | None = None,
@@ -93,13 +95,21 @@ async def transcribe_windows(
     language = ctx.engines.check_language(language)
     if samples.size == 0:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
-    audio = to_float32(resample(samples, sample_rate, SAMPLE_RATE))
+    audio = _float_audio(samples, sample_rate)
     lease = ctx.lease()
     try:
         async for result in _recognise(ctx, lease.generation, audio, language, options):
             yield result
     finally:
         lease.release()
+
+
+def _float_audio(samples: Int16Array | Float32Array, sample_rate: int) -> Float32Array:
+    """Float32 at 16 kHz as the ASR reads it; an upload arrives so (decoded in its pool),
+    and is used as it is: no copy of hours of audio made on the event loop."""
+    if samples.dtype == np.float32 and sample_rate == SAMPLE_RATE:
+        return cast(Float32Array, samples)
+    return to_float32(resample(cast(Int16Array, samples), sample_rate, SAMPLE_RATE))
 
 
 async def _recognise(

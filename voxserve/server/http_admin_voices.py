@@ -16,7 +16,6 @@ old prompt's audio. With several cosyvoice engines configured, the first one tak
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
@@ -60,7 +59,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         data = await read_upload(
             form, "prompt_wav", PROMPT_BODY_BYTES, what="the prompt recording, an audio file"
         )
-        pcm = await asyncio.to_thread(
+        pcm = await runtime.pools.decode.run(
             decode_audio, data, max_seconds=MAX_PROMPT_S, rate=PROMPT_RATE
         )
         if pcm.size < MIN_PROMPT_S * PROMPT_RATE:
@@ -73,7 +72,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         language = _text(form, "language") or DEFAULT_LANGUAGE
         description = _text(form, "description")
         try:
-            voice = await asyncio.to_thread(
+            voice = await runtime.pools.files.run(  # writes the prompt's files
                 engine.add_prompt_voice, voice_id, pcm, prompt_text, language, description
             )
         except ValueError as exc:
@@ -84,7 +83,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     async def delete(request: Request) -> Response:
         engine = _engine(runtime)
         voice_id = request.path_params["voice"]
-        removed = await asyncio.to_thread(engine.remove_prompt_voice, voice_id)
+        removed = await runtime.pools.files.run(engine.remove_prompt_voice, voice_id)
         if not removed:
             raise VoxError(
                 ErrorCode.UNKNOWN_VOICE, f"no registered cosyvoice voice {quoted(voice_id)}"

@@ -57,7 +57,7 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
     first = await first_audio(chunks)
     return ClosingStream(
-        speech_body(plan.output, chunks, first, plan.text, trace_id),
+        speech_body(plan.output, chunks, first, plan.text, trace_id, runtime.pools.encode),
         media_type=plan.output.media_type,
         headers={
             RATE_HEADER: str(plan.output.sample_rate),

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from starlette.datastructures import FormData
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from voxserve.audio.decode import decode_audio
 from voxserve.engines.base import asr_tasks
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import transcribe, transcribe_windows
+from voxserve.pipeline.upload_audio import DecodedUpload, decode_upload, max_upload_seconds
 from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.closing_stream import ClosingStream
@@ -33,9 +34,7 @@ from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, AsrTask
 
 FORM_OVERHEAD_BYTES = 64 * 1024
 """Room for multipart boundaries and the small text fields sent beside the uploaded file."""
-UPLOAD_BYTES_PER_SECOND = 4_000
-"""An upload may decode to at most max_upload_bytes / this many seconds (32 kbit/s: 25 MB
-holds ~1.8 h): a small file that decodes to hours is refused, not held in memory."""
+T = TypeVar("T")
 GRANULARITIES = ("word", "segment")
 STREAM_FORMATS = ("json", "text")
 
@@ -63,17 +62,61 @@ async def translations(runtime: Runtime, request: Request) -> Response:
 
 async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Response:
     engines = runtime.engines
-    max_upload = runtime.settings.limits.max_upload_bytes
-    form = await read_form(request, max_upload + FORM_OVERHEAD_BYTES)
+    limits = runtime.settings.limits
+    form = await read_form(request, limits.max_upload_bytes + FORM_OVERHEAD_BYTES)
     try:
-        plan = _plan(form, engines, task, runtime.settings.limits.max_text_chars)
-        data = await read_upload(form, "file", max_upload, what="an audio file upload")
+        plan = _plan(form, engines, task, limits.max_text_chars)
+        data = await read_upload(form, "file", limits.max_upload_bytes, what="an audio file upload")
     finally:
         await form.close()
-    # Decoding is CPU work (a long MP3 takes a while): off the event loop.
-    samples = await asyncio.to_thread(
-        decode_audio, data, max_seconds=max_upload / UPLOAD_BYTES_PER_SECOND
+    # Decoded in the decode pool a window at a time, within the decoded-audio budget
+    # (pipeline/upload_audio.py); a client gone stops it, and the transcription, at once.
+    upload = await _while_connected(
+        request,
+        decode_upload(
+            data,
+            max_seconds=max_upload_seconds(limits),
+            pool=runtime.pools.decode,
+            budget=runtime.upload_budget,
+        ),
     )
+    del data
+    streaming = False
+    try:
+        response = await _while_connected(request, _answer(runtime, request, plan, upload))
+        streaming = isinstance(response, ClosingStream)
+        return response
+    finally:
+        if not streaming:  # a streamed body releases it when it ends (its sources)
+            upload.held.release()
+
+
+async def _while_connected(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled if the client disconnects first (ClientDisconnect: nobody to answer).
+    The body has been read: the next message can only be the disconnect."""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not job.done():
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+        gone.cancel()
+    if job.cancelled():
+        raise ClientDisconnect()
+    return job.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(
+    runtime: Runtime, request: Request, plan: TranscriptionPlan, upload: DecodedUpload
+) -> Response:
+    samples = upload.samples
     duration_s = samples.size / SAMPLE_RATE
     # The key's audio minute pays for the whole upload before any model work (429 if not).
     principal = getattr(request.state, "principal", ANONYMOUS)
@@ -101,7 +144,7 @@ async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Respo
         _events(first, windows),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
-        sources=(windows,),  # a client gone: no more windows transcribed for it
+        sources=(windows, upload.held),  # a client gone: no more windows transcribed for it
     )
 
 

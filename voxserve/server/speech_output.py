@@ -5,7 +5,6 @@ OpenAI's server-sent events (`stream_format` "sse": `speech.audio.delta`, then o
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
@@ -18,6 +17,7 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.streams import aclose
+from voxserve.pipeline.work_pools import WorkPool
 from voxserve.server.http_requests import log
 from voxserve.server.json_input import optional_str
 from voxserve.types import SUPPORTED_OUTPUT_RATES
@@ -46,7 +46,7 @@ OPUS_RATE = 48_000  # Ogg Opus is decoded at 48 kHz: synthesised at that rate, o
 # tokens a second (50 ms each), the rate of OpenAI's audio output tokens.
 CHARS_PER_TOKEN = 4
 AUDIO_TOKEN_S = 0.05
-ENCODE_IN_THREAD_SAMPLES = 2_400  # bigger chunks are encoded off the event loop
+ENCODE_IN_THREAD_SAMPLES = 2_400  # bigger chunks are encoded off the event loop (the encode pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +102,7 @@ async def speech_body(
     first: Int16Array,
     text: str,
     trace_id: str,
+    pool: WorkPool,
 ) -> AsyncIterator[bytes]:
     """The response body: the encoded audio, raw or as SSE events. An engine failure
     mid-stream can only end the stream (the status line is gone), so it is logged with the
@@ -111,7 +112,7 @@ async def speech_body(
     try:
         async for chunk in _prepend(first, chunks):
             samples += chunk.size
-            data = await _encode(encoder, chunk)
+            data = await _encode(encoder, chunk, pool)
             if data:
                 yield _frame(plan, data)
         tail = encoder.finish()
@@ -133,9 +134,9 @@ async def _prepend(first: Int16Array, rest: AsyncIterator[Int16Array]) -> AsyncI
         yield chunk
 
 
-async def _encode(encoder: Encoder, chunk: Int16Array) -> bytes:
+async def _encode(encoder: Encoder, chunk: Int16Array, pool: WorkPool) -> bytes:
     if chunk.size > ENCODE_IN_THREAD_SAMPLES and not encoder.raw:
-        return await asyncio.to_thread(encoder.encode, chunk)
+        return await pool.run(encoder.encode, chunk)
     return encoder.encode(chunk)
 
 
