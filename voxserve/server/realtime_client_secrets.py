@@ -8,7 +8,9 @@ takes them). The session is checked in full now (an unknown voice is a 400 here,
 failed connection later) and answered as session.created will describe it. Answer:
 `{"value": "ek_...", "expires_at": <epoch s>, "session": {...}}`. Only an API key mints
 (with auth off, anyone); a client secret may not mint another. The store and its rules
-(single use, expiry, bound, shared by workers) are server/realtime_secrets.py's.
+(single use, expiry, bounds per key and server-wide, the stored session's size cap
+(`session_too_large`), shared by workers, `storage_unavailable`) are
+server/realtime_secrets.py's.
 """
 
 from __future__ import annotations
