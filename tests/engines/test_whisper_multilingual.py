@@ -17,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.engines.conftest import FIXTURE_TEXTS, FIXTURES, load_fixture, wer
+from tests.engines.conftest import FIXTURE_TEXTS, FIXTURES, load_fixture, normalise, wer
 from tests.fakes import silence
 from tests.helpers import wait_ready
 from tests.test_cli import assert_one_error_line, clean_env, free_port, run_cli
@@ -61,20 +61,50 @@ def test_english_and_spanish_detected_in_one_batch(base: WhisperAsr) -> None:
     assert partial.language == "es" and wer(SPANISH["luces.wav"], partial.text) <= MAX_WER_ES
 
 
+def spanish_kept(text: str, spanish: str) -> float:
+    """The share of the Spanish source's words found in `text`: about 0.7-0.9 for a
+    transcript of eSpeak's Spanish on any CPU here, 0 for a translation."""
+    source = set(normalise(spanish).split())
+    return len(source & set(normalise(text).split())) / len(source)
+
+
 def test_a_given_language_is_used(base: WhisperAsr) -> None:
+    """The `<|es|>` token given: Spanish out (most of the source's words, whichever of them
+    a CPU's int8 rounding changes)."""
     result = base.transcribe(load_fixture("es/mesa.wav"), language="es")
-    assert result.language == "es" and "viernes" in result.text.lower()
+    assert result.language == "es" and spanish_kept(result.text, SPANISH["mesa.wav"]) >= 0.5
+
+
+# What translation guarantees on any CPU: English words out, not a copy of the Spanish. The
+# exact words are not: Whisper base runs int8 on the CPU, and CTranslate2's int8 GEMM differs
+# by CPU (oneDNN with AVX512-VNNI on AMD, without it, MKL on Intel), which flips eSpeak's
+# robotic "una mesa" between "a table" and "a meatball" (issue 40). So the tests check the
+# language of the output and no word of the source in it, never a particular English word.
+ENGLISH_WORDS = frozenset("the a an to of for is are at in on please you we it and have be".split())
+
+
+def assert_english_not_spanish(text: str, spanish: str) -> None:
+    """`text` is English (two or more common English words) and keeps none of the Spanish
+    source's words longer than two letters ("mesa", "viernes", "cocina")."""
+    words = normalise(text).split()
+    source = {w for w in normalise(spanish).split() if len(w) > 2} - ENGLISH_WORDS
+    assert sum(w in ENGLISH_WORDS for w in words) >= 2, text
+    assert not source & set(words), (text, source & set(words))
 
 
 def test_translate_spanish_to_english(base: WhisperAsr) -> None:
     """The `<|es|><|translate|>` prompt: English words out (with `<|en|>` Whisper would
-    copy the Spanish); the source language is the detected one, or the one given."""
+    copy the Spanish); the source language is the detected one, or the one given. The same
+    audio transcribed keeps the Spanish: the task token, not the audio, made the English."""
     translate = AsrOptions(task="translate")
-    result = base.transcribe(load_fixture("es/mesa.wav"), options=translate)
+    mesa = load_fixture("es/mesa.wav")
+    result = base.transcribe(mesa, options=translate)
     assert result.language == "es"
-    assert "table" in result.text.lower() and "mesa" not in result.text.lower(), result.text
+    assert_english_not_spanish(result.text, SPANISH["mesa.wav"])
+    assert spanish_kept(base.transcribe(mesa, language="es").text, SPANISH["mesa.wav"]) >= 0.5
     given = base.transcribe(load_fixture("es/luces.wav"), language="es", options=translate)
-    assert "please" in given.text.lower(), given.text
+    assert given.language == "es"
+    assert_english_not_spanish(given.text, SPANISH["luces.wav"])
 
 
 # --- a real server configured by environment JSON ------------------------------------------
@@ -140,7 +170,7 @@ def test_verbose_json_reports_the_detected_language(server: str) -> None:
         assert wer(SPANISH["luces.wav"], result.text) <= MAX_WER_ES, result.text
         with (FIXTURES / "es" / "mesa.wav").open("rb") as f:
             translated = sdk.audio.translations.create(model="whisper-1", file=f)
-        assert "table" in translated.text.lower(), translated.text
+        assert_english_not_spanish(translated.text, SPANISH["mesa.wav"])
 
 
 async def test_a_stream_without_language_detects_it(server: str) -> None:
@@ -150,7 +180,7 @@ async def test_a_stream_without_language_detects_it(server: str) -> None:
     assert started["language"] == "auto"
     finals = of_type(events, "transcript.final")
     assert finals and finals[0]["language"] == "es", finals
-    assert "quiero reservar una mesa" in finals[0]["text"].lower(), finals
+    assert spanish_kept(finals[0]["text"], SPANISH["mesa.wav"]) >= 0.5, finals
 
 
 def load_fixture_pcm(name: str) -> np.ndarray:
