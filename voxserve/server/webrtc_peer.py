@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from aiortc import (
     MediaStreamTrack,
@@ -31,6 +32,7 @@ from voxserve.config import WebRtcConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.webrtc_inbound import InboundAudio
 from voxserve.server.webrtc_link import LABEL
+from voxserve.server.webrtc_offer import check_structure
 from voxserve.server.webrtc_outbound import OutboundTrack
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
@@ -72,9 +74,15 @@ def ice_servers(config: WebRtcConfig) -> list[RTCIceServer]:
     ]
 
 
+# What aiortc raises on an offer it cannot take (its parser and its negotiation use bare
+# asserts, int(), dict lookups): the offer's fault, `invalid_sdp`, never a 500.
+OFFER_FAULTS = (ValueError, LookupError, AssertionError, TypeError, AttributeError)
+
+
 def check_offer(text: str) -> None:
     """An SDP offer voxserve can answer: parsed, with an audio m-line (the caller's voice)
-    and an application m-line (the data channel over SCTP); `invalid_sdp` otherwise."""
+    and an application m-line (the data channel over SCTP), of the structure
+    server/webrtc_offer.py checks; `invalid_sdp` otherwise."""
     if not text.strip():
         raise invalid_sdp("the SDP offer is empty")
     if len(text.encode("utf-8", "replace")) > MAX_SDP_BYTES:
@@ -104,6 +112,23 @@ def check_offer(text: str) -> None:
             f"the SDP offer has no application m-line: create the {CHANNEL_LABEL!r} data "
             "channel before the offer"
         )
+    check_structure(text)
+
+
+class _PeerConnection(RTCPeerConnection):
+    """aiortc's, with its connect task's failure kept (a negotiation aiortc cannot finish
+    raised in a task nobody awaits: "exception was never retrieved"): the call is told
+    (`on_failed`) and ends as a peer that is gone."""
+
+    on_failed: Callable[[BaseException], None] | None = None
+
+    async def _RTCPeerConnection__connect(self) -> None:
+        try:
+            # aiortc's private task (name-mangled): the one place it runs a negotiation
+            await super()._RTCPeerConnection__connect()  # type: ignore[misc]
+        except Exception as exc:
+            if self.on_failed is not None:
+                self.on_failed(exc)
 
 
 class Peer:
@@ -113,7 +138,8 @@ class Peer:
     def __init__(self, config: WebRtcConfig, ports: PortRange) -> None:
         self.config = config
         self.ports = ports
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(config)))
+        self.pc = _PeerConnection(RTCConfiguration(iceServers=ice_servers(config)))
+        self.pc.on_failed = self._connect_failed
         self.channel: RTCDataChannel | None = None
         self.inbound: InboundAudio | None = None
         self.outbound = OutboundTrack()
@@ -168,6 +194,10 @@ class Peer:
         self.lost = True
         self.gone.set()
 
+    def _connect_failed(self, error: BaseException) -> None:
+        log.info("call negotiation failed", extra={"error": type(error).__name__})
+        self._lost()
+
     async def answer(self, offer: str) -> str:
         """The SDP answer to `offer` (checked by `check_offer` first), `outbound` on the
         audio transceiver, host candidates on the port range."""
@@ -187,6 +217,9 @@ class Peer:
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except PortsExhausted as exc:
             raise VoxError(ErrorCode.OVERLOADED, str(exc), fatal=True, retry_after_s=1) from None
+        except OFFER_FAULTS as exc:  # an offer aiortc took but cannot answer
+            name = type(exc).__name__
+            raise invalid_sdp(f"the SDP offer could not be answered ({name})") from None
         local = self.pc.localDescription
         return local.sdp
 
