@@ -54,6 +54,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM): connect elsewhere
     CLIENT_STALLED = "client_stalled"  # the client stopped reading for limits.stalled_client_s
     RESUME_FAILED = "resume_failed"  # no parked session with that id (expired, or never was)
+    WYOMING_LIMIT = "wyoming_limit"  # Wyoming's own share: wyoming.max_sessions, connections
     STORAGE_UNAVAILABLE = "storage_unavailable"  # the client-secret store cannot be used
     INTERNAL = "internal"
     # admin routes

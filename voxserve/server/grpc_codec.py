@@ -97,6 +97,7 @@ _BY_NAME = {
     "unauthorized": S.UNAUTHENTICATED,
     "admin_disabled": S.PERMISSION_DENIED,
     "origin_not_allowed": S.PERMISSION_DENIED,
+    "wyoming_limit": S.RESOURCE_EXHAUSTED,  # Wyoming only
     "host_not_allowed": S.PERMISSION_DENIED,
     "session_too_large": S.INVALID_ARGUMENT,  # client secrets (HTTP) only
     "storage_unavailable": S.UNAVAILABLE,

@@ -29,7 +29,13 @@ connection silent for `limits.idle_timeout_s` (`idle_timeout`) or open for
 `limits.max_session_s` (`session_expired`, checked between events) is closed after its
 `error`. Wyoming carries no key: the caller is `anonymous` for quotas (`quotas.anonymous`),
 each request is a session of it, and its audio is charged per chunk (over quota the
-request ends with `quota_exceeded`).
+request ends with `quota_exceeded`). Wyoming has its own share of the server
+(wyoming_seats.py): a connection over its caps gets `wyoming_limit` and is closed before
+any event is read; a request over its share of sessions is refused with `wyoming_limit`.
+
+Audio formats are checked once per request (wyoming_recording's `check_format`) before any
+audio is taken, and every chunk against them; work on audio that is more than a copy
+(resampling, a whole recognition) runs in the executor, never on the event loop.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from wyoming.asr import Transcribe, Transcript
-from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.audio import AudioChunk, AudioFormat, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.ping import Ping, Pong
@@ -55,17 +61,27 @@ from voxserve.runtime import Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.quotas import quotas_of
 from voxserve.server.session_events import limit_error
-from voxserve.server.session_slot import SessionSlot, open_request
 from voxserve.server.wyoming_info import server_info
 from voxserve.server.wyoming_protocol import check_event, read_event
-from voxserve.server.wyoming_recording import AUDIO_EVENTS, PCM_WIDTH, Recording
+from voxserve.server.wyoming_recording import (
+    AUDIO_EVENTS,
+    Recording,
+    at_16k,
+    check_format,
+    seconds_of,
+)
+from voxserve.server.wyoming_seats import WyomingSlot, open_wyoming, seats_of
 from voxserve.server.wyoming_stt import StreamedTranscription, end_transcript, streams
 from voxserve.server.wyoming_tts import WyomingSpeech
-from voxserve.server.wyoming_wake import WyomingWake
+from voxserve.server.wyoming_wake import WyomingWake, drop
+from voxserve.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 TRANSPORT = "wyoming"
+REFUSALS = frozenset(
+    {ErrorCode.OVERLOADED, ErrorCode.NOT_READY, ErrorCode.QUOTA_EXCEEDED, ErrorCode.WYOMING_LIMIT}
+)
 
 
 class WyomingHandler(AsyncEventHandler):
@@ -79,7 +95,7 @@ class WyomingHandler(AsyncEventHandler):
         self.trace_id = uuid.uuid4().hex[:16]
         self._language: str | None = None
         self._recording: Recording | None = None
-        self._asr: SessionSlot | None = None  # a whole-recognition request's slot
+        self._asr: WyomingSlot | None = None  # a whole-recognition request's slot
         self._stream: StreamedTranscription | None = None  # a streamed request's session
         self._speech = WyomingSpeech(runtime, self.write_event)
         self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming_wake.py)
@@ -94,6 +110,13 @@ class WyomingHandler(AsyncEventHandler):
         limits = self.runtime.settings.limits
         cap = limits.max_message_bytes
         expires_at = time.monotonic() + limits.max_session_s
+        seats, peer = seats_of(self.runtime), self._peer()
+        try:
+            seats.connect(peer)
+        except VoxError as exc:  # over Wyoming's connection caps: said, then closed
+            await self._error(exc)
+            self.writer.close()
+            return
         try:
             while self._is_running:
                 left = expires_at - time.monotonic()
@@ -119,8 +142,16 @@ class WyomingHandler(AsyncEventHandler):
                 if event is None or not await self.handle_event(event):
                     return
         finally:
+            seats.disconnect(peer)
             await self.disconnect()
             self.writer.close()
+
+    def _peer(self) -> str:
+        """The client's address (its port left out): what the per-peer cap counts."""
+        name = self.writer.get_extra_info("peername")
+        if isinstance(name, tuple) and name:
+            return str(name[0])
+        return str(name or "")
 
     def _limit_error(self, *, expired: bool) -> VoxError:
         limits = self.runtime.settings.limits
@@ -133,6 +164,8 @@ class WyomingHandler(AsyncEventHandler):
         handler = routed or self._handlers().get(event.type)
         if handler is None:
             return True  # Wyoming peers drop events they do not know
+        if routed is drop:  # a refused detection's audio (wyoming_wake `route`)
+            return True
         if event.type == "detect":
             self._failed = False  # the audio that follows is the detection's
         elif routed is None and self._failed and event.type in ("audio-chunk", "audio-stop"):
@@ -150,6 +183,8 @@ class WyomingHandler(AsyncEventHandler):
         transcription = routed is None and event.type in AUDIO_EVENTS
         if transcription:  # its audio up to audio-stop is dropped (module docstring)
             self._failed = event.type != "audio-stop"
+        elif routed is not None:  # a detection's: the same (wyoming_wake `refuse`)
+            self._wake.refuse(event.type)
         await self._error(error, transcription=transcription)
         return True
 
@@ -186,7 +221,7 @@ class WyomingHandler(AsyncEventHandler):
         """The error event; `transcription`: it ended a transcription, which then gets its
         closing events too (module docstring) and drops its audio up to its audio-stop."""
         self.runtime.metrics.errors.labels(error.code.value, TRANSPORT).inc()
-        if error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY, ErrorCode.QUOTA_EXCEEDED):
+        if error.code in REFUSALS:
             self.runtime.metrics.refused.labels(error.code.value).inc()
         stream = self._stream
         started = stream is not None and stream.started
@@ -222,31 +257,32 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _audio_start(self, event: Event) -> None:
         self._failed = False
-        start = AudioStart.from_event(event)
-        self._begin_asr(start.rate)
+        self._begin_asr(AudioStart.from_event(event))
 
-    def _begin_asr(self, rate: int) -> None:
+    def _begin_asr(self, declared: AudioFormat) -> None:
         self._end_asr()
+        audio = check_format(declared, whole=True)  # refused before any slot is taken
         self.runtime.engines  # noqa: B018 - raises not_ready before the models are loaded
         limit = self.runtime.settings.limits.max_upload_bytes
-        if streams(rate):
+        max_s = self.runtime.settings.wyoming.max_audio_s
+        if streams(audio.rate):
             self._stream = StreamedTranscription(
-                self.runtime, rate, self._language, self.write_event
+                self.runtime, audio.rate, self._language, self.write_event
             )
         else:
-            self._asr = open_request(self.runtime, ANONYMOUS, "asr")
-        self._recording = Recording(rate, limit, keep=self._stream is None)
+            self._asr = open_wyoming(self.runtime, "asr")
+        self._recording = Recording(audio, limit, max_s, keep=self._stream is None)
 
     async def _audio_chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
         if self._recording is None:  # no audio-start: the first chunk says the format
-            self._begin_asr(chunk.rate)
+            self._begin_asr(chunk)
         assert self._recording is not None
         stream = self._stream
         if stream is not None and stream.done:
             return  # the request ended with its error: the rest of its audio is dropped
         samples = self._recording.add(chunk)
-        seconds = len(chunk.audio) / (PCM_WIDTH * max(1, chunk.channels) * chunk.rate)
+        seconds = seconds_of(len(chunk.audio), self._recording.format)
         quotas_of(self.runtime).spend_audio(ANONYMOUS, seconds)
         if stream is not None:
             stream.add(samples)
@@ -266,9 +302,8 @@ class WyomingHandler(AsyncEventHandler):
                 self._end_asr()
             return
         try:
-            result = await transcribe(
-                self.runtime, recording.samples(), recording.rate, language=self._language
-            )
+            samples = await at_16k(self.runtime.executor, recording.chunks, recording.rate)
+            result = await transcribe(self.runtime, samples, SAMPLE_RATE, language=self._language)
         finally:
             self._end_asr()
         await self.write_event(Transcript(text=result.text, language=result.language).event())

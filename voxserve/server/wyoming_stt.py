@@ -23,7 +23,11 @@ into segments decoded apart, and the first loses its context: "Set a timer for" 
 gives "Set a timer for 5 minutes." (Whisper base). The client's own VAD decides where a
 Wyoming command ends (`requires_external_vad`), so when the session heard more than one
 segment, `transcript` is the whole request's audio recognised in one go (as before
-streaming; the chunks stay a preview); one segment (most commands) keeps its final.
+streaming; the chunks stay a preview, and the audio is joined and resampled in the
+executor); one segment (most commands) keeps its final.
+
+The request holds a place in Wyoming's share (wyoming_seats.py) from its admission until
+its session is closed.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_input import ClientInput, Decoded, Frames, InputEnd, Wire
 from voxserve.server.wyoming_chunks import TranscriptChunks
-from voxserve.types import FRAME_MS, SUPPORTED_INPUT_RATES
+from voxserve.server.wyoming_recording import at_16k
+from voxserve.server.wyoming_seats import seats_of
+from voxserve.types import FRAME_MS, SAMPLE_RATE, SUPPORTED_INPUT_RATES
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +110,16 @@ class StreamedTranscription:
 
     def __init__(self, runtime: Runtime, rate: int, language: str | None, write: Write) -> None:
         """Admitted and opened at once (refusals raise, fatal: the request is refused)."""
-        admit(runtime)
+        admit(runtime)  # the global rule first: `overloaded` says more than the share
+        self._seat = seats_of(runtime).take_session()
         config = StreamConfig(mode="asr", sample_rate=rate, language=language, partials=True)
-        self.driver = SessionDriver.open(runtime, lambda: config, wire=WYOMING, principal=ANONYMOUS)
+        try:
+            self.driver = SessionDriver.open(
+                runtime, lambda: config, wire=WYOMING, principal=ANONYMOUS
+            )
+        except BaseException:
+            self._seat.release()
+            raise
         self._write = write
         self._input = QueuedInput()
         self._frame = rate * FRAME_MS // 1000 * 2  # bytes of one 20 ms frame
@@ -123,7 +136,7 @@ class StreamedTranscription:
             self._serve(), name="voxserve-wyoming-transcription"
         )
         # Closed however the task ends, even cancelled before it ran (`_serve` never began).
-        self.task.add_done_callback(lambda _: self.driver.close())
+        self.task.add_done_callback(lambda _: self._close())
 
     @property
     def done(self) -> bool:
@@ -167,7 +180,7 @@ class StreamedTranscription:
         try:
             await serve_attached(driver, source, self._send(), since=time.monotonic())
         finally:
-            driver.close()
+            self._close()
             await driver.wait_closed()
 
     async def _send(self) -> None:
@@ -208,9 +221,8 @@ class StreamedTranscription:
         if self._chunks.spoken_segments < 2:
             return self._chunks.transcript
         try:
-            whole = await transcribe(
-                self._runtime, np.concatenate(self._audio), self._rate, language=self._language
-            )
+            audio = await at_16k(self._runtime.executor, self._audio, self._rate)
+            whole = await transcribe(self._runtime, audio, SAMPLE_RATE, language=self._language)
         except Exception as exc:
             log.warning("wyoming: whole recognition failed", extra={"error": repr(exc)})
             return self._chunks.transcript
@@ -226,7 +238,12 @@ class StreamedTranscription:
             if cancel:
                 pipeline.cancel()
             await asyncio.wait([pipeline])
+        self._close()
+
+    def _close(self) -> None:
+        """The session closed and its place in Wyoming's share given back (both once)."""
         self.driver.close()
+        self._seat.release()
 
     async def _start(self) -> None:
         self._started = True

@@ -1,9 +1,9 @@
 """Wyoming TTS on one connection: `synthesize`, and the streaming `synthesize-start`,
 `synthesize-chunk`s, `synthesize-stop` (wyoming_handler.py says the protocol).
 
-Each request is a session of the anonymous caller while it speaks (session_slot's
-`open_request`: admitted, counted, released once). Events go out through the handler's
-`write_event`, which tracks whether a reply's audio is open.
+Each request is a session of the anonymous caller while it speaks, in Wyoming's share
+(wyoming_seats' `open_wyoming`: admitted, counted, released once). Events go out through
+the handler's `write_event`, which tracks whether a reply's audio is open.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.synthesis import check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.session_slot import SessionSlot, open_request
 from voxserve.server.wyoming_recording import PCM_WIDTH
+from voxserve.server.wyoming_seats import WyomingSlot, open_wyoming
 from voxserve.speakable import says_something
 from voxserve.text import SentenceBuffer
 from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
@@ -40,7 +39,7 @@ class WyomingSpeech:
         self.write_event = write_event
         self._stream: SentenceBuffer | None = None  # set while a synthesize stream is open
         self._stream_voice: Voice | None = None
-        self._stream_slot: SessionSlot | None = None
+        self._stream_slot: WyomingSlot | None = None
         self._stream_audio_started = False
 
     async def synthesize(self, event: Event) -> None:
@@ -49,7 +48,7 @@ class WyomingSpeech:
         request = Synthesize.from_event(event)
         voice = self._voice(request.voice)
         text = check_text(request.text, self.runtime.settings.limits.max_text_chars)
-        slot = open_request(self.runtime, ANONYMOUS, "tts")
+        slot = open_wyoming(self.runtime, "tts")
         try:
             rate = self._rate(voice)
             chunks = synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True)
@@ -67,7 +66,7 @@ class WyomingSpeech:
         request = SynthesizeStart.from_event(event)
         self.end()
         voice = self._voice(request.voice)
-        self._stream_slot = open_request(self.runtime, ANONYMOUS, "tts")
+        self._stream_slot = open_wyoming(self.runtime, "tts")
         self._stream_voice = voice
         self._stream = SentenceBuffer()
         self._stream_audio_started = False

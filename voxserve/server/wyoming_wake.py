@@ -13,9 +13,18 @@ its chunk) on the client's clock: ms from `audio-start`, shifted by the client's
 count from 0 at its stream's start, so both agree there).
 
 Each stream has its own state (engines/micro_wakeword.py: one interpreter per word per
-stream) and holds a session slot from `audio-start` to `audio-stop`. Its audio is not
-charged to the audio quota: a satellite streams all day for a service that costs ~2% of a
-core per stream (docs/benchmarks.md); `limits.max_session_s` still bounds the connection.
+stream) and holds a session slot, in Wyoming's share (wyoming_seats.py), from `audio-start`
+to `audio-stop`. Its audio is not charged to the audio quota: a satellite streams all day
+for a service that costs ~2% of a core per stream (docs/benchmarks.md);
+`limits.max_session_s` still bounds the connection.
+
+Audio is checked on the event loop (its format once, at `audio-start`: the live rates
+only, so resampling to 16 kHz at most doubles it; each chunk against it) and everything
+else, mixing down, resampling and the model, runs in the executor (`WakeAudio`), in
+batches of at least `BATCH_MS`, so a flood of tiny chunks is not one executor call each;
+a chunk is at most `limits.max_message_bytes`. A rate of 1 was once upsampled 16,000x on
+the event loop (issue 35). A refused `audio-start` or chunk is said once, like a refused
+`detect`: the rest of that audio is dropped.
 """
 
 from __future__ import annotations
@@ -24,22 +33,33 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from wyoming.audio import AudioChunk, AudioStart
+from wyoming.audio import AudioChunk, AudioFormat, AudioStart
 from wyoming.event import Event
 from wyoming.info import Attribution, WakeModel, WakeProgram
 from wyoming.wake import Detect, Detection, NotDetected
 
 from voxserve import __version__
 from voxserve.audio.resample import StreamResampler
+from voxserve.engines.micro_wakeword import Detection as Heard
 from voxserve.engines.micro_wakeword import WakeEngine, WakeStream, wake_names
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.session_slot import SessionSlot, open_request
-from voxserve.server.wyoming_recording import AUDIO_EVENTS, mono_samples
+from voxserve.server.wyoming_recording import (
+    AUDIO_EVENTS,
+    PCM_WIDTH,
+    check_chunk,
+    check_format,
+    mono,
+)
+from voxserve.server.wyoming_seats import WyomingSlot, open_wyoming
 from voxserve.types import SAMPLE_RATE
 
 Write = Callable[[Event], Awaitable[None]]
+BATCH_MS = 20  # audio gathered before an executor call (satellites send 64 ms chunks)
+
+
+async def drop(event: Event) -> None:
+    """The handler `route` gives a refused detection's audio: dropped, unread."""
 
 
 def wake_programs(engine: WakeEngine | None) -> list[WakeProgram]:
@@ -73,6 +93,43 @@ def wake_programs(engine: WakeEngine | None) -> list[WakeProgram]:
     ]
 
 
+class WakeAudio:
+    """One detect stream's audio: checked chunks gathered on the event loop (`add`), heard
+    in the executor (`hear`: mixed down, resampled to 16 kHz, given to the model)."""
+
+    def __init__(self, audio: AudioFormat, stream: WakeStream) -> None:
+        self.format = audio
+        self.stream = stream
+        self.received = 0  # samples per channel since audio-start, at the client's rate
+        self._resampler = StreamResampler(audio.rate, SAMPLE_RATE)
+        self._frame = PCM_WIDTH * audio.channels
+        self._batch = audio.rate * BATCH_MS // 1000 * self._frame
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    def add(self, pcm: bytes) -> bytes | None:
+        """Gather a checked chunk's PCM; the batch to hear once `BATCH_MS` are in."""
+        self.received += len(pcm) // self._frame
+        self._pending.append(pcm)
+        self._pending_bytes += len(pcm)
+        return self.take() if self._pending_bytes >= self._batch else None
+
+    def take(self) -> bytes:
+        """What is gathered, as one batch (empty when nothing is)."""
+        pcm = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        return pcm
+
+    def hear(self, pcm: bytes) -> list[Heard]:
+        """In the executor: one batch to the model; one call at a time per stream (the
+        handler awaits each), so the resampler's state is never shared."""
+        samples = self._resampler.process(mono(pcm, self.format.channels))
+        if not samples.size:
+            return []
+        return self.stream.process(samples.astype("<i2", copy=False).tobytes())
+
+
 class WyomingWake:
     """The detect flow of one connection; `route` says which audio events are its own."""
 
@@ -81,12 +138,10 @@ class WyomingWake:
         self.write = write
         self._names: tuple[str, ...] | None = None  # a detect is open: its models
         self._stream: WakeStream | None = None
-        self._slot: SessionSlot | None = None
-        self._resampler: StreamResampler | None = None
-        self._rate = SAMPLE_RATE
+        self._audio: WakeAudio | None = None  # the open stream's audio path
+        self._slot: WyomingSlot | None = None
         self._heard = False
-        self._refused = False  # the last detect was refused: its audio is dropped
-        self._sent = 0  # 16 kHz samples given to the stream
+        self._refused = False  # the last detect or its audio was refused: audio dropped
         self._clock_ms = 0  # client timestamp minus our ms at its latest timestamped chunk
 
     def route(self, event_type: str) -> Callable[[Event], Awaitable[None]] | None:
@@ -98,7 +153,7 @@ class WyomingWake:
             return None
         if self._refused:
             self._refused = event_type != "audio-stop"
-            return self._drop
+            return drop
         if self._names is None:
             return None
         if event_type == "audio-start":
@@ -114,60 +169,61 @@ class WyomingWake:
             raise
         self._names = names
 
-    async def _drop(self, event: Event) -> None:
-        return None
+    def refuse(self, event_type: str) -> None:
+        """This flow's audio event was refused (its fields, format, a slot): said once, the
+        rest of that audio is dropped up to its `audio-stop` (`route`)."""
+        self._refused = event_type != "audio-stop"
 
     async def _audio_start(self, event: Event) -> None:
-        self._begin(AudioStart.from_event(event).rate)
+        self._begin(AudioStart.from_event(event))
 
-    def _begin(self, rate: int) -> None:
+    def _begin(self, declared: AudioFormat) -> None:
         engine, names = self.runtime.engines.wake, self._names
         assert engine is not None and names is not None  # checked by `detect`
         self._close_stream()
-        self._slot = open_request(self.runtime, ANONYMOUS, "wake")
+        audio = check_format(declared)  # before a slot is taken
+        self._slot = open_wyoming(self.runtime, "wake")
         self._stream = engine.new_stream(names)
-        self._rate = rate
-        self._resampler = StreamResampler(rate, SAMPLE_RATE)
+        self._audio = WakeAudio(audio, self._stream)
         self._heard = False
-        self._sent = self._clock_ms = 0
+        self._clock_ms = 0
 
     async def _audio_chunk(self, event: Event) -> None:
-        try:
-            await self._chunk(event)
-        except VoxError:  # said once: the rest of this audio is dropped (`route`)
-            self._refused = True
-            raise
-
-    async def _chunk(self, event: Event) -> None:
         chunk = AudioChunk.from_event(event)
-        if self._stream is None:  # no audio-start: the first chunk says the format
-            self._begin(chunk.rate)
-        stream, resampler = self._stream, self._resampler
-        assert stream is not None and resampler is not None
-        samples = resampler.process(mono_samples(chunk, self._rate))
+        if self._audio is None:  # no audio-start: the first chunk says the format
+            self._begin(chunk)
+        audio = self._audio
+        assert audio is not None
+        check_chunk(chunk, audio.format)
         if chunk.timestamp is not None:  # the client's clock at this chunk's first sample
-            self._clock_ms = int(chunk.timestamp) - self._sent * 1000 // SAMPLE_RATE
-        self._sent += samples.size
-        if not samples.size:
-            return
+            self._clock_ms = int(chunk.timestamp) - audio.received * 1000 // audio.format.rate
+        batch = audio.add(chunk.audio)
+        if batch:
+            await self._hear(audio, batch)
+
+    async def _hear(self, audio: WakeAudio, pcm: bytes) -> None:
         loop = asyncio.get_running_loop()
-        pcm = samples.astype("<i2", copy=False).tobytes()
-        heard = await loop.run_in_executor(self.runtime.executor, partial(stream.process, pcm))
+        heard = await loop.run_in_executor(self.runtime.executor, partial(audio.hear, pcm))
         for detection in heard:
             self._heard = True
             timestamp = detection.timestamp_ms + self._clock_ms
             await self.write(Detection(detection.name, timestamp).event())
 
     async def _audio_stop(self, event: Event) -> None:
-        if self._stream is None:
+        audio = self._audio
+        if audio is None:
             self.end()
             raise VoxError(ErrorCode.EMPTY_AUDIO, "audio-stop without audio")
+        rest = audio.take()
+        if rest:  # the last few ms gathered
+            await self._hear(audio, rest)
         heard = self._heard
         self.end()
         if not heard:
             await self.write(NotDetected().event())
 
     def _close_stream(self) -> None:
+        self._audio = None
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -179,4 +235,3 @@ class WyomingWake:
         """Forget the detect (after `audio-stop`, an error, the peer leaving)."""
         self._close_stream()
         self._names = None
-        self._resampler = None
