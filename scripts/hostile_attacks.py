@@ -1,0 +1,241 @@
+"""What the issue-35 attacks cost a real server, in one run: its RSS peak and a live stream's
+lag (WebSocket ping round trips beside 20 ms frames at real-time pace, tests/hostile/watch.py)
+during each attack, against the same server quiet (docs/benchmarks.md "Hostile input").
+
+    .venv/bin/python -m scripts.hostile_attacks [--root DIR] [--only NAME ...]
+
+Starts one `voxserve serve` (Wyoming on, one API key, so /v1/stream takes keyed streams and
+Wyoming is anonymous) from --root, then for each attack: a quiet window, then the attack
+with the live stream beside it. Attacks:
+- upload_bombs: 8 FLAC uploads of 1.8 h of silence (about 1 MB each) at once;
+- wake_rate: Wyoming `detect` + `audio-start` at rate 1 (and other odd rates), 120 KB of chunks;
+- prompt_wedge: an upload with a repetitive 540-character prompt (it wedged Whisper's redo);
+- anonymous_wyoming: 500 anonymous Wyoming connections (`detect` + `audio-start`) held open
+  beside 20 keyed WebSocket streams: how many keyed streams were admitted.
+A watchdog in the watch ends the run at 3 GB of growth (the old code grew past 6 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+from websockets.asyncio.client import connect
+from wyoming.audio import AudioChunk, AudioStart
+from wyoming.client import AsyncTcpClient
+from wyoming.wake import Detect
+
+from tests.hostile.watch import Watch, watched
+
+KEY = "hostile-bench-key"
+COMMAND_WAV = (Path(__file__).resolve().parent.parent / "tests/fixtures/command.wav").read_bytes()
+PROMPT = ("la la la la " * 45)[:540]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def flac_of_silence(seconds: float, rate: int = 16_000) -> bytes:
+    """A FLAC file of `seconds` of digital silence: tiny on the wire, hours decoded."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="flac") as container:
+        stream = container.add_stream("flac", rate=rate, layout="mono")
+        block = np.zeros((1, rate * 10), dtype=np.int16)
+        for _ in range(int(seconds // 10)):
+            frame = av.AudioFrame.from_ndarray(block, format="s16", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+async def upload_bombs(http: str, wyoming_port: int) -> str:
+    bomb = flac_of_silence(1.8 * 3600)
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def one(client: httpx.AsyncClient) -> int:
+        files = {"file": ("bomb.flac", bomb, "audio/flac")}
+        response = await client.post(
+            f"{http}/v1/audio/transcriptions", files=files, data={"model": "whisper-1"}
+        )
+        return response.status_code
+
+    async with httpx.AsyncClient(timeout=120, headers=headers) as client:
+        started = time.monotonic()
+        codes = await asyncio.gather(*(one(client) for _ in range(8)))
+    took = time.monotonic() - started
+    return f"8 x {len(bomb) / 1e6:.1f} MB: statuses {sorted(codes)} in {took:.1f} s"
+
+
+async def wake_rate(http: str, wyoming_port: int) -> str:
+    answers = []
+    for rate in (1, 7, 100, 7999, 1_000_000):
+        client = AsyncTcpClient("127.0.0.1", wyoming_port)
+        await client.connect()
+        try:
+            await client.write_event(Detect().event())
+            await client.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+            chunk = bytes(12_000)
+            for _ in range(10):  # 120 KB
+                await client.write_event(
+                    AudioChunk(rate=rate, width=2, channels=1, audio=chunk).event()
+                )
+            event = await asyncio.wait_for(client.read_event(), 10)
+            answers.append(
+                f"{rate}: {event.type if event else 'closed'}"
+                + (f" {event.data.get('code')}" if event and event.data else "")
+            )
+        except (ConnectionError, TimeoutError) as exc:
+            answers.append(f"{rate}: {type(exc).__name__}")
+        finally:
+            await client.disconnect()
+    return "; ".join(answers)
+
+
+async def prompt_wedge(http: str, wyoming_port: int) -> str:
+    wav = COMMAND_WAV
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(timeout=180, headers=headers) as client:
+        started = time.monotonic()
+        wedge = client.post(
+            f"{http}/v1/audio/transcriptions",
+            files={"file": ("c.wav", wav, "audio/wav")},
+            data={"model": "whisper-1", "prompt": PROMPT},
+        )
+        await asyncio.sleep(0.2)
+        other_started = time.monotonic()
+        other = await client.post(
+            f"{http}/v1/audio/transcriptions",
+            files={"file": ("c.wav", wav, "audio/wav")},
+            data={"model": "whisper-1"},
+        )
+        other_s = time.monotonic() - other_started
+        wedged = await wedge
+    return (
+        f"wedge {wedged.status_code} in {time.monotonic() - started:.2f} s; "
+        f"another upload {other.status_code} in {other_s:.2f} s"
+    )
+
+
+async def anonymous_wyoming(http: str, wyoming_port: int) -> str:
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    refused = 0
+    for _ in range(500):
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", wyoming_port)
+        except OSError:
+            refused += 1
+            continue
+        for event in (Detect().event(), AudioStart(rate=16000, width=2, channels=1).event()):
+            header = json.dumps({"type": event.type, "data": event.data}).encode() + b"\n"
+            writer.write(header)
+        held.append((reader, writer))
+    await asyncio.sleep(1.0)
+    ws = http.replace("http://", "ws://") + "/v1/stream"
+    admitted = 0
+
+    async def keyed() -> bool:
+        async with connect(ws, additional_headers={"Authorization": f"Bearer {KEY}"}) as conn:
+            await conn.send(json.dumps({"type": "session.start", "mode": "asr"}))
+            first = json.loads(await asyncio.wait_for(conn.recv(), 10))
+            if first["type"] != "session.started":
+                return False
+            for seq in range(50):
+                await conn.send(seq.to_bytes(4, "big") + bytes(640))
+                await asyncio.sleep(0.02)
+            return True
+
+    results = await asyncio.gather(*(keyed() for _ in range(20)), return_exceptions=True)
+    admitted = sum(r is True for r in results)
+    open_after = 0
+    for reader, writer in held:
+        if not reader.at_eof():
+            open_after += 1
+        writer.close()
+    return (
+        f"500 anonymous: {refused} refused at connect, {open_after} still open after; "
+        f"keyed streams admitted {admitted}/20"
+    )
+
+
+ATTACKS: dict[str, Callable[[str, int], Awaitable[str]]] = {
+    "upload_bombs": upload_bombs,
+    "wake_rate": wake_rate,
+    "prompt_wedge": prompt_wedge,
+    "anonymous_wyoming": anonymous_wyoming,
+}
+
+
+def figures(watch: Watch) -> str:
+    return (
+        f"RSS peak +{watch.rss_growth_mb:.0f} MB | live lag P50 {watch.lag_ms(0.5):.1f} ms"
+        f" P99 {watch.lag_ms(0.99):.1f} ms ({len(watch.lags_s)} pings)"
+        f" | live transcript {'yes' if watch.transcript().strip() else 'NO'}"
+    )
+
+
+async def run(http: str, pid: int, wyoming_port: int, names: list[str]) -> None:
+    for name in names:
+        async with watched(http, pid, key=KEY) as quiet:
+            await asyncio.sleep(3.0)
+        async with watched(http, pid, key=KEY) as attacked:
+            outcome = await ATTACKS[name](http, wyoming_port)
+        print(f"{name}: {outcome}", flush=True)
+        print(f"  quiet:    {figures(quiet)}", flush=True)
+        print(f"  attacked: {figures(attacked)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent))
+    parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS), default=list(ATTACKS))
+    args = parser.parse_args()
+    port, wyoming_port = free_port(), free_port()
+    cache = tempfile.mkdtemp(prefix="voxserve-hostile-")
+    env = dict(
+        os.environ,
+        PYTHONPATH=args.root,
+        XDG_CACHE_HOME=cache,
+        VOXSERVE_API_KEYS=KEY,
+        VOXSERVE_WYOMING__ZEROCONF="false",
+    )
+    serve = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
+    serve += ["--grpc-port", "0", "--wyoming-port", str(wyoming_port), "--log-level", "error"]
+    server = subprocess.Popen(serve, env=env, cwd=args.root)
+    http = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{http}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        asyncio.run(run(http, server.pid, wyoming_port, args.only))
+    finally:
+        server.kill()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()
