@@ -35,7 +35,7 @@ any event is read; a request over its share of sessions is refused with `wyoming
 
 Audio formats are checked once per request (wyoming_recording's `check_format`) before any
 audio is taken, and every chunk against them; work on audio that is more than a copy
-(resampling, a whole recognition) runs in the executor, never on the event loop.
+(resampling: the decode pool; the wake model: the executor) runs off the event loop.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ class WyomingHandler(AsyncEventHandler):
                 self._end_asr()
             return
         try:
-            samples = await at_16k(self.runtime.executor, recording.chunks, recording.rate)
+            samples = await at_16k(self.runtime.pools.decode, recording.chunks, recording.rate)
             result = await transcribe(self.runtime, samples, SAMPLE_RATE, language=self._language)
         finally:
             self._end_asr()

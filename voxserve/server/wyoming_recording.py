@@ -14,9 +14,7 @@ a chunk declaring another rate, width or channel count ends the request.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from concurrent.futures import Executor
 
 import numpy as np
 from wyoming.audio import AudioChunk, AudioFormat
@@ -25,6 +23,7 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate, resample
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.recognition import MAX_FILE_RATE, MIN_FILE_RATE
+from voxserve.pipeline.work_pools import WorkPool
 from voxserve.types import SAMPLE_RATE
 
 AUDIO_EVENTS = frozenset({"audio-start", "audio-chunk", "audio-stop"})  # a request's audio
@@ -115,8 +114,8 @@ def _joined_16k(chunks: Sequence[Int16Array], rate: int) -> Int16Array:
     return resample(joined, rate, SAMPLE_RATE)
 
 
-async def at_16k(executor: Executor, chunks: Sequence[Int16Array], rate: int) -> Int16Array:
-    """A recording's mono chunks joined and resampled to 16 kHz, in the executor: a whole
-    request's audio (up to `Recording`'s cap) is too much work for the event loop."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor, _joined_16k, list(chunks), rate)
+async def at_16k(pool: WorkPool, chunks: Sequence[Int16Array], rate: int) -> Int16Array:
+    """A recording's mono chunks joined and resampled to 16 kHz on the decode pool (audio
+    work before recognition, as an upload's): a whole request's audio (up to `Recording`'s
+    cap) is too much work for the event loop."""
+    return await pool.run(_joined_16k, list(chunks), rate)

@@ -24,7 +24,7 @@ gives "Set a timer for 5 minutes." (Whisper base). The client's own VAD decides 
 Wyoming command ends (`requires_external_vad`), so when the session heard more than one
 segment, `transcript` is the whole request's audio recognised in one go (as before
 streaming; the chunks stay a preview, and the audio is joined and resampled in the
-executor); one segment (most commands) keeps its final.
+decode pool); one segment (most commands) keeps its final.
 
 The request holds a place in Wyoming's share (wyoming_seats.py) from its admission until
 its session is closed.
@@ -221,7 +221,7 @@ class StreamedTranscription:
         if self._chunks.spoken_segments < 2:
             return self._chunks.transcript
         try:
-            audio = await at_16k(self._runtime.executor, self._audio, self._rate)
+            audio = await at_16k(self._runtime.pools.decode, self._audio, self._rate)
             whole = await transcribe(self._runtime, audio, SAMPLE_RATE, language=self._language)
         except Exception as exc:
             log.warning("wyoming: whole recognition failed", extra={"error": repr(exc)})

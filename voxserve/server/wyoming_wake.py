@@ -20,7 +20,7 @@ for a service that costs ~2% of a core per stream (docs/benchmarks.md);
 
 Audio is checked on the event loop (its format once, at `audio-start`: the live rates
 only, so resampling to 16 kHz at most doubles it; each chunk against it) and everything
-else, mixing down, resampling and the model, runs in the executor (`WakeAudio`), in
+else, mixing down, resampling and the model, runs in the model executor (`WakeAudio`), in
 batches of at least `BATCH_MS`, so a flood of tiny chunks is not one executor call each;
 a chunk is at most `limits.max_message_bytes`. A rate of 1 was once upsampled 16,000x on
 the event loop (issue 35). A refused `audio-start` or chunk is said once, like a refused
