@@ -12,6 +12,8 @@ with `<|startofprev|>`, the last ones kept) as OpenAI's and faster-whisper's dec
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +28,9 @@ from tests.audio_files import encode
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
 from tests.hostile.watch import watched
+from voxserve.engines.openai_tts import MAX_AHEAD_S, MAX_EXTRA_S, PCM_RATE, OpenAITts
 from voxserve.engines.whisper_asr import MAX_LENGTH, PROMPT_TOKENS, WhisperAsr
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.types import AsrOptions
 
 WEDGE = ("turn on the kitchen lights " * 21)[:540]  # the finding's prompt
@@ -213,3 +217,65 @@ async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
         f"prompt wedge: RSS +{watch.rss_growth_mb:.0f} MB (peak {watch.rss_peak / 1e6:.0f} MB),"
         f" live P99 lag {watch.lag_ms(0.99):.0f} ms, plain upload {plain_s:.1f} s"
     )
+
+
+# --- a remote TTS that never stops --------------------------------------------------------
+
+
+class EndlessSpeech(http.server.BaseHTTPRequestHandler):
+    """A remote `/audio/speech` that streams PCM (silence) without end, as fast as it can:
+    a stand-in for a broken OpenAI-compatible server (no real one does it on purpose)."""
+
+    protocol_version = "HTTP/1.1"
+    sent = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "audio/pcm")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        block = bytes(64 * 1024)
+        try:
+            while True:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                type(self).sent += len(block)
+        except OSError:
+            pass  # the engine hung up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endless() -> Iterator[str]:
+    EndlessSpeech.sent = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EndlessSpeech)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_remote_tts_that_never_stops_is_cut_off(endless: str) -> None:
+    """Its audio is read at most MAX_AHEAD_S ahead of what was taken (was: as fast as it
+    came, without bound), and past its bound for the text it is an `engine_error`."""
+    engine = OpenAITts(base_url=endless, voices={"amy": "joe"}, timeout_s=5)
+    try:
+        chunks = engine.synthesize("Hi.", voice="amy")
+        next(chunks)
+        time.sleep(0.5)  # an unbounded reader takes in hundreds of MB meanwhile
+        ahead = EndlessSpeech.sent
+        assert ahead < 2 * MAX_AHEAD_S * PCM_RATE * 2 + 16_000_000, ahead  # + socket buffers
+        started, samples = time.monotonic(), 0
+        with pytest.raises(VoxError) as failed:
+            for chunk in chunks:
+                samples += chunk.size
+        assert time.monotonic() - started < CALL_BOUND_S
+    finally:
+        engine.close()
+    assert failed.value.code is ErrorCode.ENGINE_ERROR and "cut off" in str(failed.value)
+    assert samples <= (MAX_EXTRA_S + 3) * PCM_RATE

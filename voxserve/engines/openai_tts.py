@@ -34,6 +34,13 @@ MAX_FIRST_CHUNK_S = 2.5
 NEXT_CHUNK_S = 0.5
 MAX_CHUNK_S = 5.0
 CHUNK_MARGIN_S = 0.3  # the playout margin (0.1 s) and the hops to the event loop
+# Bounds on a remote's body (engines/remote_audio.py): read at most this far ahead of
+# playback (the remote waits), and at most this much audio per character (speech is about
+# 0.07 s a character at speed 1; a slower speed allows proportionally more) plus a margin:
+# a remote that streams without end is cut off with an error.
+MAX_AHEAD_S = 60.0
+MAX_S_PER_CHAR = 1.0
+MAX_EXTRA_S = 30.0
 DEFAULT_VOICES: dict[str, Any] = {"alloy": {"voice": "alloy", "language": "en"}}
 
 
@@ -97,9 +104,9 @@ class OpenAITts:
             "response_format": "pcm",
             "speed": speed,
         }
-        return self._stream(body)
+        return self._stream(body, MAX_EXTRA_S + MAX_S_PER_CHAR * len(text) / speed)
 
-    def _stream(self, body: dict[str, Any]) -> Iterator[Int16Array]:
+    def _stream(self, body: dict[str, Any], max_s: float) -> Iterator[Int16Array]:
         """The remote's PCM, read as it arrives (engines/remote_audio.py) and handed on in
         chunks: the first once it holds at least the time it took to come plus a margin
         (FIRST_CHUNK_S .. MAX_FIRST_CHUNK_S of audio), so the next is not due before it is
@@ -119,10 +126,21 @@ class OpenAITts:
                     stage="tts",
                 )
 
+        def too_long() -> VoxError:
+            return VoxError(
+                ErrorCode.ENGINE_ERROR,
+                f"remote tts server at {remote.base_url} sent more than {max_s:g} s of audio "
+                f"for {len(body['input'])} characters; cut off",
+                stage="tts",
+            )
+
         body_stream = StreamedBody(
             lambda: remote.client.stream("POST", remote.url("audio/speech"), json=body),
             check,
             remote.failed,
+            max_ahead=_bytes_for(MAX_AHEAD_S),
+            max_total=_bytes_for(max_s),
+            too_long=too_long,
         )
 
         def first_size() -> int:

@@ -7,6 +7,11 @@ played out, less what the previous chunk took to come (pipeline/synthesis.py), s
 made the next chunk "late" (flow pressure; admission then sheds new work) although the
 remote was well ahead of playback. With a reader, a chunk asked for after the wait for its
 due time is usually there already: it takes no time, and holds all that came meanwhile.
+
+Both ends are bounded (issue 35): the reader stays at most `max_ahead` bytes ahead of what
+was taken (then it waits, and the remote with it), and a body past `max_total` bytes is an
+error: a remote that streams without end is cut off instead of filling memory or playing
+forever.
 """
 
 from __future__ import annotations
@@ -35,10 +40,18 @@ class StreamedBody:
         open_: Opener,
         check: Callable[[httpx.Response], None],
         failed: Callable[[httpx.HTTPError], VoxError],
+        *,
+        max_ahead: int,
+        max_total: int,
+        too_long: Callable[[], VoxError],
     ) -> None:
         self._open = open_
         self._check = check
         self._failed = failed
+        self._max_ahead = max_ahead
+        self._max_total = max_total
+        self._too_long = too_long
+        self._total = 0
         self._ready = threading.Condition()
         self._buffer = bytearray()
         self._ended = False
@@ -55,8 +68,14 @@ class StreamedBody:
                 self._check(response)
                 for data in response.iter_bytes():
                     with self._ready:
+                        while len(self._buffer) >= self._max_ahead and not self._closed:
+                            self._ready.wait()  # `take` or `close` wakes it
                         if self._closed:
                             return  # leaving the `with` closes the connection
+                        self._total += len(data)
+                        if self._total > self._max_total:
+                            self._error = self._too_long()
+                            return
                         self._buffer += data
                         self._ready.notify_all()
         except httpx.HTTPError as exc:
@@ -77,7 +96,7 @@ class StreamedBody:
         is left at the end); None at the end. Raises the reader's error once what came
         before it has been taken."""
         with self._ready:
-            while not self._ended and len(self._buffer) < least():
+            while not self._ended and len(self._buffer) < min(least(), self._max_ahead):
                 self._ready.wait(timeout=0.05)  # least() may grow with time (the first)
             size = min(len(self._buffer), most)
             size -= size % 2
@@ -87,6 +106,7 @@ class StreamedBody:
                 return None
             data = bytes(self._buffer[:size])
             del self._buffer[:size]
+            self._ready.notify_all()  # a reader held at `max_ahead` may read on
             return data
 
     def close(self) -> None:
@@ -95,3 +115,4 @@ class StreamedBody:
         with self._ready:
             self._closed = True
             self._buffer.clear()
+            self._ready.notify_all()
