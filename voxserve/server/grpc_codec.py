@@ -9,6 +9,7 @@ codes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +36,10 @@ from voxserve.v1 import voxserve_pb2 as pb
 ERROR_CODE_KEY = "voxserve-error-code"
 """Trailing metadata key holding the voxserve code of a call that ended with an error."""
 TRACE_ID_KEY = "voxserve-trace-id"
+TRACE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+"""A client's trace id, as session.start takes one (ws_protocol.parse_start): it is echoed in
+metadata, where a control or non-ASCII character fails the call in grpc itself (INTERNAL
+"Invalid metadata", the voxserve code lost) and a long one takes the metadata's room."""
 RETRY_AFTER_KEY = "voxserve-retry-after-ms"
 MAX_MARK_ID = 64
 SEQ_MOD = 1 << 32
@@ -120,7 +125,7 @@ def trailing_metadata(error: VoxError, trace_id: str | None = None) -> tuple[tup
     """What a failed call carries besides its status: the voxserve code (always), the trace
     id that finds it in the logs, and when to retry for overload and readiness."""
     items = [(ERROR_CODE_KEY, error.code.value)]
-    if trace_id:
+    if trace_id and TRACE_ID.fullmatch(trace_id):  # never one that is not valid metadata
         items.append((TRACE_ID_KEY, trace_id))
     retry_s = getattr(error, "retry_after_s", None)
     if retry_s is not None:
@@ -128,6 +133,19 @@ def trailing_metadata(error: VoxError, trace_id: str | None = None) -> tuple[tup
     elif error.code in (ErrorCode.OVERLOADED, ErrorCode.NOT_READY):
         items.append((RETRY_AFTER_KEY, "1000"))
     return tuple(items)
+
+
+def trace_id_of(given: str) -> str | None:
+    """A request's `trace_id` field (Synthesize): None when not given; `invalid_message`
+    when it is not 1-64 characters of A-Z a-z 0-9 _ . : - (as session.start's, which the
+    session RPCs take through parse_start)."""
+    if not given:
+        return None
+    if TRACE_ID.fullmatch(given) is None:
+        raise VoxError(
+            ErrorCode.INVALID_MESSAGE, "trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -"
+        )
+    return given
 
 
 # --- configs -------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Voxserve"].full_name  # voxserve.v1.Voxserve
 KEEPALIVE_MS = 20_000  # as the WebSocket's ping interval and timeout
+# A call's request metadata (the key, a client's own keys): grpc's soft default, also as the
+# hard bound, so more is always RESOURCE_EXHAUSTED (grpc's, before voxserve sees the call),
+# never refused by chance between the two as grpc does by default.
+MAX_METADATA_BYTES = 8 * 1024
 
 
 class GrpcBindError(OSError):
@@ -43,6 +47,8 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_time_ms", KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
     ]
 
 

@@ -13,7 +13,6 @@ already checked (a hash of the token: cheap next to any RPC).
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -22,7 +21,7 @@ import grpc
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
-from voxserve.errors import ErrorCode, VoxError
+from voxserve.errors import VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.streams import aclose
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
@@ -47,7 +46,6 @@ from voxserve.v1 import voxserve_pb2 as pb
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
-_TRACE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 class VoxserveServicer:
@@ -104,8 +102,15 @@ class VoxserveServicer:
         self, request: pb.SynthesizeRequest | Undecodable, context: Context
     ) -> AsyncIterator[pb.SynthesizeResponse]:
         synthesis = await self._decoded(request, context)
-        trace_id = synthesis.trace_id or uuid.uuid4().hex[:16]
+        trace_id = uuid.uuid4().hex[:16]  # the server's, until the client's is checked
         bind_session(trace_id)  # this call's own task: its log lines carry the trace id
+        try:
+            given = codec.trace_id_of(synthesis.trace_id)
+        except VoxError as exc:  # refused with the server's trace id, never the bad one
+            await self._fail(context, exc, trace_id)
+        if given is not None:
+            trace_id = given
+            bind_session(trace_id)
         await self._count_request(context)
         try:
             admit_request(self.runtime)  # as HTTP speech: drain, readiness, memory, load
@@ -140,10 +145,6 @@ class VoxserveServicer:
         runtime = self.runtime
         engines = runtime.engines  # not_ready before the models are loaded
         settings = runtime.settings
-        if request.trace_id and not _TRACE_ID.match(request.trace_id):
-            raise VoxError(
-                ErrorCode.INVALID_MESSAGE, "trace_id must be 1-64 characters of A-Z a-z 0-9 _ . : -"
-            )
         text = check_text(request.text, settings.limits.max_text_chars)
         speed = check_speed(float(request.speed) if request.speed else 1.0)
         rate = check_rate(

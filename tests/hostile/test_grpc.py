@@ -1,0 +1,205 @@
+"""Hostile input, gRPC door (issue 35, finding 12): voxserve.v1 on a real server (fake
+engines: this is about the wire) with the real grpc client, while a live stream is watched.
+
+`Synthesize` echoed the client's `trace_id` into the trailing metadata of its refusal: a
+control or non-ASCII character made grpc fail the call itself (INTERNAL "Invalid metadata",
+a traceback in the log, the voxserve code lost), a long one took the metadata's room. Here
+trace ids of every class go to every RPC that takes one (Synthesize, Converse, Recognize):
+each is INVALID_ARGUMENT `invalid_message`, with a server-made trace id in the metadata, and
+a valid one is still echoed. Client metadata of every class (long keys and values, `-bin`
+keys, many keys, our own key names) is ignored or refused by grpc's metadata bound
+(RESOURCE_EXHAUSTED), as are messages past `limits.max_message_bytes`; floods of bad
+messages each get their in-stream error. Nothing is logged as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from pydantic import SecretStr
+
+from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.fakes import fake_runtime
+from tests.hostile.watch import watched
+from tests.transports.grpc_client import collect, error_code, of_kind, stub
+from voxserve.config import load_settings
+from voxserve.server.grpc_codec import TRACE_ID, TRACE_ID_KEY
+from voxserve.server.grpc_server import MAX_METADATA_BYTES
+from voxserve.v1 import voxserve_pb2 as pb
+
+pytestmark = pytest.mark.timeout(90)
+KEY = "grpc-hostile-key"
+BAD_TRACE_IDS: dict[str, str] = {
+    "65 characters": "t" * 65,
+    "10,000 characters": "t" * 10_000,
+    "200,000 characters": "t" * 200_000,
+    "accented": "café",
+    "CJK": "追踪",
+    "emoji": "🎙️",
+    "right-to-left": "\u202etrace",
+    "zero-width": "a\u200bb",
+    "space": "a b",
+    "header injection": "a\r\nx-evil: 1",
+    "slash": "a/b",
+    "quote": 'a"b',
+    **{f"control {c:#04x}": f"a{chr(c)}b" for c in (*range(0, 32), 0x7F)},
+}
+GOOD_TRACE_IDS = ("t" * 64, "a", "A-z_0.9:x")
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveServer]:
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(settings, fake_runtime(settings), grpc_port=free_port())
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[LiveServer]:
+    """A server with an API key: the auth interceptor reads the metadata."""
+    settings = load_settings(port=free_port(), log_level="warning", api_keys=[SecretStr(KEY)])
+    live = start_server(settings, fake_runtime(settings), grpc_port=free_port())
+    yield live
+    stop_server(live)
+
+
+class Errors(logging.Handler):
+    """Error records of any logger (grpc's "ExecuteBatchError raised in core" included)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def errors() -> Iterator[Errors]:
+    handler = Errors()
+    logging.getLogger().addHandler(handler)
+    yield handler
+    logging.getLogger().removeHandler(handler)
+    assert not [r.getMessage()[:200] for r in handler.records]
+
+
+def _calls(s: Any, trace_id: str) -> dict[str, Any]:
+    """Each RPC that takes a trace id, started with `trace_id`."""
+    return {
+        "Synthesize": s.Synthesize(pb.SynthesizeRequest(text="hi", trace_id=trace_id)),
+        "Converse": s.Converse(
+            iter([pb.ConverseRequest(config=pb.StreamConfig(trace_id=trace_id))])
+        ),
+        "Recognize": s.Recognize(
+            iter([pb.RecognizeRequest(config=pb.RecognitionConfig(trace_id=trace_id))])
+        ),
+    }
+
+
+async def _refused(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await collect(call, limit_s=10)
+    return caught.value
+
+
+def _metadata(error: grpc.aio.AioRpcError) -> dict[str, str]:
+    return {key: str(value) for key, value in error.trailing_metadata() or ()}
+
+
+async def test_bad_trace_ids_are_invalid_argument_on_every_rpc(
+    live: LiveServer, errors: Errors
+) -> None:
+    async with watched(live.http_url) as watch:
+        async with grpc.aio.insecure_channel(live.grpc_target) as channel:
+            s = stub(channel)
+            for name, bad in BAD_TRACE_IDS.items():
+                for method, call in _calls(s, bad).items():
+                    error = await _refused(call)
+                    where = (name, method, error.code(), error.details())
+                    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, where
+                    assert error_code(error) == "invalid_message", where
+                    echoed = _metadata(error).get(TRACE_ID_KEY)
+                    assert echoed is None or (TRACE_ID.fullmatch(echoed) and echoed != bad), where
+            for good in GOOD_TRACE_IDS:
+                for method, call in _calls(s, good).items():
+                    responses = await collect(call, limit_s=10)
+                    (started,) = of_kind(responses, "started")
+                    assert started.trace_id == good, (method, started)
+            # A flood: 200 refused at once, on one channel.
+            calls = [
+                s.Synthesize(pb.SynthesizeRequest(text="hi", trace_id="\n" * i))
+                for i in range(1, 201)
+            ]
+            refused = await asyncio.gather(*(_refused(call) for call in calls))
+            assert {error_code(e) for e in refused} == {"invalid_message"}
+    watch.assert_unhurt(max_growth_mb=150)
+
+
+async def test_hostile_metadata_is_ignored_or_refused_by_its_bound(
+    keyed: LiveServer, errors: Errors
+) -> None:
+    auth = ("authorization", f"Bearer {KEY}")
+    under = MAX_METADATA_BYTES // 2
+    classes: dict[str, tuple[tuple[str, str | bytes], ...]] = {
+        "binary -bin values": (auth, ("x-thing-bin", bytes(range(256)))),
+        "our trace key, junk": (auth, (TRACE_ID_KEY, "a b c"), ("voxserve-trace-id-bin", b"\xff")),
+        "our error key": (auth, ("voxserve-error-code", "ok")),
+        "a long value": (auth, ("x-long", "v" * under)),
+        "a long key": (auth, ("k" * 1_000, "v")),
+        "many keys": (auth, *((f"x-k{i}", "v") for i in range(100))),
+    }
+    refused: dict[str, tuple[tuple[str, str | bytes], ...]] = {
+        "a long authorization": (("authorization", "Bearer " + "k" * (MAX_METADATA_BYTES + 10)),),
+        "past the bound": (auth, ("x-long", "v" * (MAX_METADATA_BYTES + 10))),
+    }
+    async with grpc.aio.insecure_channel(keyed.grpc_target) as channel:
+        s = stub(channel)
+        for name, metadata in classes.items():
+            voices = await s.ListVoices(pb.ListVoicesRequest(), metadata=metadata, timeout=10)
+            assert voices.voices, name
+            spoken = s.Synthesize(pb.SynthesizeRequest(text="hi"), metadata=metadata)
+            assert of_kind(await collect(spoken, limit_s=10), "ended"), name
+        for name, metadata in refused.items():
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await s.ListVoices(pb.ListVoicesRequest(), metadata=metadata, timeout=10)
+            assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, name
+        for bad in ("Bearer", "Basic abc", "bearer " + "k" * 4_000):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await s.ListVoices(
+                    pb.ListVoicesRequest(), metadata=(("authorization", bad),), timeout=10
+                )
+            assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED, bad[:20]
+            assert error_code(caught.value) == "unauthorized"
+
+
+async def test_oversized_and_flooded_messages(live: LiveServer, errors: Errors) -> None:
+    limit = live.settings.limits.max_message_bytes
+    async with watched(live.http_url) as watch:
+        async with grpc.aio.insecure_channel(
+            live.grpc_target, options=[("grpc.max_send_message_length", 4 * limit)]
+        ) as channel:
+            s = stub(channel)
+            big = pb.SynthesizeRequest(text="x" * (limit + 1))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(s.Synthesize(big), limit_s=10)
+            assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            # 1,000 odd-length frames, then a mark: each refused in the stream, the session on.
+            requests = [pb.ConverseRequest(config=pb.StreamConfig(mode=pb.MODE_ASR))]
+            requests += [
+                pb.ConverseRequest(audio=pb.AudioFrames(seq_id=i, pcm=b"\x01" * 641))
+                for i in range(1_000)
+            ]
+            requests.append(pb.ConverseRequest(mark=pb.Mark(id="after")))
+            responses = await collect(s.Converse(iter(requests)), limit_s=30)
+            flood = of_kind(responses, "error")
+            assert len(flood) == 1_000 and {e.code for e in flood} == {"odd_length_pcm"}
+            assert [m.id for m in of_kind(responses, "mark")] == ["after"]
+            (ended,) = of_kind(responses, "ended")
+            assert ended.rejected == 1_000, ended
+    watch.assert_unhurt(max_growth_mb=150)
