@@ -270,10 +270,10 @@ class LimitsConfig(Section):
     max_frame_ms: int = 200  # one binary message may carry up to 10 frames of audio
     max_upload_bytes: int = 25 * 1024 * 1024
     # Decoded audio that all uploads may hold at once (float32 at 16 kHz: 64 KB per second;
-    # the default ~2.3 h). Each upload reserves its decode before it is made (the length its
+    # the default ~70 min). Each upload reserves its decode before it is made (the length its
     # header declares, then window by window); past this it waits up to 2 s, then 503
     # `overloaded`. No single upload may decode to more than this either (413).
-    max_decoded_audio_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
+    max_decoded_audio_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     # Time between a WebSocket/gRPC connect and its session.start (slow-loris guard).
     handshake_timeout_s: float = Field(default=10.0, gt=0)
     # WebSocket: a client silent this long is ended (`idle_timeout`); no session outlives
