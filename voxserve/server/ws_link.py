@@ -65,7 +65,11 @@ class SessionLink:
         driver, session = self.driver, self.session
         driver.announce(resumed=resumed)
         started = resumed_event(session) if resumed else session.started_event()
-        await self.ws.send_text(encode_event(started))
+        try:
+            await self.ws.send_text(encode_event(started))
+        except (RuntimeError, OSError, WebSocketDisconnect):
+            self.client_left = True  # gone before its session was told: no ASGI traceback
+            return
         self._bind()
         try:
             await serve_attached(driver, self, self._send(), since=since)

@@ -70,6 +70,16 @@ class DirectSendProtocol(WebSocketsSansIOProtocol):
         if message["type"] == "websocket.send" and self._stall is not None:
             self._stall.wrote(len(message.get("bytes") or message.get("text") or ""))
 
+    def handle_ping(self) -> None:
+        """A client that pings and reads nothing would have every pong buffered: past the
+        transport's high-water mark they are dropped (RFC 6455 5.5.3 lets an endpoint
+        answer only the latest ping). While the connection is open the output waiting
+        here is pongs only; the keepalive and the stall watch still end such a client."""
+        if self.conn.state is State.OPEN and not self.writable.is_set():
+            self.conn.data_to_send()
+            return
+        super().handle_ping()
+
     def handle_pong(self, event: Any) -> None:
         if self._stall is not None:
             self._stall.heard(bytes(event.data))  # uvicorn's keepalive pong confirms too
