@@ -193,6 +193,8 @@ class MicroWakeStream:
         at, end = 0, len(data) - FRONTEND_BYTES
         while at <= end:
             result = self._frontend.process_samples(data[at : at + FRONTEND_BYTES])
+            if result.samples_read <= 0:
+                break  # never spin on a frontend that took nothing; the rest waits
             at += result.samples_read * SAMPLE_BYTES
             self.position += result.samples_read
             if result.features:
