@@ -168,13 +168,26 @@ async def anonymous_wyoming(http: str, wyoming_port: int) -> str:
     admitted = sum(r is True for r in results)
     open_after = 0
     for reader, writer in held:
-        if not reader.at_eof():
+        if await still_open(reader):
             open_after += 1
         writer.close()
     return (
         f"500 anonymous: {refused} refused at connect, {open_after} still open after; "
         f"keyed streams admitted {admitted}/20"
     )
+
+
+async def still_open(reader: asyncio.StreamReader) -> bool:
+    """Whether the server has kept this connection: read what it sent (an error event,
+    say) until its end, or until nothing more comes for 10 ms."""
+    try:
+        while True:
+            if not await asyncio.wait_for(reader.read(65536), 0.01):
+                return False
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
 
 
 ATTACKS: dict[str, Callable[[str, int], Awaitable[str]]] = {
