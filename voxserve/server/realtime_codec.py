@@ -155,7 +155,8 @@ class RealtimeDecoder:
         """Whether an append (its raw text) may be held back by the fast path
         (server/ws_fastpath.py) before it is decoded: only one this decoder will take as it
         is, so that a refused append is handed over at once and its error comes at once,
-        not at the next event. A second decode costs about a microsecond an append."""
+        not at the next event. The check costs ~2.6 us an append (the decode itself ~3.5 us:
+        a 20 ms append of 24 kHz PCM, timeit on the shared two-core box)."""
         if len(payload) > self.max_message_bytes or b"\\" in payload or not payload.isascii():
             return False
         try:
