@@ -346,13 +346,16 @@ def test_admitted_hosts_open_the_websockets(server: LiveServer, path: str) -> No
 
 async def _rebound(live: LiveServer, path: str, name: str) -> tuple[str, int | None]:
     """The real websockets client, as the page's browser: its socket goes to 127.0.0.1,
-    its URL (so Host and Origin) says `name`."""
+    its URL (so Host and Origin) says `name`. A Realtime refusal is typed as OpenAI types
+    the client's errors (`invalid_request_error`)."""
     port = live.settings.port
     sock = socket.create_connection(("127.0.0.1", port))
     origin = f"http://{name}:{port}"
     async with connect(f"ws://{name}:{port}{path}", sock=sock, origin=origin) as ws:  # type: ignore[arg-type]
         event = json.loads(await asyncio.wait_for(ws.recv(), 5))
         await asyncio.wait_for(ws.wait_closed(), 5)
+    if path == "/v1/realtime":  # OpenAI's shape: the client's to fix, not a server error
+        assert event["error"]["type"] == "invalid_request_error", event
     code = event.get("code") or event["error"]["code"]
     return str(code), ws.close_code
 

@@ -50,6 +50,10 @@ CLIENT_CODES = frozenset(
         ErrorCode.WRONG_MODE,
         ErrorCode.RESPONSE_ACTIVE,  # the reply helper's codes (merged in i21-door)
         ErrorCode.RESPONSE_NOT_ACTIVE,
+        ErrorCode.SESSION_TOO_LARGE,
+        ErrorCode.UNAUTHORIZED,  # refusals of the connection: the client's to fix, as OpenAI
+        ErrorCode.ORIGIN_NOT_ALLOWED,
+        ErrorCode.HOST_NOT_ALLOWED,
     }
 )
 """Codes of errors the client can fix: `invalid_request_error`; the others `server_error`."""
