@@ -23,19 +23,29 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, cast
 
-from voxserve.audio.pcm import Float32Array
+import numpy as np
+
+from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.engines.base import AsrEngine, inline_safe
 from voxserve.pipeline.batcher import Batcher
 from voxserve.pipeline.stage import EngineStage
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
 
 # (16 kHz audio, language, options): a batch groups requests with equal language and options
-AsrRequest = tuple[Float32Array, str | None, AsrOptions | None]
+AsrRequest = tuple[Float32Array | Int16Array, str | None, AsrOptions | None]
 # An idle Whisper waits (within a final's deadline slack) when one more final is expected in
 # that time: a pair costs ~104 ms of CPU per utterance against 134 alone (docs/benchmarks.md).
 MIN_COMPANY = 1.0
+
+
+def float_audio(audio: Float32Array | Int16Array) -> Float32Array:
+    """A window as the engines read it: an upload is held as int16 (half the bytes) and
+    each window becomes float32 here, in the engine's thread, never on the event loop."""
+    if audio.dtype == np.int16:
+        return to_float32(cast(Int16Array, audio))
+    return cast(Float32Array, audio)
 
 
 def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
@@ -48,7 +58,7 @@ def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
     for index, (_, language, options) in enumerate(items):
         groups[(language, options)].append(index)
     for (language, options), indexes in groups.items():
-        audios = [items[i][0] for i in indexes]
+        audios = [float_audio(items[i][0]) for i in indexes]
         extra: dict[str, Any] = {"options": options} if options is not None else {}
         if callable(many):
             batch = list(many(audios, language=language, partial=False, **extra))
@@ -108,7 +118,7 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
 
     async def bulk(
         self,
-        audio: Float32Array,
+        audio: Float32Array | Int16Array,
         language: str | None,
         options: AsrOptions | None = None,
         *,

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any, Protocol, cast
+from functools import partial
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.asr_batch import float_audio
 from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.generations import Generation, Lease
 from voxserve.pipeline.speech_windows import (
@@ -49,9 +51,12 @@ from voxserve.pipeline.speech_windows import (
 )
 from voxserve.pipeline.stage import PRIORITY_BULK
 from voxserve.pipeline.upload_vad import speech_probs
+from voxserve.pipeline.work_pools import WorkPool
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
+Recording = Float32Array | Int16Array  # 16 kHz; an upload is held as int16 (half the bytes)
 HEAD_S = 60.0  # a long recording's first minute is windowed first (`_window_groups`)
+T = TypeVar("T")
 MIN_FILE_RATE = 4_000
 MAX_FILE_RATE = 192_000
 
@@ -70,10 +75,14 @@ async def transcribe(
     *,
     language: str | None = None,
     options: AsrOptions | None = None,
+    pool: WorkPool | None = None,
 ) -> AsrResult:
     """Recognise a whole recording in batched windows (module docstring). `options` go to
-    every window's call; None asks nothing of the engine."""
-    windows = transcribe_windows(ctx, samples, sample_rate, language=language, options=options)
+    every window's call; None asks nothing of the engine. `pool` (the decode pool) finds
+    a long recording's windows off the event loop."""
+    windows = transcribe_windows(
+        ctx, samples, sample_rate, language=language, options=options, pool=pool
+    )
     return join_results([result async for result in windows])
 
 
@@ -84,6 +93,7 @@ async def transcribe_windows(
     *,
     language: str | None = None,
     options: AsrOptions | None = None,
+    pool: WorkPool | None = None,
 ) -> AsyncIterator[AsrResult]:
     """Each window's result in audio order as soon as it and those before it are decoded,
     its times (words too) on the recording's time line (module docstring)."""
@@ -98,26 +108,28 @@ async def transcribe_windows(
     audio = _float_audio(samples, sample_rate)
     lease = ctx.lease()
     try:
-        async for result in _recognise(ctx, lease.generation, audio, language, options):
+        async for result in _recognise(ctx, lease.generation, audio, language, options, pool):
             yield result
     finally:
         lease.release()
 
 
-def _float_audio(samples: Int16Array | Float32Array, sample_rate: int) -> Float32Array:
-    """Float32 at 16 kHz as the ASR reads it; an upload arrives so (decoded in its pool),
-    and is used as it is: no copy of hours of audio made on the event loop."""
-    if samples.dtype == np.float32 and sample_rate == SAMPLE_RATE:
-        return cast(Float32Array, samples)
+def _float_audio(samples: Int16Array | Float32Array, sample_rate: int) -> Recording:
+    """The recording at 16 kHz; one there already (an upload, int16, decoded in its pool)
+    is used as it is: no copy of hours of audio made on the event loop. Each window
+    becomes float32 where an engine reads it (asr_batch.float_audio, upload_vad)."""
+    if sample_rate == SAMPLE_RATE and samples.dtype in (np.float32, np.int16):
+        return samples
     return to_float32(resample(cast(Int16Array, samples), sample_rate, SAMPLE_RATE))
 
 
 async def _recognise(
     ctx: EngineContext,
     generation: Generation,
-    audio: Float32Array,
+    audio: Recording,
     language: str | None,
     options: AsrOptions | None,
+    pool: WorkPool | None,
 ) -> AsyncIterator[AsrResult]:
     stage = ctx.stages.stage("asr")
     batcher = generation.asr_batcher()
@@ -149,7 +161,7 @@ async def _recognise(
             )
         asr = generation.engines.asr
         result: AsrResult = await stage.run(
-            lambda: asr.transcribe(clip, language=language, **extra),
+            lambda: asr.transcribe(float_audio(clip), language=language, **extra),
             timeout_s=max(0.0, expires - time.monotonic()),
             deadline=due(window.end),
             priority=PRIORITY_BULK,
@@ -162,7 +174,7 @@ async def _recognise(
     windows: list[SpeechWindow] = []
     tasks: list[asyncio.Future[AsrResult]] = []
     try:
-        async for group in _window_groups(ctx, generation, audio, expires):
+        async for group in _window_groups(ctx, generation, audio, expires, pool):
             windows += group
             if batcher is not None:
                 tasks += [asyncio.ensure_future(decode(window)) for window in group]
@@ -181,7 +193,11 @@ async def _recognise(
 
 
 async def _window_groups(
-    ctx: EngineContext, generation: Generation, audio: Float32Array, expires: float
+    ctx: EngineContext,
+    generation: Generation,
+    audio: Recording,
+    expires: float,
+    pool: WorkPool | None,
 ) -> AsyncIterator[list[SpeechWindow]]:
     """The recording's windows, a group at a time: the whole recording if it fits one
     window; else its speech packed into windows, the first HEAD_S first (a speech region
@@ -197,10 +213,22 @@ async def _window_groups(
 
     async def regions_of(start: int, end: int) -> list[tuple[int, int]]:
         probs = await speech_probs(vad, ctx.stages.stage("vad"), audio[start:end], expires=expires)
-        found = speech_regions(
-            probs, width, end - start, threshold=cfg.threshold, neg_threshold=cfg.neg_threshold
+        found = await off_loop(
+            speech_regions,
+            probs,
+            width,
+            end - start,
+            threshold=cfg.threshold,
+            neg_threshold=cfg.neg_threshold,
         )
         return [(a + start, b + start) for a, b in found]
+
+    async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Work over the whole recording (its regions, the energy that cuts long ones) in
+        `pool` when there is one: on the loop it stalled live streams for an hour's upload."""
+        if pool is None:
+            return fn(*args, **kwargs)
+        return await pool.run(partial(fn, *args, **kwargs))
 
     start = 0
     head = int(HEAD_S * SAMPLE_RATE) // width * width
@@ -209,8 +237,9 @@ async def _window_groups(
         start = head
         if regions and regions[-1][1] >= head - int((MIN_SILENCE_S + PAD_S) * SAMPLE_RATE):
             start = regions.pop()[0] // width * width  # may go on past the head
-        yield pack_windows(audio, regions, max_s)
-    yield pack_windows(audio, await regions_of(start, int(audio.size)), max_s)
+        yield await off_loop(pack_windows, audio, regions, max_s)
+    rest = await regions_of(start, int(audio.size))
+    yield await off_loop(pack_windows, audio, rest, max_s)
 
 
 def on_recording(window: SpeechWindow, result: AsrResult) -> AsrResult:

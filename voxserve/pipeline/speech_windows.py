@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voxserve.audio.pcm import Float32Array
+from voxserve.audio.pcm import Float32Array, Int16Array
 from voxserve.pipeline.windows import cut_windows
 from voxserve.types import SAMPLE_RATE
 
@@ -45,12 +45,13 @@ class SpeechWindow:
     def end(self) -> int:
         return self.pieces[-1][1]
 
-    def audio(self, recording: Float32Array) -> Float32Array:
-        """The window's buffer: its pieces end to end."""
+    def audio(self, recording: Float32Array | Int16Array) -> Float32Array | Int16Array:
+        """The window's buffer: its pieces end to end (at most one window of audio, in the
+        recording's own dtype: int16 for an upload, made float32 where an engine reads it)."""
         if len(self.pieces) == 1:
             start, end = self.pieces[0]
             return recording[start:end]
-        joined: Float32Array = np.concatenate([recording[a:b] for a, b in self.pieces])
+        joined: Float32Array | Int16Array = np.concatenate([recording[a:b] for a, b in self.pieces])
         return joined
 
     def to_recording_ms(self, ms: int, *, closing: bool = False) -> int:
@@ -117,7 +118,7 @@ def speech_regions(
 
 
 def pack_windows(
-    recording: Float32Array, regions: list[tuple[int, int]], max_s: float
+    recording: Float32Array | Int16Array, regions: list[tuple[int, int]], max_s: float
 ) -> list[SpeechWindow]:
     """Regions put end to end into windows of at most `max_s` of audio, in order; a region
     longer than that is cut at its quiet moments (pipeline/windows.py) first."""

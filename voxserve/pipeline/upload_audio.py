@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voxserve.audio.decode import WINDOW_S, UploadDecoder
-from voxserve.audio.pcm import Float32Array
+from voxserve.audio.pcm import Int16Array
 from voxserve.config import LimitsConfig
 from voxserve.pipeline.audio_budget import DecodedAudioBudget, Reservation
 from voxserve.pipeline.work_pools import WorkPool
@@ -21,21 +21,22 @@ from voxserve.types import SAMPLE_RATE
 UPLOAD_BYTES_PER_SECOND = 4_000
 """An upload may decode to at most max_upload_bytes / this many seconds (32 kbit/s: 25 MB
 holds ~1.8 h): a small file that decodes to hours is refused, not held in memory."""
-FLOAT_BYTES = 4  # uploads decode to float32, as the ASR reads them (no int16 copy beside)
+SAMPLE_BYTES = 2  # uploads are held as int16 (half of float32: 1.8 h is 207 MB); each
+# window becomes float32 only where an engine reads it, in the engine's thread
 
 
 def max_upload_seconds(limits: LimitsConfig) -> float:
     """The most audio one upload may hold: by its size, and by the decoded-audio budget
     (less one window, the join's room)."""
-    by_budget = limits.max_decoded_audio_bytes / (FLOAT_BYTES * SAMPLE_RATE) - 2 * WINDOW_S
+    by_budget = limits.max_decoded_audio_bytes / (SAMPLE_BYTES * SAMPLE_RATE) - 2 * WINDOW_S
     return max(WINDOW_S, min(limits.max_upload_bytes / UPLOAD_BYTES_PER_SECOND, by_budget))
 
 
 @dataclass(frozen=True, slots=True)
 class DecodedUpload:
-    """The samples (float32, 16 kHz mono) and the budget they hold until `held` is released."""
+    """The samples (int16, 16 kHz mono) and the budget they hold until `held` is released."""
 
-    samples: Float32Array
+    samples: Int16Array
     held: Reservation
 
 
@@ -45,7 +46,7 @@ async def decode_upload(
     """Decode `data` (module docstring); raises 413 `message_too_large` past `max_seconds`
     (on the header when it says so), 503 `overloaded` when the budget has no room."""
     rate = SAMPLE_RATE
-    decoder = await pool.run(UploadDecoder, data, max_seconds=max_seconds, rate=rate, dtype="flt")
+    decoder = await pool.run(UploadDecoder, data, max_seconds=max_seconds, rate=rate, dtype="s16")
     window = int(WINDOW_S * rate)
     per_sample = decoder.itemsize
     declared = int((decoder.declared_s or 0.0) * rate)
@@ -56,7 +57,7 @@ async def decode_upload(
             ask = max(window, decoder.next_window)
             await held.grow_to((decoder.samples + ask + window) * per_sample)
             await pool.run_ranked(decoder.samples / rate, decoder.decode_window, ask)
-        samples: Float32Array = await pool.run_ranked(decoder.samples / rate, decoder.finish)
+        samples: Int16Array = await pool.run_ranked(decoder.samples / rate, decoder.finish)
     except BaseException:  # a refusal, a damaged file, or the client gone (cancelled)
         decoder.stop()  # a window running in its thread ends at its next frame
         if held is not None:

@@ -124,7 +124,12 @@ async def _answer(
     options = plan.options if plan.options != AsrOptions() else None
     if not plan.stream:
         result = await transcribe(
-            runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+            runtime,
+            samples,
+            SAMPLE_RATE,
+            language=plan.language,
+            options=options,
+            pool=runtime.pools.decode,
         )
         return transcript_response(
             result,
@@ -135,7 +140,12 @@ async def _answer(
             segments=plan.segments,
         )
     windows = transcribe_windows(
-        runtime, samples, SAMPLE_RATE, language=plan.language, options=options
+        runtime,
+        samples,
+        SAMPLE_RATE,
+        language=plan.language,
+        options=options,
+        pool=runtime.pools.decode,
     )
     first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
     if first is None:
