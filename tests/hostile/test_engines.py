@@ -145,11 +145,12 @@ def test_every_prompt_returns_within_bounds(
     for partial in (False, True):
         counted.generated = 0
         started = time.monotonic()
-        results = asr.transcribe_many(audios[: 1 + (not partial)], partial=partial, options=options)
+        batch = audios if not partial else audios[:1]  # partial: one, as live streams ask
+        results = asr.transcribe_many(batch, partial=partial, options=options)
         finals = finals or [r.text for r in results]
         assert time.monotonic() - started < CALL_BOUND_S, (name, partial)
-        assert counted.generated <= 1 + 2 * len(audios), (name, partial, counted.generated)
-        for audio, result in zip(audios, results, strict=True):
+        assert counted.generated <= 1 + 2 * len(batch), (name, partial, counted.generated)
+        for audio, result in zip(batch, results, strict=True):
             seconds = audio.size / 16_000
             tokens = sum(len(s.tokens) for s in result.segments)
             assert tokens <= 16 + 10 * seconds + 1, (name, tokens)
@@ -173,7 +174,7 @@ def test_past_30_s_the_prompt_goes_cut_and_the_call_is_bounded(asr: WhisperAsr) 
     speech = np.concatenate([_audio("command.wav"), np.zeros(29 * 16_000, np.float32)] * 2)
     asr.whisper_model.transcribe = transcribe  # type: ignore[method-assign]
     try:
-        for name in ("wedge", "special tokens", "blank"):
+        for name in ("wedge", "special tokens"):
             started = time.monotonic()
             result = asr.transcribe(speech, options=AsrOptions(prompt=PROMPTS[name]))
             assert time.monotonic() - started < CALL_BOUND_S, name
