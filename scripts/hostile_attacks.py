@@ -7,9 +7,11 @@ during each attack, against the same server quiet (docs/benchmarks.md "Hostile i
 Starts one `voxserve serve` (Wyoming on, one API key, so /v1/stream takes keyed streams and
 Wyoming is anonymous) from --root, then for each attack: a quiet window, then the attack
 with the live stream beside it. Attacks:
-- upload_bombs: 8 FLAC uploads of 1.8 h of silence (about 1 MB each) at once;
+- upload_bombs: 8 uploads that decode to hours at once (two each of FLAC with and without a
+  length, Ogg Opus, MP3 without a Xing header; about 1-7 MB each);
 - wake_rate: Wyoming `detect` + `audio-start` at rate 1 (and other odd rates), 120 KB of chunks;
-- prompt_wedge: an upload with a repetitive 540-character prompt (it wedged Whisper's redo);
+- prompt_wedge: two uploads with a repetitive 540-character prompt (it wedged Whisper's
+  redo), three plain ones beside them (the official `openai` SDK);
 - anonymous_wyoming: 500 anonymous Wyoming connections (`detect` + `audio-start`) held open
   beside 20 keyed WebSocket streams: how many keyed streams were admitted.
 A watchdog in the watch ends the run at 3 GB of growth (the old code grew past 6 GB).
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import socket
@@ -29,20 +30,21 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-import av
 import httpx
-import numpy as np
+import openai
 from websockets.asyncio.client import connect
 from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient
 from wyoming.wake import Detect
 
+from tests.hostile.test_uploads import flac_says, silence
 from tests.hostile.watch import Watch, watched
 
 KEY = "hostile-bench-key"
 COMMAND_WAV = (Path(__file__).resolve().parent.parent / "tests/fixtures/command.wav").read_bytes()
-PROMPT = ("la la la la " * 45)[:540]
+PROMPT = ("turn on the kitchen lights " * 21)[:540]
 
 
 def free_port() -> int:
@@ -52,38 +54,36 @@ def free_port() -> int:
         return port
 
 
-def flac_of_silence(seconds: float, rate: int = 16_000) -> bytes:
-    """A FLAC file of `seconds` of digital silence: tiny on the wire, hours decoded."""
-    out = io.BytesIO()
-    with av.open(out, "w", format="flac") as container:
-        stream = container.add_stream("flac", rate=rate, layout="mono")
-        block = np.zeros((1, rate * 10), dtype=np.int16)
-        for _ in range(int(seconds // 10)):
-            frame = av.AudioFrame.from_ndarray(block, format="s16", layout="mono")
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return out.getvalue()
+def bombs() -> list[tuple[str, bytes]]:
+    """Two each of four bombs made as tests/hostile/test_uploads.py makes them: a 1.8 h FLAC
+    whose header says so (1 MB), 2 h of Ogg Opus (1.3 MB), a 2 h FLAC whose header says
+    nothing, 2 h of MP3 without a Xing header (7 MB)."""
+    made = {
+        "flac 1.8 h (header)": flac_says(silence("flac", 6_480), 6_480 * 16_000),
+        "ogg opus 2 h (header)": silence("ogg", 7_200),
+        "flac 2 h (no length)": flac_says(silence("flac", 7_200), 0),
+        "mp3 2 h (no xing)": silence("mp3", 7_200, xing=False),
+    }
+    return [item for item in made.items() for _ in range(2)]
 
 
 async def upload_bombs(http: str, wyoming_port: int) -> str:
-    bomb = flac_of_silence(1.8 * 3600)
-    headers = {"Authorization": f"Bearer {KEY}"}
+    made = bombs()
 
-    async def one(client: httpx.AsyncClient) -> int:
-        files = {"file": ("bomb.flac", bomb, "audio/flac")}
-        response = await client.post(
-            f"{http}/v1/audio/transcriptions", files=files, data={"model": "whisper-1"}
-        )
-        return response.status_code
-
-    async with httpx.AsyncClient(timeout=120, headers=headers) as client:
+    async def one(client: httpx.AsyncClient, name: str, data: bytes) -> str:
         started = time.monotonic()
-        codes = await asyncio.gather(*(one(client) for _ in range(8)))
-    took = time.monotonic() - started
-    return f"8 x {len(bomb) / 1e6:.1f} MB: statuses {sorted(codes)} in {took:.1f} s"
+        answer = await client.post(
+            f"{http}/v1/audio/transcriptions",
+            files={"file": ("bomb", data)},
+            data={"model": "whisper-1"},
+        )
+        error = answer.json().get("error", {}).get("code", "") if answer.is_error else ""
+        return f"{name} {answer.status_code} {error} {time.monotonic() - started:.2f} s"
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(timeout=120, headers=headers) as client:
+        answers = await asyncio.gather(*(one(client, n, d) for n, d in made))
+    return "8 at once: " + "; ".join(answers)
 
 
 async def wake_rate(http: str, wyoming_port: int) -> str:
@@ -112,28 +112,31 @@ async def wake_rate(http: str, wyoming_port: int) -> str:
 
 
 async def prompt_wedge(http: str, wyoming_port: int) -> str:
-    wav = COMMAND_WAV
-    headers = {"Authorization": f"Bearer {KEY}"}
-    async with httpx.AsyncClient(timeout=180, headers=headers) as client:
-        started = time.monotonic()
-        wedge = client.post(
-            f"{http}/v1/audio/transcriptions",
-            files={"file": ("c.wav", wav, "audio/wav")},
-            data={"model": "whisper-1", "prompt": PROMPT},
-        )
-        await asyncio.sleep(0.2)
-        other_started = time.monotonic()
-        other = await client.post(
-            f"{http}/v1/audio/transcriptions",
-            files={"file": ("c.wav", wav, "audio/wav")},
-            data={"model": "whisper-1"},
-        )
-        other_s = time.monotonic() - other_started
-        wedged = await wedge
-    return (
-        f"wedge {wedged.status_code} in {time.monotonic() - started:.2f} s; "
-        f"another upload {other.status_code} in {other_s:.2f} s"
-    )
+    """Two uploads with the wedge prompt and, a second later, three plain ones, all with the
+    official `openai` SDK: every one answered, the plain ones in their usual time."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{http}/v1", api_key=KEY, max_retries=0, timeout=180
+    ) as sdk:
+
+        async def upload(prompt: str | None) -> str:
+            started = time.monotonic()
+            extra: dict[str, Any] = {"prompt": prompt} if prompt else {}
+            try:
+                await sdk.audio.transcriptions.create(
+                    model="whisper-1", file=("a.wav", COMMAND_WAV, "audio/wav"), **extra
+                )
+                status: int | str = 200
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+            except openai.APITimeoutError:
+                status = "timeout"
+            return f"{status} {time.monotonic() - started:.1f} s"
+
+        wedges = [asyncio.create_task(upload(PROMPT)) for _ in range(2)]
+        await asyncio.sleep(1.0)
+        plains = await asyncio.gather(*(upload(None) for _ in range(3)))
+        wedged = await asyncio.gather(*wedges)
+    return f"wedge uploads {wedged}; plain uploads beside them {plains}"
 
 
 async def anonymous_wyoming(http: str, wyoming_port: int) -> str:

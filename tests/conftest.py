@@ -28,6 +28,8 @@ SERIAL = (
     "cache/test_cache_server.py",  # TTS saturation by timing (it failed beside a neighbour)
     "faults/test_clock_faults.py",
     "flow/",
+    # 7 slow decodes beside speech and a short transcription, judged against their usual time
+    "hostile/test_uploads.py",
     "memory/test_soak.py",
     "test_bulk_fairness.py",
     "test_scheduling_fairness.py",
