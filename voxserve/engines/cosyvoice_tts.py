@@ -2,8 +2,9 @@
 
 `url` picks the transport: `grpc://HOST:PORT` (runtime/python/grpc, engines/cosyvoice_grpc.py)
 or `http://HOST:PORT` (runtime/python/fastapi, engines/cosyvoice_http.py); without a url the
-model runs in-process when the `cosyvoice` package is importable and `model_dir` is set
-(engines/cosyvoice_local.py). Voices: the `voices` table and the zero-shot voices registered
+model runs in-process when the `cosyvoice` package is importable and `model_dir` (a local
+directory) or `model` (an official id, fetched on first use: engines/cosyvoice_models.py) is
+set (engines/cosyvoice_local.py). Voices: the `voices` table and the zero-shot voices registered
 through the admin API (engines/cosyvoice_voices.py).
 
 Each call is one bounded piece of the text (a sentence, cut at `max_piece_chars`), so a
@@ -28,7 +29,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.config import ClusterCredits, default_cache_dir
-from voxserve.engines import cosyvoice_local
+from voxserve.engines import cosyvoice_local, cosyvoice_models
 from voxserve.engines._versions import dist_version
 from voxserve.engines.chunk_deadline import ChunkLate
 from voxserve.engines.cosyvoice_request import (
@@ -55,6 +56,10 @@ DEFAULT_SAMPLE_RATE = 24_000  # CosyVoice2/3; CosyVoice-300M is 22050
 SCHEMES = ("grpc", "http", "https")
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
+NOT_INSTALLED = (
+    "set url (grpc://HOST:PORT or http://HOST:PORT: a CosyVoice runtime); "
+    "in-process synthesis needs the cosyvoice package, which is not installed"
+)
 KINDS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str}
 
 
@@ -74,6 +79,8 @@ class CosyVoiceTts:
         credit_wait_ms: int = 250,
         device: str = "auto",
         model_dir: str | None = None,
+        model: str | None = None,
+        source: str = "huggingface",
         voice_dir: str | None = None,
         max_piece_chars: int = MAX_PIECE_CHARS,
         threads: int = 1,  # the runtime passes it to every engine; the work is remote
@@ -86,6 +93,8 @@ class CosyVoiceTts:
             credit_wait_ms=(credit_wait_ms, "integer"),
             device=(device, "string"),
             model_dir=(model_dir, "string"),
+            model=(model, "string"),
+            source=(source, "string"),
             voice_dir=(voice_dir, "string"),
             max_piece_chars=(max_piece_chars, "integer"),
         )
@@ -103,6 +112,8 @@ class CosyVoiceTts:
         self.timeout_s = timeout_s
         self._max_piece_chars = max_piece_chars
         self.transport: CosyTransport
+        if model is not None:
+            model_dir = _fetched(model, source, url, model_dir)
         self.transport, self.sample_rate = _transport(
             url, sample_rate, timeout_s, max_concurrency, device, model_dir
         )
@@ -317,6 +328,30 @@ def _check_speakers(
             )
 
 
+def _fetched(model: str, source: str, url: str | None, model_dir: str | None) -> str:
+    """The snapshot directory of the official model `model` (engines/cosyvoice_models.py),
+    fetched on first use; refused before any download when it could not be loaded."""
+    if url:
+        raise _config(
+            "model is for in-process CosyVoice; a runtime at url loads its own (its --model_dir)"
+        )
+    if model_dir:
+        raise _config("set model (an official id) or model_dir (a local directory), not both")
+    if Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser())  # a local directory named as `model`
+    try:
+        cosyvoice_models.cosyvoice_model(model)
+        if source not in cosyvoice_models.SOURCES:
+            raise ValueError(
+                f"source must be one of {', '.join(cosyvoice_models.SOURCES)}, got {source!r}"
+            )
+        if not cosyvoice_local.available():  # no download that nothing could load
+            raise ValueError(NOT_INSTALLED)
+        return str(cosyvoice_models.fetch_model(model, source=source))
+    except (ValueError, LookupError, RuntimeError, OSError) as exc:
+        raise _config(str(exc)) from None
+
+
 def _transport(
     url: str | None,
     sample_rate: int | None,
@@ -346,12 +381,12 @@ def _transport(
 
         return HttpTransport(url, timeout_s, max_concurrency), rate
     if not cosyvoice_local.available():
-        raise _config(
-            "set url (grpc://HOST:PORT or http://HOST:PORT: a CosyVoice runtime); "
-            "in-process synthesis needs the cosyvoice package, which is not installed"
-        )
+        raise _config(NOT_INSTALLED)
     if not model_dir:
-        raise _config("in-process CosyVoice needs model_dir (a CosyVoice2/3 model directory)")
+        raise _config(
+            "in-process CosyVoice needs model_dir (a CosyVoice model directory) or model "
+            f"(an official id: {', '.join(cosyvoice_models.MODELS)})"
+        )
     try:
         local = cosyvoice_local.LocalTransport(model_dir, device)
     except (ImportError, ValueError, OSError) as exc:
