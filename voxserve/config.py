@@ -542,6 +542,9 @@ class Settings(BaseSettings):
     webrtc: WebRtcConfig = WebRtcConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     wake: WakeConfig = WakeConfig()
+    # Never reach the Hugging Face Hub (`serve --offline`; HF_HUB_OFFLINE=1 too): a model
+    # named by name must be in the cache already, else serve stops with the pull command.
+    offline: bool = False
     # Server processes sharing the port (`serve --workers N`); engines that start no
     # threads are loaded once before fork and shared copy-on-write (server/workers.py).
     workers: int = Field(default=1, ge=1, le=64)

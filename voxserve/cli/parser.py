@@ -142,6 +142,13 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
         "else ~/.cache/voxserve)",
     )
     serve.add_argument(
+        "--offline",
+        action="store_true",
+        default=None,
+        help="never reach the Hugging Face Hub: models named must be downloaded already "
+        "(`voxserve models pull NAME`); offline, VOXSERVE_OFFLINE=1, HF_HUB_OFFLINE=1",
+    )
+    serve.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="log level (default info)",

