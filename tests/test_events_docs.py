@@ -160,4 +160,4 @@ def test_the_reader_finds_what_it_should() -> None:
         {"played_ms"},
     )
     assert events["vad.start"] == ({"segment", "start_ms"}, set())
-    assert len(documented_client_messages()["session.start"]) == 13
+    assert len(documented_client_messages()["session.start"]) == 14

@@ -91,7 +91,7 @@ def test_speech_body_too_large_without_content_length(
 
 
 def test_speech_unknown_model(http: httpx.Client) -> None:
-    assert_error(speech(http, model="tts-9"), ErrorCode.INVALID_PARAMETER, "tts-1", "piper")
+    assert_error(speech(http, model="tts-9"), ErrorCode.UNKNOWN_MODEL, "tts-1", "piper")
 
 
 def test_speech_unknown_voice(http: httpx.Client) -> None:
@@ -195,7 +195,7 @@ def test_transcription_upload_too_large_chunked(
 
 def test_transcription_unknown_model(http: httpx.Client) -> None:
     response = upload(http, FIXTURE.read_bytes(), model="whisper-9")
-    assert_error(response, ErrorCode.INVALID_PARAMETER, "whisper-1")
+    assert_error(response, ErrorCode.UNKNOWN_MODEL, "whisper-1")
 
 
 def test_transcription_unknown_language(http: httpx.Client) -> None:
@@ -262,7 +262,7 @@ def test_sdk_unknown_language(client: openai.OpenAI) -> None:
 def test_sdk_unknown_model(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught, FIXTURE.open("rb") as file:
         client.audio.transcriptions.create(model="whisper-large", file=file)
-    assert caught.value.code == ErrorCode.INVALID_PARAMETER.value
+    assert caught.value.code == ErrorCode.UNKNOWN_MODEL.value
 
 
 # --- before the models are loaded -----------------------------------------------------------

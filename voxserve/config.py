@@ -520,6 +520,56 @@ class WakeConfig(Section):
     sliding_window_size: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
 
 
+class ModelSpec(Section):
+    """One named model a request may choose (`[models.named.NAME]`): an engine and its
+    options, like `engines.asr`. When the engine's constructor takes `model` (else `voice`)
+    and `options` do not set it, the entry's name is given: `[models.named."small.en"]`
+    alone is Whisper small.en."""
+
+    kind: Literal["asr", "tts"] = "asr"
+    engine: str | None = None  # None: whisper (asr), piper (tts)
+    options: dict[str, Any] = Field(default_factory=dict)
+    aliases: list[str] = Field(default_factory=list)  # other names a request may use
+
+    def engine_name(self) -> str:
+        return self.engine or ("whisper" if self.kind == "asr" else "piper")
+
+
+class ModelsConfig(Section):
+    """Models chosen per request by name (`model` on the OpenAI routes, Realtime's
+    transcription model, /v1/stream's session.start): loaded on first use, kept while used,
+    unloaded when idle `ttl` seconds or to stay within `max_loaded_bytes`. The defaults
+    (`engines.asr`, `engines.tts`) are always loaded and count in neither bound."""
+
+    # The default table: Whisper base (the `multilingual` extra, in `default`), so uploads'
+    # translations work while live streams keep engines.asr (tiny.en). A table of one's own
+    # replaces it.
+    named: dict[str, ModelSpec] = Field(default_factory=lambda: {"base": ModelSpec()})
+    # Seconds a named model stays loaded after its last use (speaches' `ttl`): -1 never
+    # unloads it, 0 unloads it as soon as its last request or session ends.
+    ttl: float = Field(default=300.0, ge=-1)
+    # Memory the named models may hold together (each measured as the RSS its load added,
+    # or its files' size when larger); the least recently used idle ones are unloaded to
+    # make room. A model in use is never unloaded: the bound then holds once it is idle.
+    # 0: no bound.
+    max_loaded_bytes: int = Field(default=4 * 1024**3, ge=0)
+
+    @field_validator("named")
+    @classmethod
+    def _names(cls, value: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        """A name or alias stands for one model: two entries claiming one would make a
+        request's choice depend on the table's order."""
+        seen: dict[str, str] = {}
+        for name, spec in value.items():
+            for label in (name, *spec.aliases):
+                if not label.strip() or len(label) > 200:
+                    raise ValueError(f"model name {label!r} must be 1-200 characters")
+                if label in seen and not (label == name and seen[label] == name):
+                    raise ValueError(f"model name {label!r} is used by {seen[label]!r} already")
+                seen[label] = name
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="VOXSERVE_", env_nested_delimiter="__", extra="forbid"
@@ -542,6 +592,7 @@ class Settings(BaseSettings):
     webrtc: WebRtcConfig = WebRtcConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     wake: WakeConfig = WakeConfig()
+    models: ModelsConfig = ModelsConfig()  # named models chosen per request
     # Never reach the Hugging Face Hub (`serve --offline`; HF_HUB_OFFLINE=1 too): a model
     # named by name must be in the cache already, else serve stops with the pull command.
     offline: bool = False

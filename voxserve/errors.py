@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_VOICE = "unknown_voice"
     UNKNOWN_LANGUAGE = "unknown_language"
     UNKNOWN_WAKE_WORD = "unknown_wake_word"  # not an enabled wake model; lists the valid ones
+    UNKNOWN_MODEL = "unknown_model"  # a request's `model` is not configured; lists the valid ones
     UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
     UNSUPPORTED_ENCODING = "unsupported_encoding"
     ODD_LENGTH_PCM = "odd_length_pcm"
@@ -51,6 +52,7 @@ class ErrorCode(StrEnum):
     SESSION_EXPIRED = "session_expired"  # the session outlived limits.max_session_s
     TTS_DEGRADED = "tts_degraded"  # TTS is saturated: only cached speech is served
     NOT_READY = "not_ready"
+    MODEL_UNAVAILABLE = "model_unavailable"  # a configured model could not be loaded
     SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM): connect elsewhere
     CLIENT_STALLED = "client_stalled"  # the client stopped reading for limits.stalled_client_s
     RESUME_FAILED = "resume_failed"  # no parked session with that id (expired, or never was)

@@ -118,6 +118,9 @@ class StreamConfig:
     wake_word: str | None = None
     # /v1/stream and gRPC (asr, assistant): None is the server's (vad.turn_detection).
     turn_detection: TurnDetection | None = None
+    # The ASR model by name (a [models] entry or alias; None: the default), chosen once at
+    # session start (/v1/stream `model`, Realtime `audio.input.transcription.model`).
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from voxserve.pipeline.generations import (
     until_idle,
 )
 from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
+from voxserve.pipeline.model_table import ModelTable
 from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, start_prewarm_file
@@ -103,6 +104,14 @@ class Runtime:
         self._retiring: set[Generation] = set()  # retired, unused, their engines closing
         self._reload_lock: asyncio.Lock | None = None
         self.reloads = 0
+        # Named models chosen per request ([models]): loaded on first use, LRU and TTL.
+        self.models = ModelTable(
+            settings,
+            self._batching,
+            generation=lambda: self.generation,
+            running_work=self.stages.running,
+            close_grace_s=max(settings.pipeline.asr.timeout_s, settings.pipeline.tts.timeout_s),
+        )
         if engines is not None:
             self._set_generation(engines)
         # Set when `ready` turns true: what readiness watchers (gRPC health) await.
@@ -162,6 +171,7 @@ class Runtime:
         generation.on_unused = self._close_generation
         old, self._generation = self._generation, generation
         self.generations.append(generation)
+        self.models.bind_defaults(engines)  # the default ASR's own model name means it
         if old is not None:
             old.retire()
         return generation
@@ -198,9 +208,12 @@ class Runtime:
         """Hold the current generation (a session holds it from start to end)."""
         return self.generation.lease()
 
-    def session_context(self) -> SessionContext:
+    def session_context(self, model: str | None = None) -> SessionContext:
         """What a new session is given: the shared parts, and a lease on the current
-        generation (its engines and batchers) that the session releases at its end."""
+        generation (its engines and batchers) that the session releases at its end; with
+        `model`, on a view of it with that ASR model (already loaded: the transport awaited
+        `models.lease(asr=model)` and holds it until the session has its own lease)."""
+        lease = self.models.lease_now(asr=model) if model else self.lease()
         return SessionContext(
             settings=self.settings,
             metrics=self.metrics,
@@ -209,7 +222,8 @@ class Runtime:
             pool=self.pool,
             flow=self.flow,
             tracer=self.tracer,
-            lease=self.lease(),
+            lease=lease,
+            models=self.models,
         )
 
     async def reload(self, kinds: tuple[str, ...] = ENGINE_KINDS) -> Generation:
@@ -262,6 +276,8 @@ class Runtime:
         cache = self.cache
         reading = asyncio.create_task(cache.load(), name="voxserve-load-cache") if cache else None
         try:
+            # A bad [models] entry stops `serve` (EngineConfigError) before anything loads.
+            await asyncio.to_thread(self.models.check)
             if self._generation is None:
                 engines = await _load_in_daemon_thread(
                     partial(load_engines, self.settings, preloaded=self._preloaded)
@@ -323,6 +339,7 @@ class Runtime:
         self.close()
 
     def close(self) -> None:
+        self.models.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.pools.shutdown()
         # Each keeps what a generation not yet closed shares: an engine is closed once.
@@ -332,6 +349,40 @@ class Runtime:
             generation.close_batchers()
             generation.close_engines([live.engines for live in remaining])
         self.generations.clear()
+
+
+class Chosen:
+    """What one-shot work (an upload, a speech request) reads when its request chose a
+    model: the runtime's parts, and the engines of the generation `held` is on (a view with
+    the chosen model). Recognition takes its own lease on that generation (`lease`); the
+    route keeps `held` until the work has it (the model stays loaded meanwhile)."""
+
+    def __init__(self, runtime: Runtime, held: Lease) -> None:
+        self.runtime = runtime
+        self.held = held
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    @property
+    def stages(self) -> Stages:
+        return self.runtime.stages
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.runtime.metrics
+
+    @property
+    def speech(self) -> SpeechParts:
+        return self.runtime.speech
+
+    @property
+    def engines(self) -> Engines:
+        return self.held.generation.engines
+
+    def lease(self) -> Lease:
+        return self.held.generation.lease()
 
 
 async def _load_in_daemon_thread(load: Callable[[], Engines]) -> Engines:

@@ -26,6 +26,7 @@ from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.memory_guard import MemoryGuard
+from voxserve.pipeline.model_table import ModelTable
 from voxserve.pipeline.stages import Stages
 from voxserve.pipeline.tts_health import TtsHealth
 from voxserve.pipeline.vad_batch import VadBatcher
@@ -80,6 +81,9 @@ class SessionContext:
     flow: FlowMonitor  # the credit window of the session's input
     tracer: TurnTracer | None  # per-turn spans; None when tracing is off
     lease: Lease
+    # The named models ([models]): a session that chooses another ASR model mid-way (a
+    # Realtime session.update) takes a lease here; None: it cannot (tests' contexts).
+    models: ModelTable | None = None
 
     @property
     def engines(self) -> Engines:

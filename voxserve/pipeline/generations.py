@@ -165,6 +165,19 @@ class Lease:
     def release(self) -> None:
         self._finalizer()  # runs once; later calls do nothing
 
+    def take_over(self, other: Lease) -> None:
+        """Hold what `other` holds instead of what this lease held (released now), `other`
+        spent: a session that chooses another model mid-way (a Realtime session.update)
+        keeps its one lease object, which its parts read."""
+        detached = other._finalizer.detach()
+        if detached is None:
+            raise ValueError("the lease taken over was released")
+        _, release, args, kwargs = detached
+        old = self._finalizer
+        self.generation = other.generation
+        self._finalizer = weakref.finalize(self, release, *args, **(kwargs or {}))
+        old()
+
 
 async def close_when_idle(
     generation: Generation,

@@ -44,6 +44,7 @@ from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
 from voxserve.pipeline.credit import CreditWindow
+from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.listener import Listener, server_detection
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.replies import Replies
@@ -425,12 +426,39 @@ class Session:
             raise VoxError(
                 ErrorCode.UNSUPPORTED_SAMPLE_RATE, f"output sample rate {rate} is not supported"
             )
-        self.apply_input_update(config)  # refuses (raises) before it changes anything
+        self._update_input(config, await self._model_lease(config))
         self.config = config
         self.voice = responses.voice = voice
         self.output_sample_rate = responses.sample_rate = rate
         responses.config = conversation
         await self.outbox.event(SessionUpdated())
+
+    async def _model_lease(self, config: StreamConfig) -> Lease | None:
+        """A lease with the ASR model `config` names, when it names another (loaded first:
+        `unknown_model`, `model_unavailable`, not fatal); None when it is unchanged."""
+        if config.model == self.config.model:
+            return None
+        models = self.ctx.models
+        if models is None:
+            raise VoxError(ErrorCode.INVALID_PARAMETER, "this session cannot change its model")
+        return await models.lease(asr=config.model)
+
+    def _update_input(self, config: StreamConfig, lease: Lease | None) -> None:
+        """`apply_input_update` on the engines of `lease` (the model chosen now) when there
+        is one: the session's lease takes it over from the next decode on. A refusal puts
+        the session back on the engines it had, nothing changed."""
+        if lease is None:
+            self.apply_input_update(config)  # refuses (raises) before it changes anything
+            return
+        current = self.ctx.lease
+        before = current.generation.lease()  # the way back, should the update be refused
+        current.take_over(lease)
+        try:
+            self.apply_input_update(config)
+        except BaseException:
+            current.take_over(before)
+            raise
+        before.release()
 
     # -- running ------------------------------------------------------------------------
 

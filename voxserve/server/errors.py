@@ -14,6 +14,7 @@ _STATUS = {
     ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.TTS_DEGRADED: 503,
     ErrorCode.NOT_READY: 503,
+    ErrorCode.MODEL_UNAVAILABLE: 503,
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.CLIENT_STALLED: 408,
     ErrorCode.RESUME_FAILED: 404,

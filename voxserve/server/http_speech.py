@@ -13,14 +13,15 @@ from starlette.responses import Response
 from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.pipeline.context import SpeechContext
+from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
-from voxserve.runtime import Runtime
+from voxserve.runtime import Chosen, Runtime
 from voxserve.server import openai_voices
 from voxserve.server.auth import ANONYMOUS, cache_scope
 from voxserve.server.closing_stream import ClosingStream
-from voxserve.server.http_requests import one_of, read_json
+from voxserve.server.http_requests import read_json
 from voxserve.server.json_input import as_float, optional_str
-from voxserve.server.openai_models import OPENAI_TTS_MODELS
 from voxserve.server.speech_output import OutputPlan, output_plan, speech_body
 from voxserve.types import Voice
 
@@ -38,24 +39,38 @@ class SpeechPlan:
 
 
 async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
-    engines = runtime.engines
     limits = runtime.settings.limits
     body = await read_json(request, limits.max_message_bytes, limits.max_json_depth)
-    plan = _speech_plan(body, engines, runtime.settings)
-    principal = getattr(request.state, "principal", ANONYMOUS)
-    chunks = synthesize(
-        runtime,
-        plan.text,
-        voice=plan.voice.id,
-        speed=plan.speed,
-        sample_rate=plan.output.sample_rate,
-        scope=cache_scope(runtime.settings, principal),
-        bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
-    )
-    # Waiting for the first chunk before answering keeps a failing engine (or a text the
-    # voice says nothing for) a JSON error, and the answer starts with real audio
-    # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
-    first = await first_audio(chunks)
+    model = optional_str(body.get("model"), "model")
+    # A named TTS model ([models]) is loaded now and held until the body ends; OpenAI's
+    # names, none, or a default engine's name are the default engines, as before.
+    held: Lease | None = None
+    ctx: SpeechContext = runtime
+    if model not in {engine.info.name for engine in runtime.engines.tts}:
+        entry = runtime.models.entry("tts", model)
+        if not entry.default:
+            held = await runtime.models.lease(tts=entry.name)
+            ctx = Chosen(runtime, held)
+    try:
+        plan = _speech_plan(body, ctx.engines, runtime.settings, model)
+        principal = getattr(request.state, "principal", ANONYMOUS)
+        chunks = synthesize(
+            ctx,
+            plan.text,
+            voice=plan.voice.id,
+            speed=plan.speed,
+            sample_rate=plan.output.sample_rate,
+            scope=cache_scope(runtime.settings, principal),
+            bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
+        )
+        # Waiting for the first chunk before answering keeps a failing engine (or a text the
+        # voice says nothing for) a JSON error, and the answer starts with real audio
+        # (time-to-first-audio = the engine's, plus the codec's look-ahead: audio/encode.py).
+        first = await first_audio(chunks)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
     return ClosingStream(
         speech_body(plan.output, chunks, first, plan.text, trace_id, runtime.pools.encode),
         media_type=plan.output.media_type,
@@ -64,16 +79,28 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
             "X-Voxserve-Voice": plan.voice.id,
             "Cache-Control": "no-store",
         },
-        sources=(chunks,),  # also when the body never started
+        sources=(chunks, _Held(held)),  # also when the body never started
     )
 
 
-def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> SpeechPlan:
+class _Held:
+    """A model lease as a ClosingStream source: released when the response ends."""
+
+    def __init__(self, lease: Lease | None) -> None:
+        self.lease = lease
+
+    async def aclose(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+
+def _speech_plan(
+    body: dict[str, Any], engines: Engines, settings: Settings, model: str | None
+) -> SpeechPlan:
     text = body.get("input")
     if not isinstance(text, str):
         raise VoxError(ErrorCode.INVALID_PARAMETER, "input must be a string: the text to speak")
     text = check_text(text, settings.limits.max_text_chars)
-    model = optional_str(body.get("model"), "model")
     named = openai_voices.requested(engines, body.get("voice"), settings.tts.openai_voices)
     voice = _speech_voice(engines, model, named)
     output = output_plan(body, settings.tts.output_sample_rate)
@@ -85,10 +112,10 @@ def _speech_plan(body: dict[str, Any], engines: Engines, settings: Settings) -> 
 
 
 def _speech_voice(engines: Engines, model: str | None, voice_id: str | None) -> Voice:
-    """OpenAI model names (or none) mean the default engines; an engine name ("piper",
-    "espeak") restricts the voice to that engine and picks its first voice by default."""
+    """A default engine's name ("piper", "espeak") restricts the voice to that engine and
+    picks its first voice by default; otherwise `engines` are the model's (the default
+    engines, or a named model's: its voices only)."""
     by_name = {engine.info.name: engine for engine in engines.tts}
-    one_of(model, (*OPENAI_TTS_MODELS, *by_name), "model")
     engine = by_name.get(model or "")
     if engine is None:
         return engines.voice(voice_id)[0]

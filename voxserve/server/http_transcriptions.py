@@ -20,14 +20,15 @@ from starlette.responses import Response
 from voxserve.engines.base import asr_tasks
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.recognition import transcribe, transcribe_windows
+from voxserve.pipeline.generations import Lease
+from voxserve.pipeline.model_table import ModelEntry
+from voxserve.pipeline.recognition import RecognitionContext, transcribe, transcribe_windows
 from voxserve.pipeline.upload_audio import DecodedUpload, decode_upload, max_upload_seconds
-from voxserve.runtime import Runtime
+from voxserve.runtime import Chosen, Runtime
 from voxserve.server.auth import ANONYMOUS
 from voxserve.server.closing_stream import ClosingStream
 from voxserve.server.errors import error_body
 from voxserve.server.http_requests import one_of, read_form, read_upload
-from voxserve.server.openai_models import OPENAI_ASR_MODELS
 from voxserve.server.quotas import quotas_of
 from voxserve.server.transcript_formats import TRANSCRIPT_FORMATS, transcript_response
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, AsrTask
@@ -61,34 +62,47 @@ async def translations(runtime: Runtime, request: Request) -> Response:
 
 
 async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Response:
-    engines = runtime.engines
     limits = runtime.settings.limits
     form = await read_form(request, limits.max_upload_bytes + FORM_OVERHEAD_BYTES)
+    held: Lease | None = None
     try:
-        plan = _plan(form, engines, task, limits.max_text_chars)
-        data = await read_upload(form, "file", limits.max_upload_bytes, what="an audio file upload")
+        try:
+            entry = _model(runtime, _form_text(form, "model"), task)
+            # A named model is loaded now (once, however many ask) and held to the answer's
+            # end; the default is the runtime's own engines, as before.
+            ctx: RecognitionContext = runtime
+            if not entry.default:
+                held = await runtime.models.lease(asr=entry.name)
+                ctx = Chosen(runtime, held)
+            plan = _plan(form, ctx.engines, task, limits.max_text_chars, entry.name)
+            data = await read_upload(
+                form, "file", limits.max_upload_bytes, what="an audio file upload"
+            )
+        finally:
+            await form.close()
+        # Decoded in the decode pool a window at a time, within the decoded-audio budget
+        # (pipeline/upload_audio.py); a client gone stops it, and the transcription, at once.
+        upload = await _while_connected(
+            request,
+            decode_upload(
+                data,
+                max_seconds=max_upload_seconds(limits),
+                pool=runtime.pools.decode,
+                budget=runtime.upload_budget,
+            ),
+        )
+        del data
+        streaming = False
+        try:
+            response = await _while_connected(request, _answer(runtime, ctx, request, plan, upload))
+            streaming = isinstance(response, ClosingStream)
+            return response
+        finally:
+            if not streaming:  # a streamed body releases it when it ends (its sources)
+                upload.held.release()
     finally:
-        await form.close()
-    # Decoded in the decode pool a window at a time, within the decoded-audio budget
-    # (pipeline/upload_audio.py); a client gone stops it, and the transcription, at once.
-    upload = await _while_connected(
-        request,
-        decode_upload(
-            data,
-            max_seconds=max_upload_seconds(limits),
-            pool=runtime.pools.decode,
-            budget=runtime.upload_budget,
-        ),
-    )
-    del data
-    streaming = False
-    try:
-        response = await _while_connected(request, _answer(runtime, request, plan, upload))
-        streaming = isinstance(response, ClosingStream)
-        return response
-    finally:
-        if not streaming:  # a streamed body releases it when it ends (its sources)
-            upload.held.release()
+        if held is not None:  # a streamed answer holds its own lease (transcribe_windows)
+            held.release()
 
 
 async def _while_connected(request: Request, work: Awaitable[T]) -> T:
@@ -114,7 +128,11 @@ async def _disconnect(request: Request) -> None:
 
 
 async def _answer(
-    runtime: Runtime, request: Request, plan: TranscriptionPlan, upload: DecodedUpload
+    runtime: Runtime,
+    ctx: RecognitionContext,
+    request: Request,
+    plan: TranscriptionPlan,
+    upload: DecodedUpload,
 ) -> Response:
     samples = upload.samples
     duration_s = samples.size / SAMPLE_RATE
@@ -124,7 +142,7 @@ async def _answer(
     options = plan.options if plan.options != AsrOptions() else None
     if not plan.stream:
         result = await transcribe(
-            runtime,
+            ctx,
             samples,
             SAMPLE_RATE,
             language=plan.language,
@@ -140,7 +158,7 @@ async def _answer(
             segments=plan.segments,
         )
     windows = transcribe_windows(
-        runtime,
+        ctx,
         samples,
         SAMPLE_RATE,
         language=plan.language,
@@ -189,18 +207,27 @@ def _sse(event: dict[str, object]) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
+def _model(runtime: Runtime, name: str | None, task: AsrTask) -> ModelEntry:
+    """The model `name` chooses (`unknown_model` listing the valid ones). A translation that
+    names none of its own (none, or an OpenAI name) goes to the default if it translates,
+    else to the first configured model that can."""
+    models = runtime.models
+    entry = models.entry("asr", name)
+    if task == "translate" and entry.default and models.can_translate(entry) is False:
+        entry = models.first_multilingual_asr() or entry
+    return entry
+
+
 def _plan(
-    form: FormData, engines: Engines, task: AsrTask, max_prompt_chars: int
+    form: FormData, engines: Engines, task: AsrTask, max_prompt_chars: int, model: str
 ) -> TranscriptionPlan:
-    models = (*OPENAI_ASR_MODELS, engines.asr.info.name, "whisper")
-    model = one_of(_form_text(form, "model"), models, "model")
     if task not in asr_tasks(engines.asr):
         info = engines.asr.info
         raise VoxError(
             ErrorCode.INVALID_PARAMETER,
-            f"model {quoted(model or 'whisper-1')} is served by {info.name} {info.model!r}, "
-            "which cannot translate (an English-only model); configure a multilingual "
-            "Whisper model for /v1/audio/translations",
+            f"model {quoted(model)} is served by {info.name} {info.model!r}, which cannot "
+            "translate (an English-only model); name a multilingual model for "
+            "/v1/audio/translations ([models] in the config, GET /v1/models lists them)",
         )
     fmt = _form_text(form, "response_format") or "json"
     if fmt not in TRANSCRIPT_FORMATS:

@@ -56,8 +56,9 @@ MAX_REFUSALS = 64  # decoder refusals awaiting their error event (a fatal end ma
 
 @dataclass(frozen=True, slots=True)
 class Transcription:
-    """Input transcription (`audio.input.transcription`); voxserve's ASR does it, whatever
-    `model` names (reported back as given); `prompt` is reported, not used."""
+    """Input transcription (`audio.input.transcription`): `model` chooses the ASR model
+    among the configured ones ([models]; OpenAI's names mean the default; reported back as
+    given); `prompt` is reported, not used."""
 
     model: str
     language: str | None = None
@@ -237,7 +238,17 @@ def stream_config(
         transcribe=s.transcription is not None or s.kind == "transcription",
         response=response,
     )
-    return dataclasses.replace(base, conversation=conversation)
+    return dataclasses.replace(base, conversation=conversation, model=asr_model(s, installed))
+
+
+def asr_model(s: RealtimeSettings, installed: Installed) -> str | None:
+    """The ASR model the transcription names (a [models] name or alias, OpenAI's names
+    meaning the default); None: the default (no transcription, or the name the server
+    reported: its own model, or "voxserve")."""
+    t = s.transcription
+    if t is None or t.model in ("", "voxserve", installed.asr_model):
+        return None
+    return t.model
 
 
 # --- the session object -------------------------------------------------------------------

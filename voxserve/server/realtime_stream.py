@@ -54,7 +54,7 @@ from voxserve.server.session_attachment import serve_attached
 from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import internal_error, refusal_event
 from voxserve.server.session_input import Decoded, InputEnd, Wire
-from voxserve.server.session_slot import count_refusal
+from voxserve.server.session_slot import chosen_model, count_refusal
 from voxserve.server.ws_fastpath import FastPath, fast_path_of
 from voxserve.server.ws_link import (
     CLOSE_INTERNAL,
@@ -130,7 +130,7 @@ class RealtimeConnection:
             self.fast.set_max_size(self.limits.max_message_bytes * OVERSIZE_READ)
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in self.offered else None)
         try:
-            driver = self._open()
+            driver = await self._open()
         except VoxError as exc:
             count_refusal(self.runtime, exc, REALTIME.name)
             await self._refuse(exc)
@@ -142,7 +142,7 @@ class RealtimeConnection:
             driver.close()
             await driver.wait_closed()
 
-    def _open(self) -> SessionDriver:
+    async def _open(self) -> SessionDriver:
         """Origin, key, the global rule, then the session (the key's quotas): all before
         the client's first event, so a refused client learns it at once."""
         headers = self.ws.headers
@@ -176,13 +176,18 @@ class RealtimeConnection:
             apply_session(wire, session)
         self.wire = wire
         config = wire.config()
-        return SessionDriver.open(
-            runtime,
-            lambda: config,
-            wire=REALTIME,
-            principal=key_id or ANONYMOUS,
-            owner=key_id,
-        )
+        held = await chosen_model(runtime, config.model)  # a client secret's transcription model
+        try:
+            return SessionDriver.open(
+                runtime,
+                lambda: config,
+                wire=REALTIME,
+                principal=key_id or ANONYMOUS,
+                owner=key_id,
+            )
+        finally:
+            if held is not None:
+                held.release()
 
     async def _refuse(self, error: VoxError) -> None:
         try_again = error.code in TRY_AGAIN

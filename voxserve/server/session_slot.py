@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from voxserve.errors import VoxError
 from voxserve.events import StreamConfig
+from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.runtime import Runtime
@@ -63,7 +64,19 @@ def new_session(
     outbox = Outbox(runtime.settings.pipeline.outbox_messages, stall_s)
     try:
         scope = cache_scope(runtime.settings, principal)
-        return Session(runtime.session_context(), config, outbox, cache_scope=scope)
+        return Session(runtime.session_context(config.model), config, outbox, cache_scope=scope)
+    except VoxError as exc:
+        exc.fatal = True
+        raise
+
+
+async def chosen_model(runtime: Runtime, model: str | None) -> Lease | None:
+    """The named ASR model a session is to start with, loaded and held (None: the default,
+    nothing to hold); its errors (`unknown_model`, `model_unavailable`) end the handshake."""
+    if not model:
+        return None
+    try:
+        return await runtime.models.lease(asr=model)
     except VoxError as exc:
         exc.fatal = True
         raise

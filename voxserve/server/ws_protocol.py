@@ -76,6 +76,9 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return names.get(kind, kind.__name__)
 
 
+_MAX_MODEL = 200  # a model name or alias (config.ModelsConfig)
+
+
 def parse_start(data: dict[str, Any]) -> StreamConfig:
     mode = data.get("mode")
     if mode not in MODES:
@@ -128,6 +131,13 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
             "wake_word needs an audio mode (asr or assistant)",
             fatal=True,
         )
+    model = _field(data, "model", str, None)
+    if model is not None and (mode == "tts" or not 0 < len(model) <= _MAX_MODEL):
+        raise VoxError(
+            ErrorCode.INVALID_PARAMETER,
+            f"model (the ASR model) needs an audio mode and 1-{_MAX_MODEL} characters",
+            fatal=True,
+        )
     return StreamConfig(
         mode=mode,
         sample_rate=rate,
@@ -142,6 +152,7 @@ def parse_start(data: dict[str, Any]) -> StreamConfig:
         resumable=bool(_field(data, "resumable", bool, False)),
         wake_word=wake_word,
         turn_detection=_start_turns(data.get("turn_detection")),
+        model=model,
     )
 
 

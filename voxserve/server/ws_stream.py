@@ -33,7 +33,7 @@ from voxserve.server.session_driver import SessionDriver
 from voxserve.server.session_events import refusal_event
 from voxserve.server.session_input import Wire
 from voxserve.server.session_parking import ParkedSessions, parkable
-from voxserve.server.session_slot import count_refusal
+from voxserve.server.session_slot import chosen_model, count_refusal
 from voxserve.server.ws_fastpath import FastPath, fast_path_of
 from voxserve.server.ws_link import CLOSE_POLICY, SessionLink
 from voxserve.server.ws_protocol import encode_event, parse_text_message
@@ -122,14 +122,21 @@ class StreamConnection:
         if isinstance(first, ResumeMessage):
             return self.parked.take(first.session_id, self.key_id), True
         config = first.config
-        # Per-key quotas after the global rule: refused at open, before any audio.
-        driver = SessionDriver.open(
-            self.runtime,
-            lambda: config,
-            wire=WEBSOCKET,
-            principal=self.key_id or ANONYMOUS,
-            owner=self.key_id,
-        )
+        # The ASR model it names is loaded now (once, whoever asks at the same time) and
+        # held until the session holds it itself; then nothing is looked up per frame.
+        held = await chosen_model(self.runtime, config.model)
+        try:
+            # Per-key quotas after the global rule: refused at open, before any audio.
+            driver = SessionDriver.open(
+                self.runtime,
+                lambda: config,
+                wire=WEBSOCKET,
+                principal=self.key_id or ANONYMOUS,
+                owner=self.key_id,
+            )
+        finally:
+            if held is not None:
+                held.release()
         return driver, False
 
     async def _first_message(self) -> StartMessage | ResumeMessage:
