@@ -173,7 +173,7 @@ class HubStandin:
         for _ in range(2):
             server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
             server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
             self._servers.append(server)
         self.url = f"http://127.0.0.1:{self._servers[0].server_address[1]}"
         self.cdn_url = f"http://127.0.0.1:{self._servers[1].server_address[1]}"

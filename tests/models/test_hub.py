@@ -149,7 +149,7 @@ def test_progress_is_in_the_registry_while_a_fetch_runs(
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             items = [p for p in PROGRESS.snapshot() if p.repo_id == SMALL_REPO]
-            if items and items[0].done_bytes >= 512 * 1024:
+            if items and items[0].done_bytes > 0:  # the small files; model.bin is held
                 break
             time.sleep(0.02)
         assert len(items) == 1, items

@@ -22,6 +22,7 @@ empty marker per verified digest (`verified/`).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -306,10 +307,15 @@ def _manifest_files(info: Any) -> dict[str, dict[str, Any]]:
 def _wanted(
     files: dict[str, dict[str, Any]], patterns: Sequence[str] | None
 ) -> dict[str, dict[str, Any]]:
-    from huggingface_hub.utils import filter_repo_objects
-
-    keep = set(filter_repo_objects(list(files), allow_patterns=patterns))
-    return {path: entry for path, entry in files.items() if path in keep}
+    if patterns is None:
+        return dict(files)
+    # huggingface_hub's filter_repo_objects: fnmatch, a pattern ending in "/" is a folder
+    globs = [p + "*" if p.endswith("/") else p for p in patterns]
+    return {
+        path: entry
+        for path, entry in files.items()
+        if any(fnmatch.fnmatch(path, glob) for glob in globs)
+    }
 
 
 # -- the cache as it is -------------------------------------------------------------------
@@ -372,7 +378,7 @@ def _discard(
 ) -> None:
     """Delete failed files (the snapshot's link and the blob), under huggingface_hub's lock
     for that blob so a process downloading it meanwhile is not cut off."""
-    from huggingface_hub.utils import WeakFileLock
+    from huggingface_hub.utils import WeakFileLock  # type: ignore[attr-defined]
 
     locks = hub_cache_dir() / ".locks" / storage.name
     for path in bad:

@@ -76,7 +76,7 @@ def bar_class(on_bytes: Callable[[int], None]) -> type[Any]:
     to `on_bytes` (the running total). Its own display is huggingface_hub's: a bar on a
     terminal, nothing when stderr is not one or HF_HUB_DISABLE_PROGRESS_BARS is set. A
     disabled tqdm ignores update(), hence the count kept here."""
-    from huggingface_hub.utils import tqdm as hf_tqdm
+    from huggingface_hub.utils.tqdm import tqdm as hf_tqdm
 
     lock = threading.Lock()  # snapshot_download's threads (one per file) update one bar
 
@@ -84,7 +84,10 @@ def bar_class(on_bytes: Callable[[int], None]) -> type[Any]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._counts = kwargs.get("name") == BYTES_BAR
             self._seen = 0
-            super().__init__(*args, **kwargs)
+            # None: tqdm shows a bar only on a terminal; the files bar of hf_thread_map
+            # would otherwise write into a server's log lines
+            kwargs.setdefault("disable", None)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
         def update(self, n: float | None = 1) -> bool | None:
             if self._counts and n:
