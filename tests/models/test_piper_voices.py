@@ -371,12 +371,14 @@ def test_regional_voices_are_kin_of_their_language() -> None:
     assert set(picks.values()) == {"joe", ALBA}
 
 
-def test_the_listing_reads_the_cache_unless_asked(voices_hub: HubStandin) -> None:
+def test_the_listing_reads_the_cache_unless_asked(
+    voices_hub: HubStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without a cached catalogue a plain listing has none and asks nothing; asked
     (`fetch`), it fetches once, and again only after REFRESH_S."""
     assert piper_voices.listing_catalogue(fetch=False) is None
     assert voices_hub.requests == []
-    piper_voices._refreshed_at = None
+    monkeypatch.setattr(piper_voices, "_refreshed_at", None)  # no listing fetched yet
     book = piper_voices.listing_catalogue(fetch=True)
     assert book is not None and set(book.voices) == {"en_US-joe-medium", ALBA, NC}
     seen = len(voices_hub.requests)
