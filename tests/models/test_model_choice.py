@@ -206,6 +206,19 @@ async def test_ttl_zero_unloads_after_use_but_never_under_a_session() -> None:
         stop_server(live)
 
 
+async def test_an_idle_model_goes_after_its_ttl() -> None:
+    live = serve(named={"alpha": load_asr("alpha")}, ttl=1.5)
+    try:
+        models = live.runtime.models
+        for _ in range(2):  # a use within the ttl keeps it
+            assert (await asyncio.to_thread(transcribe, live, "alpha", ENGLISH)).text == "alpha"
+            assert models.loaded_names() == ["alpha"]
+        await eventually(lambda: models.loaded_names() == [], timeout_s=10)
+        assert models.loads == {"alpha": 1} and models.unloads == 1
+    finally:
+        stop_server(live)
+
+
 async def test_the_memory_bound_unloads_the_least_recently_used_idle_model() -> None:
     """Two Whisper models (tiny.en twice, apart by beam size), the bound set between one
     and two of their measured sizes: the least recently used idle one goes; one a live
@@ -256,7 +269,13 @@ def test_a_bad_entry_is_one_line(models: dict[str, Any], message: str) -> None:
     except ConfigError as exc:
         assert message in str(exc) and "\n" not in str(exc), exc
         return
+    from voxserve.engines.registry import EngineConfigError
     from voxserve.runtime import Runtime
 
-    with pytest.raises(Exception, match=message):
-        Runtime(settings).models.check()
+    runtime = Runtime(settings)
+    try:
+        with pytest.raises(EngineConfigError, match=message) as caught:
+            runtime.models.check()  # what Runtime.load runs first: `serve` exits 2 with it
+        assert "[models.named.a]" in str(caught.value) and "\n" not in str(caught.value)
+    finally:
+        runtime.close()
