@@ -10,16 +10,15 @@ any byte of a response is sent, so a client mistake is always a 4xx JSON error
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from voxserve.engines.loaded import Engines
 from voxserve.runtime import Runtime
 from voxserve.server import http_speech, http_transcriptions, http_voices
 from voxserve.server.admission import admit_request
 from voxserve.server.auth import KeyRing, bearer_token
 from voxserve.server.http_requests import Handler, guarded
-from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
+from voxserve.server.openai_models import models_response
 from voxserve.server.quotas import quotas_of
 
 
@@ -55,7 +54,7 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         return await http_voices.voices(runtime, request)
 
     async def models(request: Request, trace_id: str) -> Response:
-        return _models(runtime.engines)
+        return models_response(runtime)  # openai_models.py
 
     return [
         Route("/v1/audio/speech", guarded(authed(speech)), methods=["POST"]),
@@ -64,30 +63,3 @@ def routes(runtime: Runtime) -> list[BaseRoute]:
         Route("/v1/voices", guarded(authed(voices)), methods=["GET"]),
         Route("/v1/models", guarded(authed(models)), methods=["GET"]),
     ]
-
-
-# --- GET /v1/models (GET /v1/voices: http_voices.py) ----------------------------------------
-
-
-def _models(engines: Engines) -> Response:
-    """Every model name the audio routes accept, in OpenAI's list shape (`models.list()`),
-    each with `engine_model`: the weights that name runs on (EngineInfo.model, e.g. Whisper
-    `tiny.en` or `base`), so a client sees which model the server chose."""
-    default_tts = engines.voice(None)[1].info.model if engines.voices() else ""
-    served: dict[str, str] = dict.fromkeys(OPENAI_TTS_MODELS, default_tts)
-    for engine in engines.tts:
-        served.setdefault(engine.info.name, engine.info.model)
-    asr_model = engines.asr.info.model
-    for name in (*OPENAI_ASR_MODELS, engines.asr.info.name, "whisper"):
-        served.setdefault(name, asr_model)
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "voxserve",
-            "engine_model": model,
-        }
-        for name, model in served.items()
-    ]
-    return JSONResponse({"object": "list", "data": data})
