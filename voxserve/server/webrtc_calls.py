@@ -50,7 +50,7 @@ from voxserve.server.realtime_session import (
 )
 from voxserve.server.realtime_update import speaks_beta
 from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_slot import count_refusal
+from voxserve.server.session_slot import chosen_model, count_refusal
 from voxserve.server.webrtc_link import WEBRTC, WebRtcLink
 from voxserve.server.webrtc_ports import PortRange
 from voxserve.server.webrtc_registry import CallRegistry, LiveCall
@@ -305,13 +305,18 @@ class CallService:
         )
         wire = call_wire(installed, secret_session, session)
         config = wire.config()
+        held = None
         try:
+            held = await chosen_model(runtime, config.model)  # the session's transcription model
             driver = SessionDriver.open(
                 runtime, lambda: config, wire=WEBRTC, principal=principal, owner=principal
             )
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
+        finally:
+            if held is not None:
+                held.release()
         peer: Peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
         # The reply track's frame lateness as a metric (i22-bench adds the histogram).
         peer.outbound.lag.sink = getattr(runtime.metrics, "observe_frame_lag", None)
