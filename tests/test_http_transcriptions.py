@@ -107,14 +107,6 @@ def test_stream_sends_deltas_as_windows_are_decoded_then_done(client: openai.Ope
     assert wer(expected, done.text) <= 0.15, done.text
 
 
-@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks translations so
-def test_translation_is_refused_by_an_english_only_model(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.audio.translations.create(model="whisper-1", file=upload("command.wav", "mp3"))
-    assert caught.value.code == "invalid_parameter"
-    assert "tiny.en" in caught.value.message and "cannot translate" in caught.value.message
-
-
 def test_damaged_files_of_every_container_are_400s(live_server: LiveServer) -> None:
     """Cut short at several points, or the header followed by garbage, or garbage alone: a
     400 invalid_audio naming the problem, never a 500 (and nothing is transcribed)."""
