@@ -64,6 +64,9 @@ class ErrorCode(StrEnum):
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # browser Origin not in cors_allowed_origins
     HOST_NOT_ALLOWED = "host_not_allowed"  # Host not this server's (DNS rebinding)
     ADMIN_DISABLED = "admin_disabled"  # no admin key configured
+    # /admin/models (docs/protocol.md, "HTTP")
+    MODEL_NOT_FOUND = "model_not_found"  # a name no catalogue knows, or not downloaded
+    MODEL_NOT_REMOVABLE = "model_not_removable"  # packaged, or being pulled
 
 
 class VoxError(Exception):

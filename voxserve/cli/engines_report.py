@@ -13,7 +13,14 @@ from importlib.metadata import Distribution
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.errors import EXIT_FAILURE, EXIT_OK, import_hint
-from voxserve.cli.licences import dist_license, licence_notes, module_distributions
+from voxserve.cli.licences import (
+    dist_license,
+    licence_notes,
+    model_notes,
+    model_rows,
+    module_distributions,
+    named_model_rows,
+)
 from voxserve.cli.settings import configure_cli_logging, load_cli_settings, selected_engines
 
 if TYPE_CHECKING:
@@ -44,6 +51,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
             row["selected"] = (kind, name) in selected
             if row["selected"] and options.get((kind, name)):
                 row["options"] = _shown_options(options[(kind, name)])
+            row["models"] = model_rows(kind, name, options.get((kind, name), {}))
             if args.load and row["imports"]:
                 row["loaded"] = _load_one(kind, name, options.get((kind, name), {}), settings)
             ok = row["imports"] and "error" not in row.get("loaded", {})
@@ -53,7 +61,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
     report["wake"] = [_wake_row(settings, load=args.load)]
     if args.load and report["wake"][0]["selected"] and "error" in report["wake"][0]["loaded"]:
         failed_selected.append("wake.micro_wakeword")
-    notes = licence_notes(report)
+    named = named_model_rows(settings)
+    notes = licence_notes(report) + model_notes(report, named)
     if args.json:
         body = {
             "engines": report,
@@ -64,11 +73,12 @@ def cmd_engines(args: argparse.Namespace) -> int:
                 "responder": settings.engines.responder.name,
                 "wake": "micro_wakeword" if settings.wake.enabled else None,
             },
+            "named_models": named,
             "notes": notes,
         }
         print(json.dumps(body, indent=2, ensure_ascii=False))
     else:
-        print(_engines_text(report, notes))
+        print(_engines_text(report, notes, named))
     # Listing always succeeds; --load is a check of the install, so it fails when a
     # configured engine does not load.
     return EXIT_FAILURE if args.load and failed_selected else EXIT_OK
@@ -205,7 +215,7 @@ def _load_one(kind: str, name: str, options: dict[str, Any], settings: Settings)
         close_engine(engine)
 
 
-def _engines_text(report: Report, notes: list[str]) -> str:
+def _engines_text(report: Report, notes: list[str], named: list[dict[str, Any]]) -> str:
     lines: list[str] = []
     for kind, rows in report.items():
         lines.append(f"{kind}:")
@@ -225,6 +235,8 @@ def _engines_text(report: Report, notes: list[str]) -> str:
                     f"{d['package']} {d['version']} ({d['license']})" for d in row["uses"]
                 )
                 lines.append(f"           uses: {uses}")
+            if row.get("models"):
+                lines.append(f"           models: {_models_text(row['models'])}")
             if row["imports"]:
                 lines.append("           imports: ok")
             else:
@@ -245,6 +257,16 @@ def _engines_text(report: Report, notes: list[str]) -> str:
                 lines.append(f"           voices: {voices}")
             if loaded.get("languages"):
                 lines.append(f"           languages: {', '.join(loaded['languages'])}")
+    if named:
+        lines.append("named models ([models.named]):")
+        lines += [f"  {_models_text([row])}" for row in named]
     for note in notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _models_text(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{row['name']} ({row['licence']}{'; NON-COMMERCIAL' if row['non_commercial'] else ''})"
+        for row in rows
+    )

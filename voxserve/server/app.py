@@ -21,6 +21,7 @@ from voxserve.runtime import Runtime
 from voxserve.server import (
     health,
     http_admin,
+    http_admin_models,
     http_admin_voices,
     http_audio,
     http_debug,
@@ -74,6 +75,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
         *http_admin_voices.routes(runtime),  # cosyvoice zero-shot voices
+        *http_admin_models.routes(runtime),  # /admin/models: list, pull, remove
         *http_debug.routes(runtime),
         *http_engines.routes(runtime),  # /admin/engines: hot reload
         *http_memory.routes(runtime),  # /debug/memory, /debug/tracemalloc

@@ -28,6 +28,8 @@ _STATUS = {
     ErrorCode.INTERNAL: 500,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.MODEL_NOT_REMOVABLE: 409,
 }
 
 

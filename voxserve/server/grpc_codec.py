@@ -108,6 +108,8 @@ _BY_NAME = {
     "host_not_allowed": S.PERMISSION_DENIED,
     "session_too_large": S.INVALID_ARGUMENT,  # client secrets (HTTP) only
     "storage_unavailable": S.UNAVAILABLE,
+    "model_not_found": S.NOT_FOUND,  # /admin/models (HTTP) only
+    "model_not_removable": S.FAILED_PRECONDITION,  # /admin/models (HTTP) only
 }
 
 _MODES: dict[int, Mode] = {value: name for name, value in MODE_ENUM.items()}
