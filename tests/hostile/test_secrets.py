@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
-from tests.helpers import wait_ready
+from tests.helpers import stop_process, wait_ready
 from tests.hostile.watch import watched
 from voxserve.config import CacheConfig, RealtimeConfig, load_settings
 from voxserve.server.realtime_secrets import FILE_NAME, ClientSecrets
@@ -321,9 +320,4 @@ def test_workers_share_one_store(tmp_path: Path) -> None:
         shared = tmp_path / "xdg" / "voxserve" / FILE_NAME
         assert shared.is_file() and not list((tmp_path / "xdg").glob(f"**/worker-*/{FILE_NAME}"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
