@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -115,3 +117,25 @@ def tts_calls_after_disconnect(base_url: str, stage: Any, body: dict[str, Any]) 
     settled = stage.calls
     time.sleep(0.5)
     return settled, stage.calls
+
+
+class ErrorRecords(logging.Handler):
+    """Error records of any logger while installed (asyncio's "never retrieved", grpc's
+    "raised in core", aiortc's tasks): hostile tests assert there are none."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM (a server's graceful drain), then SIGKILL if it has not exited in time."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sqlite3
 import stat
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import free_port
-from tests.helpers import wait_ready
+from tests.helpers import stop_process, wait_ready
 from voxserve.cache.store import SqliteStore
 from voxserve.engines.cosyvoice_voices import ZeroShotStore
 
@@ -70,12 +69,7 @@ def serving(home: Path, mask: int, *extra: str) -> Iterator[str]:
         wait_ready(proc, port, log)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def cached_rows(home: Path) -> int:

@@ -25,6 +25,7 @@ from pydantic import SecretStr
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
+from tests.helpers import ErrorRecords
 from tests.hostile.watch import watched
 from tests.transports.grpc_client import collect, error_code, of_kind, stub
 from voxserve.config import load_settings
@@ -69,20 +70,9 @@ def keyed() -> Iterator[LiveServer]:
     stop_server(live)
 
 
-class Errors(logging.Handler):
-    """Error records of any logger (grpc's "ExecuteBatchError raised in core" included)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def errors() -> Iterator[Errors]:
-    handler = Errors()
+def errors() -> Iterator[ErrorRecords]:
+    handler = ErrorRecords()
     logging.getLogger().addHandler(handler)
     yield handler
     logging.getLogger().removeHandler(handler)
@@ -113,7 +103,7 @@ def _metadata(error: grpc.aio.AioRpcError) -> dict[str, str]:
 
 
 async def test_bad_trace_ids_are_invalid_argument_on_every_rpc(
-    live: LiveServer, errors: Errors
+    live: LiveServer, errors: ErrorRecords
 ) -> None:
     async with watched(live.http_url) as watch:
         async with grpc.aio.insecure_channel(live.grpc_target) as channel:
@@ -142,7 +132,7 @@ async def test_bad_trace_ids_are_invalid_argument_on_every_rpc(
 
 
 async def test_hostile_metadata_is_ignored_or_refused_by_its_bound(
-    keyed: LiveServer, errors: Errors
+    keyed: LiveServer, errors: ErrorRecords
 ) -> None:
     auth = ("authorization", f"Bearer {KEY}")
     under = MAX_METADATA_BYTES // 2
@@ -178,7 +168,7 @@ async def test_hostile_metadata_is_ignored_or_refused_by_its_bound(
             assert error_code(caught.value) == "unauthorized"
 
 
-async def test_oversized_and_flooded_messages(live: LiveServer, errors: Errors) -> None:
+async def test_oversized_and_flooded_messages(live: LiveServer, errors: ErrorRecords) -> None:
     limit = live.settings.limits.max_message_bytes
     async with watched(live.http_url) as watch:
         async with grpc.aio.insecure_channel(

@@ -145,8 +145,9 @@ HEADER_BOMBS = {
     "webm opus 2 h": "message_too_large",
     "m4a 2 h": "message_too_large",
     "mp3 1 h": "message_too_large",
-    "wav says 2 h": "message_too_large",
-    "wav says 4 GB": "message_too_large",
+    # a WAV's bytes bound its length: more declared than present is damage, not length
+    "wav says 2 h": "invalid_audio",
+    "wav says 4 GB": "invalid_audio",
     "wav at 1 Hz": "message_too_large",
     "wav streamed 1 Hz": "message_too_large",
 }

@@ -144,6 +144,15 @@ class UploadDecoder:
         self._declared = own if own is not None else declared  # what the length check uses
         finite = self._declared is not None and math.isfinite(self._declared)
         self.declared_s = self._declared if finite else None
+        if self.declared_s is not None and own is not None and data[:4] == b"RIFF":
+            present = _wav_seconds(data, present=True) or 0.0
+            if self.declared_s > present + TRUNCATION_SLACK_S:  # cut short, or a lie: damage
+                self.close()
+                raise VoxError(
+                    ErrorCode.INVALID_AUDIO,
+                    f"the {self.kind} file is truncated or damaged: it declares "
+                    f"{self.declared_s:.2f} s of audio but holds at most {present:.2f} s",
+                )
         if self.declared_s is not None and self.declared_s > max_seconds + TRUNCATION_SLACK_S:
             self.close()
             raise _too_long(max_seconds, declared=self.declared_s)
@@ -376,8 +385,10 @@ def _own_declared_seconds(data: bytes) -> float | None:
     return None
 
 
-def _wav_seconds(data: bytes) -> float | None:
-    """The duration a WAV's fmt and data chunks declare (None for a streamed size)."""
+def _wav_seconds(data: bytes, *, present: bool = False) -> float | None:
+    """The duration a WAV's fmt and data chunks declare (None for a streamed size), or with
+    `present` the most its bytes can hold: a header that declares more than the file holds
+    is a damaged file, refused as truncated after decoding what is there, not as too long."""
     offset = 12
     byte_rate = 0
     while offset + 8 <= len(data):
@@ -388,6 +399,8 @@ def _wav_seconds(data: bytes) -> float | None:
         if chunk == b"data":
             if size in WAV_UNKNOWN_SIZES or byte_rate <= 0:
                 return None
+            if present:
+                size = min(size, len(data) - offset - 8)
             return float(size / byte_rate)
         offset += 8 + size + (size & 1)
     return None
