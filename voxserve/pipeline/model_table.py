@@ -213,6 +213,9 @@ class ModelTable:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Engines built, by name (concurrent first uses of a model load it once).
         self.loads: dict[str, int] = {}
+        # The most RSS a load of each name added: a reload can reuse the pages the allocator
+        # kept from its last unload and add ~0, which would let it hide from the bound.
+        self._measured: dict[str, int] = {}
         self.unloads = 0
         self.closed = False
 
@@ -491,6 +494,8 @@ class ModelTable:
             elif self.closed or self._models.get(entry.name) is not model:
                 close_engine(engine)  # nobody will use it (shutdown)
             else:
+                grown = max(grown, self._measured.get(entry.name, 0))
+                self._measured[entry.name] = grown
                 model.engine, model.bytes, model.load_s = engine, grown, took
                 self.loads[entry.name] = self.loads.get(entry.name, 0) + 1
                 model.ready.set_result(None)
