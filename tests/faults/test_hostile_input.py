@@ -210,7 +210,7 @@ async def test_http_every_class_is_a_4xx(
     [
         (b'{"input": "\xed\xa0\x80"}', "invalid_json"),  # a surrogate as bytes: not UTF-8
         (b'{"input": "Hi.", "voice": "' + b"v" * 200_000 + b'"}', "unknown_voice"),
-        (b'{"input": "Hi.", "model": "' + b"m" * 200_000 + b'"}', "invalid_parameter"),
+        (b'{"input": "Hi.", "model": "' + b"m" * 200_000 + b'"}', "unknown_model"),
         (b'{"input": "Hi.", "response_format": "' + b"f" * 100_000 + b'"}', "unsupported_encoding"),
         (b'{"input": "Hi.", "sample_rate": ' + b"9" * 4000 + b"}", "unsupported_sample_rate"),
         (b'{"input": "Hi.", "speed": ' + b"9" * 400 + b"}", "invalid_parameter"),

@@ -37,6 +37,7 @@ from voxserve.server import grpc_codec
 from voxserve.server.grpc_stream import converse_first, recognize_first, recognize_input
 from voxserve.server.http_requests import read_json
 from voxserve.server.http_speech import _speech_plan
+from voxserve.server.json_input import optional_str
 from voxserve.server.ws_protocol import parse_audio_frame, parse_text_message
 from voxserve.types import SUPPORTED_INPUT_RATES
 from voxserve.v1 import voxserve_pb2 as pb
@@ -205,7 +206,8 @@ def test_http_speech_body(body: bytes) -> None:
 
     async def plan() -> object:
         parsed = await read_json(_request(body, None), MAX_MESSAGE)
-        return _speech_plan(parsed, ENGINES, SETTINGS)
+        model = optional_str(parsed.get("model"), "model")  # as the route reads it
+        return _speech_plan(parsed, ENGINES, SETTINGS, model)
 
     assert_safe(outcome_of(asyncio.run, plan()))
 

@@ -66,7 +66,8 @@ def serving(home: Path, mask: int, *extra: str) -> Iterator[str]:
             umask=mask,
         )
     try:
-        wait_ready(proc, port, log)
+        workers = int(extra[extra.index("--workers") + 1]) if "--workers" in extra else 1
+        wait_ready(proc, port, log, workers=workers)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)

@@ -294,7 +294,7 @@ def test_workers_share_one_store(tmp_path: Path) -> None:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_ready(proc, port, log)
+        wait_ready(proc, port, log, workers=2)
         base = f"http://127.0.0.1:{port}"
         minted: list[str] = []
         for _ in range(24):

@@ -124,6 +124,14 @@ def mutations(offer: str, seed: int = 11) -> dict[str, str]:
     return out
 
 
+def ours(errors: ErrorRecords) -> list[str]:
+    """The error records of the code under test. An SDK client another test of this worker
+    left open logs "never retrieved" for its own `AsyncClient.aclose()` whenever the
+    collector finds it (its loop is gone): not this door's, and not at a time it chooses."""
+    messages = [r.getMessage()[:200] for r in errors.records]
+    return [m for m in messages if "AsyncClient.aclose()" not in m]
+
+
 async def _post(
     http: httpx.AsyncClient, body: str | bytes, headers: dict[str, str] = SDP
 ) -> httpx.Response:
@@ -180,7 +188,7 @@ async def test_malformed_offers_are_refused_never_500(live: LiveServer) -> None:
         await asyncio.sleep(0.1)
     finally:
         logging.getLogger().removeHandler(errors)
-    assert not [r.getMessage()[:200] for r in errors.records]
+    assert not ours(errors)
     watch.assert_unhurt(max_growth_mb=200)
     await _until_no_calls(live)
 
@@ -236,4 +244,4 @@ async def test_a_negotiation_aiortc_cannot_finish_is_kept_not_unretrieved() -> N
         gc.collect()
         await asyncio.sleep(0.1)
         logging.getLogger().removeHandler(errors)
-    assert not [r.getMessage()[:200] for r in errors.records]
+    assert not ours(errors)
