@@ -1,9 +1,10 @@
 """Whisper tiny.en vs the multilingual base on the same machine, engine alone (no server):
-WER on the English fixtures (Piper) and the Spanish ones (eSpeak), the language detected,
-the final's decode time per utterance (bucketed windows), and what detection costs.
+load time and the RSS each load adds, WER on the English fixtures (Piper), the same
+sentences spoken by eSpeak NG and the Spanish ones (eSpeak), the language detected, the
+final's decode time per utterance (bucketed windows), and what detection costs.
 
 Run from the repository root:
-  flock /work/wt/notes/bench.lock .venv/bin/python scripts/bench_whisper_models.py
+  PYTHONPATH=. .venv/bin/python scripts/bench_whisper_models.py
 Prints a markdown table (docs/benchmarks.md, "Whisper models").
 """
 
@@ -20,7 +21,10 @@ import ctranslate2
 import jiwer
 import numpy as np
 
+from voxserve.audio.resample import resample
+from voxserve.engines.espeak_tts import EspeakTts
 from voxserve.engines.whisper_asr import WhisperAsr
+from voxserve.observe.process_memory import rss_bytes
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 REPEATS = 3
@@ -39,6 +43,17 @@ def norm(text: str) -> str:
 def corpus(sub: str) -> list[tuple[np.ndarray, str]]:
     texts: dict[str, str] = json.loads((FIXTURES / sub / "fixtures.json").read_text("utf-8"))
     return [(load(FIXTURES / sub / name), text) for name, text in texts.items()]
+
+
+def espeak_corpus(texts: list[str]) -> list[tuple[np.ndarray, str]]:
+    """The English fixtures' sentences spoken by eSpeak NG (espeak-en), at 16 kHz."""
+    tts = EspeakTts()
+    out = []
+    for text in texts:
+        pcm = np.concatenate(list(tts.synthesize(text, voice="espeak-en")))
+        pcm = resample(pcm, tts.sample_rate, 16_000)
+        out.append(((pcm.astype(np.float32) / 32768.0).astype(np.float32), text))
+    return out
 
 
 def run(
@@ -80,30 +95,35 @@ def detect_cost(engine: WhisperAsr, audio: np.ndarray) -> tuple[float, float]:
 
 def main() -> None:
     english, spanish = corpus("."), corpus("es")
+    robotic = espeak_corpus([text for _, text in english])
     with tempfile.TemporaryDirectory() as cache:
+        rss = rss_bytes()
+        t = time.perf_counter()
+        tiny = WhisperAsr()
+        tiny_load, tiny_mb = time.perf_counter() - t, (rss_bytes() - rss) / 1e6
+        rss = rss_bytes()
         t = time.perf_counter()
         base = WhisperAsr(model="base", cache_dir=cache)
-        base_load = time.perf_counter() - t
+        base_load, base_mb = time.perf_counter() - t, (rss_bytes() - rss) / 1e6
         t = time.perf_counter()
         base_again = WhisperAsr(model="base", cache_dir=cache)
         reload_s = time.perf_counter() - t
         del base_again
-        t = time.perf_counter()
-        tiny = WhisperAsr()
-        tiny_load = time.perf_counter() - t
         rows = [
-            ("tiny.en", tiny_load, "English", run(tiny, english, None)),
-            ("tiny.en", tiny_load, "Spanish", run(tiny, spanish, None)),
-            ("base", base_load, "English, detected", run(base, english, None)),
-            ("base", base_load, "English, given en", run(base, english, "en")),
-            ("base", base_load, "Spanish, detected", run(base, spanish, None)),
-            ("base", base_load, "Spanish, given es", run(base, spanish, "es")),
+            ("tiny.en", tiny_load, tiny_mb, "English (Piper)", run(tiny, english, None)),
+            ("tiny.en", tiny_load, tiny_mb, "English (eSpeak)", run(tiny, robotic, None)),
+            ("tiny.en", tiny_load, tiny_mb, "Spanish", run(tiny, spanish, None)),
+            ("base", base_load, base_mb, "English (Piper), detected", run(base, english, None)),
+            ("base", base_load, base_mb, "English (Piper), given en", run(base, english, "en")),
+            ("base", base_load, base_mb, "English (eSpeak), detected", run(base, robotic, None)),
+            ("base", base_load, base_mb, "Spanish, detected", run(base, spanish, None)),
+            ("base", base_load, base_mb, "Spanish, given es", run(base, spanish, "es")),
         ]
-        print("| model | load s | corpus | WER | languages | median final s |")
-        print("|---|---|---|---|---|---|")
-        for model, load_s, name, r in rows:
-            cells = (model, f"{load_s:.2f}", name, r["wer"], r["languages"], r["median_s"])
-            print("| " + " | ".join(str(c) for c in cells) + " |")
+        print("| model | load s | RSS added MB | corpus | WER | languages | median final s |")
+        print("|---|---|---|---|---|---|---|")
+        for model, load_s, mb, name, r in rows:
+            cells = (model, f"{load_s:.2f}", f"{mb:.0f}", name, r["wer"], r["languages"])
+            print("| " + " | ".join(str(c) for c in (*cells, r["median_s"])) + " |")
         print(f"\nbase second load (joined file reused): {reload_s:.2f} s")
         enc, det = detect_cost(base, english[2][0])
         print(f"base, 10 s window: encode {enc * 1000:.0f} ms, detect_language {det * 1000:.0f} ms")
