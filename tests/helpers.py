@@ -7,7 +7,9 @@ import json
 import logging
 import re
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -149,3 +151,16 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`voxserve serve` on a free loopback port (gRPC and Wyoming off, `flags` after), its
+    output in `log`: the process and its port (then `wait_ready`, `stop_process`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
+    cmd += ["--grpc-port", "0", "--wyoming-port", "0", *flags]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return proc, port

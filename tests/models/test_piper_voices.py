@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from functools import cache
@@ -28,7 +27,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.helpers import wait_ready
+from tests.helpers import start_serve, stop_process, wait_ready
 from tests.hub_standin import HubStandin
 from tests.test_cli import assert_one_error_line, clean_env, free_port, run_cli
 from voxserve.audio.wav import read_wav
@@ -143,27 +142,13 @@ def serve_env(voices: list[str]) -> dict[str, str]:
     )
 
 
-def start_serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
-    cmd += ["--grpc-port", "0", "--wyoming-port", "0", "--log-level", "warning"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, port
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=20)
-
-
 def test_a_voice_by_name_is_fetched_on_first_use_and_speaks(
     voices_hub: HubStandin, tmp_path: Path
 ) -> None:
     """The issue's path with a real server and the official SDK; then a restart (here an
     engine built with the stand-in gone) needs no network at all."""
     log = tmp_path / "serve.log"
-    proc, port = start_serve(serve_env([ALBA]), log)
+    proc, port = start_serve(serve_env([ALBA]), log, "--log-level", "warning")
     try:
         wait_ready(proc, port, log, timeout_s=120)
         url = f"http://127.0.0.1:{port}"
@@ -180,7 +165,7 @@ def test_a_voice_by_name_is_fetched_on_first_use_and_speaks(
         listed = httpx.get(f"{url}/v1/voices?language=de_DE", timeout=10).json()
         bad = httpx.get(f"{url}/v1/voices?downloadable=perhaps", timeout=10)
     finally:
-        stop(proc)
+        stop_process(proc)
     assert voices_hub.content_gets(f"{ALBA}.onnx") == 1
     assert voices_hub.content_gets(f"{NC}.onnx") == 0  # only the voice asked for
 

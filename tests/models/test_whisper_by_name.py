@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.engines.conftest import FIXTURE_TEXTS, FIXTURES, load_fixture, wer
-from tests.helpers import wait_ready
+from tests.helpers import start_serve, stop_process, wait_ready
 from tests.hub_standin import HubStandin, add_whisper, packaged_tiny_en
 from tests.test_cli import assert_one_error_line, clean_env, free_port, run_cli
 from voxserve.engines.model_catalog import (
@@ -44,20 +44,6 @@ def serve_env(hf_home: Path, hub: HubStandin, model: str, **extra: str) -> dict[
         PYTHONPATH=os.pathsep.join(sys.path),
         **extra,
     )
-
-
-def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
-    cmd += ["--grpc-port", "0", "--wyoming-port", "0", *flags]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, port
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=20)
 
 
 def transcribe(port: int, name: str = "weather.wav") -> str:
@@ -111,7 +97,7 @@ def test_first_use_downloads_shows_progress_transcribes_and_is_reused(
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
         assert {m["id"]: m for m in models}["whisper-1"]["engine_model"] == TINY_REPO
     finally:
-        stop(proc)
+        stop_process(proc)
     assert hub.content_gets("model.bin") == 1
     assert hub.content_gets("README.md") == 0  # only what a CTranslate2 Whisper needs
 
@@ -120,7 +106,7 @@ def test_first_use_downloads_shows_progress_transcribes_and_is_reused(
     try:
         wait_ready(again, port, tmp_path / "second.log")
     finally:
-        stop(again)
+        stop_process(again)
     assert len(hub.requests) == before, hub.requests[before:]
 
 
