@@ -318,18 +318,7 @@ def _repo_row(repo: Any) -> InstalledModel | None:
         return None
     if ref.engine == "whisper" and "model.bin" not in files and not _has_incomplete(repo):
         return None  # not a CTranslate2 Whisper: another program's repo
-    return InstalledModel(
-        name=ref.name,
-        kind=ref.kind,
-        engine=ref.engine,
-        source="hub",
-        licence=ref.licence,
-        non_commercial=ref.non_commercial,
-        size_bytes=int(repo.size_on_disk),
-        path=str(revision.snapshot_path),
-        repo_id=repo.repo_id,
-        complete=_complete(ref),
-    )
+    return _hub_row(ref, repo.repo_id, repo.size_on_disk, revision.snapshot_path)
 
 
 def _piper_rows(repo: Any) -> list[InstalledModel]:
@@ -350,21 +339,24 @@ def _piper_rows(repo: Any) -> list[InstalledModel]:
         size = file.size_on_disk + (
             files[f"{path}.json"].size_on_disk if f"{path}.json" in files else 0
         )
-        rows.append(
-            InstalledModel(
-                name=ref.name,
-                kind=ref.kind,
-                engine=ref.engine,
-                source="hub",
-                licence=ref.licence,
-                non_commercial=ref.non_commercial,
-                size_bytes=int(size),
-                path=str(file.file_path.parent),
-                repo_id=repo.repo_id,
-                complete=_complete(ref),
-            )
-        )
+        rows.append(_hub_row(ref, repo.repo_id, size, file.file_path.parent))
     return rows
+
+
+def _hub_row(ref: ModelRef, repo_id: str, size: int, path: Path) -> InstalledModel:
+    """The row of a model in the Hub cache."""
+    return InstalledModel(
+        name=ref.name,
+        kind=ref.kind,
+        engine=ref.engine,
+        source="hub",
+        licence=ref.licence,
+        non_commercial=ref.non_commercial,
+        size_bytes=int(size),
+        path=str(path),
+        repo_id=repo_id,
+        complete=_complete(ref),
+    )
 
 
 def _whisper_name(repo_id: str) -> str:
