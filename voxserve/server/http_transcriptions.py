@@ -22,7 +22,7 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.model_table import ModelEntry
-from voxserve.pipeline.recognition import RecognitionContext, transcribe, transcribe_windows
+from voxserve.pipeline.recognition import RecognitionContext, join_results, transcribe_windows
 from voxserve.pipeline.upload_audio import DecodedUpload, decode_upload, max_upload_seconds
 from voxserve.runtime import Chosen, Runtime
 from voxserve.server.auth import ANONYMOUS
@@ -140,23 +140,6 @@ async def _answer(
     principal = getattr(request.state, "principal", ANONYMOUS)
     quotas_of(runtime).spend_audio(principal, duration_s)
     options = plan.options if plan.options != AsrOptions() else None
-    if not plan.stream:
-        result = await transcribe(
-            ctx,
-            samples,
-            SAMPLE_RATE,
-            language=plan.language,
-            options=options,
-            pool=runtime.pools.decode,
-        )
-        return transcript_response(
-            result,
-            plan.response_format,
-            duration_s,
-            task=plan.task,
-            words=plan.words,
-            segments=plan.segments,
-        )
     windows = transcribe_windows(
         ctx,
         samples,
@@ -165,6 +148,15 @@ async def _answer(
         options=options,
         pool=runtime.pools.decode,
     )
+    if not plan.stream:
+        return transcript_response(
+            join_results([result async for result in windows]),
+            plan.response_format,
+            duration_s,
+            task=plan.task,
+            words=plan.words,
+            segments=plan.segments,
+        )
     first = await anext(windows, None)  # refusals (overloaded) as a plain HTTP error
     if first is None:
         raise VoxError(ErrorCode.EMPTY_AUDIO, "no audio to transcribe")
