@@ -7,11 +7,11 @@ does this on purpose. Before, the HTML bytes were played as PCM noise."""
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import http_standin
 from voxserve.engines.openai_tts import OpenAITts
 from voxserve.errors import ErrorCode, VoxError
 
@@ -32,14 +32,8 @@ class NotAudio(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def base_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotAudio)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_standin(NotAudio) as url:
+        yield url
 
 
 def test_an_html_page_under_200_is_an_engine_error(base_url: str) -> None:

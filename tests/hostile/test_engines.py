@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import http.server
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.audio_files import encode
 from tests.conftest import LiveServer
-from tests.helpers import fixture_audio, fixture_texts, wer
+from tests.helpers import fixture_audio, fixture_texts, http_standin, wer
 from tests.hostile.watch import watched
 from voxserve.engines.openai_tts import MAX_AHEAD_S, MAX_EXTRA_S, PCM_RATE, OpenAITts
 from voxserve.engines.whisper_asr import MAX_LENGTH, PROMPT_TOKENS, WhisperAsr
@@ -251,14 +250,8 @@ class EndlessSpeech(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def endless() -> Iterator[str]:
     EndlessSpeech.sent = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EndlessSpeech)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_standin(EndlessSpeech) as url:
+        yield url
 
 
 def test_a_remote_tts_that_never_stops_is_cut_off(endless: str) -> None:
