@@ -19,15 +19,12 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import FakeAsr, fake_runtime
+from tests.conftest import LiveServer
 from tests.hostile.watch import rss_of, watched
-from voxserve.config import load_settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,11 +33,9 @@ START = json.dumps({"type": "session.start", "mode": "tts"}).encode()
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
-    yield live
-    stop_server(live)
+def server(fake_server: LiveServer) -> LiveServer:
+    """conftest's server on fake engines (ASR answers in 20 ms), this module's own."""
+    return fake_server
 
 
 def frame(opcode: int, payload: bytes, *, fin: bool = True, declared: int | None = None) -> bytes:
