@@ -149,7 +149,7 @@ def _remove(name: str) -> int:
 def _offline() -> bool:
     from voxserve.engines import hub
 
-    return bool(hub.hub_offline(False))
+    return hub.hub_offline()
 
 
 def _not_pulled(source: str) -> str:

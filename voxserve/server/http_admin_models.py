@@ -124,7 +124,7 @@ def _remove(ref: ModelRef) -> int:
 def _offline(runtime: Runtime) -> bool:
     from voxserve.engines import hub
 
-    return bool(hub.hub_offline(bool(getattr(runtime.settings, "offline", False))))
+    return hub.hub_offline(runtime.settings.offline)
 
 
 def _job(ref: ModelRef, offline: bool) -> Job | None:
