@@ -40,11 +40,11 @@ from voxserve.server.realtime_session import Installed, initial_wire
 from voxserve.server.realtime_stream import BETA_SUBPROTOCOL
 from voxserve.server.realtime_stream import SUBPROTOCOL as REALTIME_SUBPROTOCOL
 from voxserve.server.session_events import refusal_event
+from voxserve.server.ws_link import CLOSE_POLICY
 from voxserve.server.ws_protocol import encode_event
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 MAX_HOST = 300  # characters of a Host value judged at all (a name is at most 253)
-CLOSE_POLICY = 1008
 _NAME = re.compile(r"[a-z0-9_-]{1,63}(\.[a-z0-9_-]{1,63})*\.?")
 _PORT = re.compile(r"(:[0-9]{0,5})?")
 _EVERY_INTERFACE = {"", "0.0.0.0", "::", "[::]"}
