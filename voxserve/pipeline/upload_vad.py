@@ -13,13 +13,14 @@ between calls, as an upload's ASR windows do (pipeline/stage.py: live rounds kee
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from voxserve.audio.pcm import Float32Array, Int16Array
 from voxserve.engines.base import VadEngine
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.pipeline.asr_batch import float_audio
 from voxserve.pipeline.stage import PRIORITY_BULK, EngineStage
 from voxserve.pipeline.vad_batch import judge_many
 from voxserve.types import SAMPLE_RATE
@@ -28,7 +29,6 @@ PIECE_S = 30.0
 STEP_WINDOWS = 128  # ~4 s of every piece per stage call
 MAX_PIECES = 32  # pieces judged together (16 min of audio): a stage call's float32 copy is
 # at most 32 x 4 s (8 MB), not 4 s of every piece of an hour (216 pieces at 1.8 h)
-_INT16_SCALE = 1.0 / 32768.0
 
 
 async def speech_probs(
@@ -82,12 +82,7 @@ def _judge(
     with silence to a whole window, judged in one batched call."""
     clips: list[Float32Array] = []
     for a, b in spans:
-        piece = audio[a:b]
-        clip: Float32Array = (
-            piece.astype(np.float32) * np.float32(_INT16_SCALE)
-            if piece.dtype == np.int16
-            else cast(Float32Array, piece)
-        )
+        clip = float_audio(audio[a:b])
         if b > audio.size:  # the recording's tail: padded to a whole window
             clip = np.pad(clip, (0, b - audio.size))
         clips.append(clip)
