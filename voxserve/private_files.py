@@ -41,9 +41,13 @@ def private_dir(path: Path) -> Path:
 def tighten(path: Path) -> None:
     """Make an existing file of ours 0600 (a file another user owns is left alone)."""
     with contextlib.suppress(FileNotFoundError, PermissionError):
-        info = path.stat()
-        if info.st_uid == os.getuid() and info.st_mode & 0o777 != FILE_MODE:
+        if _loose(path.stat()):
             os.chmod(path, FILE_MODE)
+
+
+def _loose(info: os.stat_result) -> bool:
+    """A file of ours whose mode is not FILE_MODE (another user's is left alone)."""
+    return info.st_uid == os.getuid() and info.st_mode & 0o777 != FILE_MODE
 
 
 def open_private(path: Path, flags: int = os.O_RDWR) -> int:
@@ -51,8 +55,7 @@ def open_private(path: Path, flags: int = os.O_RDWR) -> int:
     private_dir(path.parent)
     fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
     try:
-        info = os.fstat(fd)
-        if info.st_uid == os.getuid() and info.st_mode & 0o777 != FILE_MODE:
+        if _loose(os.fstat(fd)):
             os.fchmod(fd, FILE_MODE)
     except BaseException:
         os.close(fd)
