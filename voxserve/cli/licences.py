@@ -223,12 +223,12 @@ def named_model_rows(settings: Any) -> list[dict[str, Any]]:
     """The `[models.named]` table's models (chosen per request), each with its licence."""
     table = getattr(getattr(settings, "models", None), "named", None) or {}
     rows = []
-    for label, spec in table.items():
-        options = dict(getattr(spec, "options", {}) or {})
-        engine = spec.engine_name() if hasattr(spec, "engine_name") else "whisper"
-        # An entry that does not set its model is the model of its name (config.ModelSpec).
-        model = options.get("model") or options.get("voice") or label
-        with _offline():
+    with _offline():
+        for label, spec in table.items():
+            options = dict(getattr(spec, "options", {}) or {})
+            engine = spec.engine_name() if hasattr(spec, "engine_name") else "whisper"
+            # An entry that does not set its model is the model of its name (config.ModelSpec).
+            model = options.get("model") or options.get("voice") or label
             rows.append({"label": label, "engine": engine, **model_row(str(model))})
     return rows
 
