@@ -34,7 +34,7 @@ KINDS = ("audio", "video", "application")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def invalid(message: str) -> VoxError:
+def invalid_sdp(message: str) -> VoxError:
     return VoxError(ErrorCode.INVALID_SDP, message)
 
 
@@ -69,17 +69,17 @@ class _Section:
 
 def _sections(text: str) -> tuple[_Section, list[_Section]]:
     if _CONTROL.search(text):
-        raise invalid("the SDP offer holds control characters")
+        raise invalid_sdp("the SDP offer holds control characters")
     lines = [line for line in text.replace("\r\n", "\n").split("\n") if line]
     session, media = _Section(), []
     current = session
     for number, line in enumerate(lines, 1):
         if LINE.fullmatch(line) is None:
-            raise invalid(f"line {number} of the SDP offer is not <letter>=<value>")
+            raise invalid_sdp(f"line {number} of the SDP offer is not <letter>=<value>")
         if line.startswith("m="):
             m = MEDIA.fullmatch(line)
             if m is None or int(m.group(2)) > 65_535:
-                raise invalid(f"line {number} of the SDP offer is not an m-line SDP knows")
+                raise invalid_sdp(f"line {number} of the SDP offer is not an m-line SDP knows")
             current = _Section(kind=m.group(1), profile=m.group(3), formats=m.group(4) or "")
             media.append(current)
         elif line.startswith("a="):
@@ -90,9 +90,9 @@ def _sections(text: str) -> tuple[_Section, list[_Section]]:
 def _one(values: list[str], inherited: list[str], what: str, where: str) -> str:
     taken = values or inherited
     if not taken:
-        raise invalid(f"the SDP offer's {where} has no {what}")
+        raise invalid_sdp(f"the SDP offer's {where} has no {what}")
     if len(set(taken)) > 1:
-        raise invalid(f"the SDP offer's {where} has more than one {what}")
+        raise invalid_sdp(f"the SDP offer's {where} has more than one {what}")
     return taken[0]
 
 
@@ -101,7 +101,7 @@ def _check_ice(section: _Section, session: _Section, where: str) -> None:
     pwd = _one(section.pwd, session.pwd, "a=ice-pwd", where)
     for value, what, (low, high) in ((ufrag, "ice-ufrag", UFRAG_LEN), (pwd, "ice-pwd", PWD_LEN)):
         if not low <= len(value) <= high or ICE_CHARS.fullmatch(value) is None:
-            raise invalid(
+            raise invalid_sdp(
                 f"the SDP offer's {where} has an a={what} that is not {low} to {high} "
                 "letters, digits, + or /"
             )
@@ -110,25 +110,27 @@ def _check_ice(section: _Section, session: _Section, where: str) -> None:
 def _check_dtls(section: _Section, session: _Section, where: str) -> None:
     fingerprints = section.fingerprints or session.fingerprints
     if not fingerprints:
-        raise invalid(f"the SDP offer's {where} has no a=fingerprint (DTLS needs one)")
+        raise invalid_sdp(f"the SDP offer's {where} has no a=fingerprint (DTLS needs one)")
     known = 0
     for each in fingerprints:
         algorithm, _, value = each.partition(" ")
         algorithm, value = algorithm.lower(), value.strip()
         if FINGERPRINT.fullmatch(value) is None:
-            raise invalid(f"the SDP offer's {where} has an a=fingerprint that is not hex pairs")
+            raise invalid_sdp(f"the SDP offer's {where} has an a=fingerprint that is not hex pairs")
         size = DIGEST_BYTES.get(algorithm)
         if size is not None:
             if (len(value) + 1) // 3 != size:
-                raise invalid(
+                raise invalid_sdp(
                     f"the SDP offer's {where} has a {algorithm} fingerprint of the wrong length"
                 )
             known += 1
     if not known:
-        raise invalid(f"the SDP offer's {where} has no fingerprint of {', '.join(DIGEST_BYTES)}")
+        raise invalid_sdp(
+            f"the SDP offer's {where} has no fingerprint of {', '.join(DIGEST_BYTES)}"
+        )
     setup = _one(section.setup, session.setup, "a=setup", where)
     if setup not in SETUP:
-        raise invalid(
+        raise invalid_sdp(
             f"the SDP offer's {where} has a=setup {setup[:16]!r}: not one of {', '.join(SETUP)}"
         )
 
@@ -138,42 +140,44 @@ def _check_bundle(session: _Section, mids: list[str]) -> None:
     if not bundles:
         return  # each m-line on its own transport (at most MAX_MEDIA of them)
     if len(bundles) > 1:
-        raise invalid("the SDP offer has more than one BUNDLE group")
+        raise invalid_sdp("the SDP offer has more than one BUNDLE group")
     named = bundles[0]
     if len(set(named)) != len(named):
-        raise invalid("the SDP offer's BUNDLE group names an m-line twice")
+        raise invalid_sdp("the SDP offer's BUNDLE group names an m-line twice")
     if set(named) != set(mids):
-        raise invalid("the SDP offer's BUNDLE group must name every m-line's a=mid, and only those")
+        raise invalid_sdp(
+            "the SDP offer's BUNDLE group must name every m-line's a=mid, and only those"
+        )
 
 
 def check_structure(text: str) -> None:
     """The offer's structure (module docstring); `invalid_sdp` naming the first fault."""
     session, media = _sections(text)
     if not media:
-        raise invalid("the SDP offer has no m-line")
+        raise invalid_sdp("the SDP offer has no m-line")
     mids: list[str] = []
     for index, section in enumerate(media):
         where = f"m-line {index + 1} ({section.kind[:16]})"
         if section.kind not in KINDS:
-            raise invalid(f"the SDP offer's {where}: voxserve takes {', '.join(KINDS)} m-lines")
+            raise invalid_sdp(f"the SDP offer's {where}: voxserve takes {', '.join(KINDS)} m-lines")
         if len(section.mids) != 1 or MID.fullmatch(section.mids[0]) is None:
-            raise invalid(
+            raise invalid_sdp(
                 f"the SDP offer's {where} needs one a=mid (a token of 1 to 32 characters)"
             )
         mids.append(section.mids[0])
         _check_ice(section, session, where)
         _check_dtls(section, session, where)
     if len(set(mids)) != len(mids):
-        raise invalid("the SDP offer has two m-lines with the same a=mid")
+        raise invalid_sdp("the SDP offer has two m-lines with the same a=mid")
     applications = [s for s in media if s.kind == "application"]
     if len(applications) > 1:
-        raise invalid(
+        raise invalid_sdp(
             "the SDP offer has more than one application m-line: one data channel carries "
             "the events"
         )
     for section in applications:
         if "SCTP" not in section.profile or section.formats.split() != ["webrtc-datachannel"]:
-            raise invalid(
+            raise invalid_sdp(
                 "the SDP offer's application m-line is not a WebRTC data channel over SCTP"
             )
     _check_bundle(session, mids)

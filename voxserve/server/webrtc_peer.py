@@ -32,7 +32,7 @@ from voxserve.config import WebRtcConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.webrtc_inbound import InboundAudio
 from voxserve.server.webrtc_link import LABEL
-from voxserve.server.webrtc_offer import check_structure
+from voxserve.server.webrtc_offer import check_structure, invalid_sdp
 from voxserve.server.webrtc_outbound import OutboundTrack
 from voxserve.server.webrtc_ports import PortRange, PortsExhausted
 
@@ -55,10 +55,6 @@ GONE_STATES = ("failed", "closed")
 # client's).
 MAX_EARLY = 64
 FLUSH_S = 1.0  # at close, the channel's last events (session.ended) get this long to go out
-
-
-def invalid_sdp(message: str) -> VoxError:
-    return VoxError(ErrorCode.INVALID_SDP, message)
 
 
 def ice_servers(config: WebRtcConfig) -> list[RTCIceServer]:
