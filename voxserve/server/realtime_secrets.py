@@ -105,6 +105,18 @@ def compact_session(session: dict[str, Any], max_bytes: int) -> str:
     return text
 
 
+_UNUSED = "SELECT COUNT(*), MIN(expires) FROM client_secrets WHERE used = 0 AND expires > ?"
+
+
+def _check_bound(unused: sqlite3.Cursor, limit: int, now: float, message: str) -> None:
+    """`quota_exceeded` when `_UNUSED`'s count is at `limit`, retried at its first expiry."""
+    count, soonest = unused.fetchone()
+    if count >= limit:
+        raise VoxError(
+            ErrorCode.QUOTA_EXCEEDED, message, retry_after_s=max(1, int(soonest - now) + 1)
+        )
+
+
 class ClientSecrets:
     """The shared store (module docstring). `clock` gives epoch seconds (tests set it)."""
 
@@ -212,30 +224,23 @@ class ClientSecrets:
         return Minted(value, int(expires))
 
     def _check_bounds(self, db: sqlite3.Connection, tenant: str | None, now: float) -> None:
-        """The key's own bound first (so its 429 names it), then the server's."""
-        own = db.execute(
-            "SELECT COUNT(*), MIN(expires) FROM client_secrets "
-            "WHERE principal IS ? AND used = 0 AND expires > ?",
-            (tenant, now),
-        ).fetchone()
-        if self.per_key < self.max_secrets and own[0] >= self.per_key:
-            raise VoxError(
-                ErrorCode.QUOTA_EXCEEDED,
+        """The key's own bound first (so its 429 names it; none when it is the server's),
+        then the server's."""
+        if self.per_key < self.max_secrets:
+            _check_bound(
+                db.execute(_UNUSED + " AND principal IS ?", (now, tenant)),
+                self.per_key,
+                now,
                 f"this key holds its limit of {self.per_key} unused client secrets "
                 "(realtime.max_client_secrets_per_key); retry when some are used or expire",
-                retry_after_s=max(1, int(own[1] - now) + 1),
             )
-        live = db.execute(
-            "SELECT COUNT(*), MIN(expires) FROM client_secrets WHERE used = 0 AND expires > ?",
-            (now,),
-        ).fetchone()
-        if live[0] >= self.max_secrets:
-            raise VoxError(
-                ErrorCode.QUOTA_EXCEEDED,
-                f"the server holds its limit of {self.max_secrets} unused client "
-                "secrets (realtime.max_client_secrets); retry when some expire",
-                retry_after_s=max(1, int(live[1] - now) + 1),
-            )
+        _check_bound(
+            db.execute(_UNUSED, (now,)),
+            self.max_secrets,
+            now,
+            f"the server holds its limit of {self.max_secrets} unused client "
+            "secrets (realtime.max_client_secrets); retry when some expire",
+        )
 
     def redeem(self, value: str) -> Redeemed:
         """Use a secret up (once, atomically); `unauthorized` when it is unknown, already
