@@ -152,7 +152,7 @@ class WyomingWake:
             self._refused = False
             return None
         if self._refused:
-            self._refused = event_type != "audio-stop"
+            self.refuse(event_type)
             return drop
         if self._names is None:
             return None
