@@ -241,10 +241,10 @@ class ModelTable:
         }  # fmt: skip
         self._default_labels = {"asr": asr_labels, "tts": tts_labels}
         # An entry configured as the default ASR itself is the default, not a second copy.
+        same = dict(cfg.asr.options)
+        if asr_model:
+            same.setdefault("model", asr_model)
         for entry in self._named.values():
-            same = dict(cfg.asr.options)
-            if asr_model:
-                same.setdefault("model", asr_model)
             if (
                 entry.kind == "asr"
                 and entry.engine == cfg.asr.name
