@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from voxserve.engines.model_licences import is_non_commercial
+
 # What a CTranslate2 Whisper needs (faster_whisper.utils.download_model fetches the same).
 WHISPER_FILES = (
     "config.json",
@@ -62,13 +64,6 @@ def is_repo_id(name: str) -> bool:
     return bool(_REPO_ID.fullmatch(name)) and ".." not in name
 
 
-def non_commercial(licence: str) -> bool:
-    """cc-by-nc-4.0, "non-commercial" and the like (engines/model_licences.py judges)."""
-    from voxserve.engines.model_licences import is_non_commercial
-
-    return is_non_commercial(licence)
-
-
 def whisper_ref(name: str) -> ModelRef:
     """The Whisper model `name` means; UnknownModel (listing the kinds) when none."""
     if name in PACKAGED_WHISPER and (name != "base" or _base_installed()):
@@ -103,7 +98,7 @@ def _ref(name: str, repo_id: str | None, source: Source, licence: str) -> ModelR
         repo_id=repo_id,
         allow_patterns=WHISPER_FILES if source == "hub" else None,
         licence=licence,
-        non_commercial=non_commercial(licence),
+        non_commercial=is_non_commercial(licence),
         source=source,
     )
 

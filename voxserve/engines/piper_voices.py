@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from voxserve.engines.hub import FetchFailed, cached_path, fetch_repo, hub_offline, repo_folder
 from voxserve.engines.model_catalog import ModelRef
-from voxserve.engines.model_catalog import non_commercial as is_non_commercial
+from voxserve.engines.model_licences import is_non_commercial
 
 log = logging.getLogger(__name__)
 
