@@ -53,21 +53,23 @@ BAD_TRACE_IDS: dict[str, str] = {
 GOOD_TRACE_IDS = ("t" * 64, "a", "A-z_0.9:x")
 
 
-@pytest.fixture(scope="module")
-def live() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
+def _grpc_server(**overrides: Any) -> Iterator[LiveServer]:
+    """A server on fake engines with gRPC on, `overrides` in its settings, stopped after."""
+    settings = load_settings(port=free_port(), log_level="warning", **overrides)
     live = start_server(settings, fake_runtime(settings), grpc_port=free_port())
     yield live
     stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveServer]:
+    yield from _grpc_server()
 
 
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[LiveServer]:
     """A server with an API key: the auth interceptor reads the metadata."""
-    settings = load_settings(port=free_port(), log_level="warning", api_keys=[SecretStr(KEY)])
-    live = start_server(settings, fake_runtime(settings), grpc_port=free_port())
-    yield live
-    stop_server(live)
+    yield from _grpc_server(api_keys=[SecretStr(KEY)])
 
 
 @pytest.fixture
