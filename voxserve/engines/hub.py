@@ -396,20 +396,15 @@ def _discard(
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while block := src.read(4 * 1024 * 1024):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 def _git_sha1(path: Path, size: int) -> str:
     """git's blob id: SHA-1 of "blob <size>\\0" and the content (the Hub's blobId)."""
     digest = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
     with path.open("rb") as src:
-        while block := src.read(4 * 1024 * 1024):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, lambda: digest).hexdigest()
 
 
 def _read_manifest(storage: Path, commit: str) -> dict[str, Any] | None:
