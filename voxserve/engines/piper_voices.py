@@ -334,10 +334,8 @@ def check_file(path: Path, want: VoiceFile, key: str) -> None:
     seen = (str(path), stat.st_size, stat.st_mtime_ns, want.md5)
     if seen in _CHECKED:
         return
-    digest = hashlib.md5(usedforsecurity=False)
     with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
+        digest = hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False))
     if digest.hexdigest() != want.md5:
         raise CatalogueMismatch(
             f"piper voice {key!r}: {want.path} has MD5 {digest.hexdigest()}, the catalogue "
