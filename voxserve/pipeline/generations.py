@@ -165,6 +165,10 @@ class Lease:
     def release(self) -> None:
         self._finalizer()  # runs once; later calls do nothing
 
+    async def aclose(self) -> None:
+        """`release`, as a ClosingStream source (a response that holds a model to its end)."""
+        self.release()
+
     def take_over(self, other: Lease) -> None:
         """Hold what `other` holds instead of what this lease held (released now), `other`
         spent: a session that chooses another model mid-way (a Realtime session.update)

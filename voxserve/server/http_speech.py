@@ -79,19 +79,8 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
             "X-Voxserve-Voice": plan.voice.id,
             "Cache-Control": "no-store",
         },
-        sources=(chunks, _Held(held)),  # also when the body never started
+        sources=(chunks, held),  # also when the body never started; a lease ends with it
     )
-
-
-class _Held:
-    """A model lease as a ClosingStream source: released when the response ends."""
-
-    def __init__(self, lease: Lease | None) -> None:
-        self.lease = lease
-
-    async def aclose(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
 
 
 def _speech_plan(
