@@ -125,7 +125,7 @@ def check_name(name: object, *, allow_local: bool) -> str:
         raise BadModelName(f"model name longer than {MAX_NAME_CHARS} characters")
     if not _NAME.fullmatch(name) or ".." in name or name.endswith("."):
         raise BadModelName(
-            f"not a model name: {_short(name)}; a name is letters, digits and ._- "
+            f"not a model name: {quoted(name)}; a name is letters, digits and ._- "
             "(small.en, en_GB-alba-medium) or a repo id owner/name"
         )
     return name
@@ -149,7 +149,7 @@ def resolve(name: str, *, allow_local: bool) -> ModelRef:
     packaged = _packaged(name)
     if packaged is not None:
         return _packaged_ref(packaged)
-    raise UnknownModel(said or f"unknown model {_short(name)}; known: {KNOWN_KINDS}")
+    raise UnknownModel(said or f"unknown model {quoted(name)}; known: {KNOWN_KINDS}")
 
 
 def _catalogues() -> Iterator[Callable[[str], ModelRef]]:
@@ -176,10 +176,6 @@ def _is_local(name: str) -> bool:
         return Path(name).expanduser().exists()
     except (OSError, RuntimeError):  # a name too long for the file system; no such ~user
         return False
-
-
-def _short(name: str) -> str:
-    return quoted(name)
 
 
 # --- packaged models ------------------------------------------------------------------------
@@ -484,7 +480,7 @@ def remove(ref: ModelRef) -> int:
             f"it: pip uninstall {package}"
         )
     if ref.repo_id is None or ref.source == "local":
-        raise NotRemovable(f"{_short(ref.name)} is a local directory; voxserve does not delete it")
+        raise NotRemovable(f"{quoted(ref.name)} is a local directory; voxserve does not delete it")
     if ref.allow_patterns and ref.repo_id == _piper_repo():
         freed = _remove_files(ref.repo_id, ref.allow_patterns)
     else:
