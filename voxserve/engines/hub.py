@@ -155,10 +155,11 @@ def fetch_repo(
     the revision's newest commit even when a copy is cached (a catalogue that grows, such
     as the Piper voices'); offline, the cached copy."""
     rev = revision or DEFAULT_REVISION
+    offline = hub_offline(offline)
     found = _cached(repo_id, allow_patterns, rev)
-    if found is not None and not found[1] and not (refresh and not hub_offline(offline)):
+    if found is not None and not found[1] and not (refresh and not offline):
         return found[0]
-    if hub_offline(offline):
+    if offline:
         raise ModelMissing(name, found[1] if found is not None else ())
     if found is not None:  # present but damaged: fetched again below
         storage = repo_folder(repo_id)
