@@ -370,8 +370,7 @@ def _piper_repo() -> str | None:
         from voxserve.engines import piper_voices
     except ImportError:
         return None
-    repo = getattr(piper_voices, "REPO_ID", None)
-    return repo if isinstance(repo, str) else "rhasspy/piper-voices"
+    return piper_voices.REPO_ID
 
 
 def _has_incomplete(repo: Any) -> bool:
