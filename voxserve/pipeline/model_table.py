@@ -119,6 +119,12 @@ class _Model:
     def loaded(self) -> bool:
         return self.ready.done() and not self.ready.cancelled() and self.engine is not None
 
+    def stop_expiry(self) -> None:
+        """Cancel the idle TTL's pending unload, if any."""
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+
 
 class ModelView(Generation):
     """A generation's engines with named models in place of its ASR / TTS. It holds the
@@ -375,9 +381,7 @@ class ModelTable:
             loop = self._loop = asyncio.get_running_loop()
             model = self._models[entry.name] = _Model(entry, loop.create_future())
             self._start_load(model, loop)
-        if model.expiry is not None:
-            model.expiry.cancel()
-            model.expiry = None
+        model.stop_expiry()
         model.uses += 1
         return model
 
@@ -458,9 +462,7 @@ class ModelTable:
         a call that may still be inside it (or after the grace)."""
         if self._models.get(model.entry.name) is model:
             del self._models[model.entry.name]
-        if model.expiry is not None:
-            model.expiry.cancel()
-            model.expiry = None
+        model.stop_expiry()
         self._retire_stale_views()
         self.unloads += 1
         log.info(
@@ -575,8 +577,7 @@ class ModelTable:
             view.close_engines()
         self._views.clear()
         for model in self._models.values():
-            if model.expiry is not None:
-                model.expiry.cancel()
+            model.stop_expiry()
             if model.engine is not None:
                 close_engine(model.engine)
                 model.engine = None
