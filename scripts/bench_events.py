@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from voxserve.events import Credit, TranscriptPartial
-from voxserve.server import grpc_events
-from voxserve.server.ws_protocol import encode_event
+from voxserve.server.grpc import events as grpc_events
+from voxserve.server.session.stream_protocol import encode_event
 from voxserve.v1 import voxserve_pb2 as pb
 
 TEXT = "the quick brown fox jumps over the lazy dog"

@@ -17,7 +17,7 @@ from voxserve.config import PipelineConfig, load_settings
 from voxserve.events import StreamConfig
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
-from voxserve.server.ws_protocol import parse_audio_frame
+from voxserve.server.session.stream_protocol import parse_audio_frame
 
 FRAMES = 50_000
 

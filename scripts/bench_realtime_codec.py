@@ -14,8 +14,8 @@ import base64
 import timeit
 from collections.abc import Callable
 
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_session import Installed, initial_wire
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.realtime_api.session import Installed, initial_wire
 
 RUNS = 50_000
 PIECE = bytes(range(256)) * 4  # 1,024 bytes of "audio" (any bytes are PCM16)

@@ -1,5 +1,5 @@
 """In-process cost of the WebSocket fast path's receive side per 20 ms audio frame: uvicorn's
-`data_received` on `AudioFastPathProtocol` (server/ws_fastpath.py), the frames split and
+`data_received` on `AudioFastPathProtocol` (server/websocket/fastpath.py), the frames split and
 unmasked there and handed to a sink that takes them all (no session: this measures the
 framing and the hand-over, not the session's work). No sockets: a transport that drops
 what is written.
@@ -23,7 +23,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 from websockets.frames import Frame, Opcode
 
-from voxserve.server.ws_fastpath import FAST_PATH, AudioFastPathProtocol
+from voxserve.server.websocket.fastpath import FAST_PATH, AudioFastPathProtocol
 
 FRAMES = 20_000  # per round: short rounds, the best taken (a shared machine's noise)
 ROUNDS = 30

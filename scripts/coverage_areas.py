@@ -19,12 +19,12 @@ from coverage.exceptions import NoDataError
 
 PIPELINE = ["voxserve/pipeline/*"]
 WIRE_PARSERS = [
-    "voxserve/server/ws_protocol.py",
-    "voxserve/server/ws_fastpath.py",  # feeds the splitter, hands other frames to websockets
-    "voxserve/server/ws_frames.py",  # the fast path's frame splitter
-    "voxserve/server/json_input.py",
-    "voxserve/server/grpc_codec.py",
-    "voxserve/server/wyoming_protocol.py",
+    "voxserve/server/session/stream_protocol.py",
+    "voxserve/server/websocket/fastpath.py",  # feeds the splitter, hands other frames to websockets
+    "voxserve/server/websocket/frames.py",  # the fast path's frame splitter
+    "voxserve/server/session/json_input.py",
+    "voxserve/server/grpc/codec.py",
+    "voxserve/server/wyoming/protocol.py",
 ]
 
 

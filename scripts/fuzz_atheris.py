@@ -27,10 +27,10 @@ with atheris.instrument_imports():
 
     from voxserve.audio.wav import read_wav
     from voxserve.errors import VoxError
-    from voxserve.server import grpc_codec
-    from voxserve.server.grpc_stream import converse_first, recognize_first, recognize_input
-    from voxserve.server.ws_protocol import parse_audio_frame, parse_text_message
-    from voxserve.server.wyoming_protocol import check_event, merge_data, parse_header
+    from voxserve.server.grpc import codec as grpc_codec
+    from voxserve.server.grpc.stream import converse_first, recognize_first, recognize_input
+    from voxserve.server.session.stream_protocol import parse_audio_frame, parse_text_message
+    from voxserve.server.wyoming.protocol import check_event, merge_data, parse_header
     from voxserve.v1 import voxserve_pb2 as pb
 
 MAX_MESSAGE = 256 * 1024

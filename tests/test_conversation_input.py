@@ -46,10 +46,10 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, session_vad
 from voxserve.runtime import Runtime
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.session_attachment import attach
-from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_input import InputEnd, Wire
+from voxserve.server.session.attachment import attach
+from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.driver import SessionDriver
+from voxserve.server.session.input import InputEnd, Wire
 
 pytestmark = pytest.mark.timeout(60)
 

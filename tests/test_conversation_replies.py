@@ -59,7 +59,7 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.session import Session
 from voxserve.pipeline.speaker import spoken_text
-from voxserve.server.session_input import apply_control
+from voxserve.server.session.input import apply_control
 from voxserve.types import EngineInfo
 
 Script = list[str | ToolCallDelta]

@@ -14,7 +14,7 @@ from tests.event_samples import SAMPLES
 from tests.wsclient import as_read
 from voxserve import events as ev
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server.ws_protocol import encode_event
+from voxserve.server.session.stream_protocol import encode_event
 
 
 def legacy_encode(event: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.event_samples import SAMPLES
 from voxserve import events as ev
-from voxserve.server import grpc_events
+from voxserve.server.grpc import events as grpc_events
 from voxserve.v1 import voxserve_pb2 as pb
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server.http_requests import read_form
+from voxserve.server.session.http_requests import read_form
 
 BOUNDARY = "vxboundary"
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.helpers import tts_calls_after_disconnect
 from voxserve.audio.wav import read_wav
-from voxserve.server.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
+from voxserve.server.session.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TIMING = re.compile(r"\d\d:\d\d:\d\d[,.]\d{3} --> \d\d:\d\d:\d\d[,.]\d{3}$")

@@ -21,7 +21,7 @@ from voxserve.config import load_settings
 from voxserve.errors import ErrorCode
 from voxserve.runtime import Runtime
 from voxserve.server.app import create_app
-from voxserve.server.errors import http_status
+from voxserve.server.session.errors import http_status
 
 FIXTURE = Path(__file__).parent / "fixtures" / "command.wav"
 

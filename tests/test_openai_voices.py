@@ -1,4 +1,4 @@
-"""OpenAI's voice names on every OpenAI-compatible route (server/openai_voices.py): the
+"""OpenAI's voice names on every OpenAI-compatible route (server/session/openai_voices.py): the
 official `openai` SDK against real servers with the real piper and eSpeak voices, one on
 the default rule and one with a configured table (`tts.openai_voices`), and `voxserve
 serve` refusing a table that names a voice that is not installed."""
@@ -29,9 +29,9 @@ from voxserve.engines.piper_tts import PiperTts
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
 from voxserve.runtime import Runtime
-from voxserve.server.openai_models import OPENAI_TTS_MODELS
-from voxserve.server.openai_voices import OPENAI_VOICES
-from voxserve.server.realtime_session import installed_of, voice_id
+from voxserve.server.realtime_api.session import installed_of, voice_id
+from voxserve.server.session.openai_models import OPENAI_TTS_MODELS
+from voxserve.server.session.openai_voices import OPENAI_VOICES
 
 TABLE = {"alloy": "espeak-en", "nova": "joe", "echo": "en_US-joe-medium"}
 TEXT = "Hello there."

@@ -15,7 +15,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.stage import EngineStage
 from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector
-from voxserve.server.ws_protocol import (
+from voxserve.server.session.stream_protocol import (
     CancelMessage,
     EndMessage,
     StartMessage,

@@ -21,7 +21,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.synthesis import first_audio, synthesize, synthesize_all
 from voxserve.runtime import Runtime
-from voxserve.server.admission import admit, admit_request
+from voxserve.server.session.admission import admit, admit_request
 
 GB = 1 << 30
 

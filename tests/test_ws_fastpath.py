@@ -1,4 +1,4 @@
-"""The WebSocket audio fast path (server/ws_fastpath.py) on a real uvicorn server and real
+"""The WebSocket audio fast path (server/websocket/fastpath.py) on a real uvicorn server and real
 sockets, with fake engines (the tests are about the receive path): frames are taken inside
 the socket's parser, order with text messages holds, and everything the fast path leaves
 (errors, other sample rates, credit waits) still goes the queued way with the same results."""
@@ -17,8 +17,12 @@ from tests.conftest import LiveServer
 from tests.fakes import silence, tone
 from tests.helpers import eventually, sessions_ended
 from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
-from voxserve.server.ws_fastpath import AudioFastPathProtocol, fast_path_of, websocket_protocol
-from voxserve.server.ws_link import SessionLink
+from voxserve.server.websocket.fastpath import (
+    AudioFastPathProtocol,
+    fast_path_of,
+    websocket_protocol,
+)
+from voxserve.server.websocket.link import SessionLink
 
 
 def counted(live: LiveServer) -> dict[str, float]:

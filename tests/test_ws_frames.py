@@ -1,4 +1,4 @@
-"""The fast path's frame splitter (server/ws_frames.py) by example, without a socket: each
+"""The fast path's frame splitter (server/websocket/frames.py) by example, without a socket: each
 length encoding, the size and wait limits at their edges, frames it returns for websockets
 (text, control, fragments) and what it gives up on, and when it may take over from
 websockets' parser. tests/fuzz/test_fuzz_ws_frames.py checks the same on generated streams
@@ -12,7 +12,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from tests.fuzz.frame_streams import FIN, encode
-from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
+from voxserve.server.websocket.frames import FrameSplitter, at_frame_boundary
 
 AUDIO = FIN | Opcode.BINARY
 

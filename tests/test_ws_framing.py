@@ -1,4 +1,4 @@
-"""The fast path's own frame splitter (server/ws_fastpath.py) against raw bytes on a real
+"""The fast path's own frame splitter (server/websocket/fastpath.py) against raw bytes on a real
 socket: frames cut anywhere by TCP give the same session as whole ones, everything that is
 not a whole binary message is still websockets' to parse (text, fragments, pings), and a
 frame the splitter cannot judge (unmasked, over the size limit) fails that connection the

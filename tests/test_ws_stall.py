@@ -1,4 +1,4 @@
-"""The read probe (server/ws_stall.py) on a virtual clock, over generated schedules of output
+"""The read probe (server/websocket/stall.py) on a virtual clock, over generated schedules of output
 and clients: a client that answers every ping within less than the stall time is never
 stalled, however the output comes; one that stops answering is stalled no sooner than the
 stall time after its last pong and no later than 4/3 of it after output waits on it; and
@@ -14,7 +14,7 @@ from typing import Any, cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxserve.server.ws_stall import CONFIRM_S, ReadProbe, StallWatch
+from voxserve.server.websocket.stall import CONFIRM_S, ReadProbe, StallWatch
 
 STALL_S = 3.0
 

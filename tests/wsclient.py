@@ -11,7 +11,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
 from voxserve.events import ServerEvent
-from voxserve.server.ws_protocol import encode_event
+from voxserve.server.session.stream_protocol import encode_event
 
 FRAME = 320
 

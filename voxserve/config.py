@@ -223,7 +223,7 @@ class TtsConfig(Section):
     degrade: DegradeConfig = DegradeConfig()
     # OpenAI voice name -> installed voice id, for every OpenAI-compatible route (speech,
     # Realtime, the aliases /v1/voices lists), e.g. {alloy = "joe", nova = "espeak-en"}.
-    # A name not in the table keeps the built-in rule (server/openai_voices.py); an entry
+    # A name not in the table keeps the built-in rule (server/session/openai_voices.py); an entry
     # naming a voice that is not installed stops `voxserve serve` at start.
     openai_voices: dict[str, str] = Field(default_factory=dict)
 
@@ -292,7 +292,7 @@ class LimitsConfig(Section):
     http_body_timeout_s: float = Field(default=15.0, gt=0)
     # HTTP and WebSocket connections open at once. None: the descriptor limit
     # (RLIMIT_NOFILE) less a headroom for engines, cache files, logs and the other
-    # transports (server/http_protocol.py `default_max_connections`), so clients can never
+    # transports (server/http/protocol.py `default_max_connections`), so clients can never
     # take the descriptors /healthz and the server itself need. At the cap the connection
     # idle or stuck in its request the longest is closed to make room; if none is, the new
     # one is refused (503 `overloaded`).
@@ -365,19 +365,19 @@ class RealtimeConfig(Section):
     # one is refused at mint (400 `session_too_large`). 16 KiB x 10,000: 160 MB of disk.
     max_client_secret_session_bytes: int = Field(default=16 * 1024, ge=256, le=1024 * 1024)
     # The store's directory (None: the cache directory, `--cache-dir`); every worker of
-    # `serve --workers N` uses this one (server/realtime_secrets.py).
+    # `serve --workers N` uses this one (server/realtime_api/secrets.py).
     secrets_dir: Path | None = None
 
 
 class WyomingConfig(Section):
-    """The Wyoming port's zeroconf record (server/wyoming_zeroconf.py): Home Assistant
+    """The Wyoming port's zeroconf record (server/wyoming/zeroconf.py): Home Assistant
     discovers the server by it. `serve --no-zeroconf` / `--zeroconf-name NAME`."""
 
     zeroconf: bool = True  # advertise `_wyoming._tcp.local.` while Wyoming is on
     # The DNS-SD instance name ("" = voxserve-<host name>): what Home Assistant lists.
     zeroconf_name: str = Field(default="", max_length=63)
     # Wyoming carries no key: its own share of the server, so anonymous connections can
-    # never hold what keyed tenants need (server/wyoming_seats.py). Requests running at
+    # never hold what keyed tenants need (server/wyoming/seats.py). Requests running at
     # once over every Wyoming connection (None: a quarter of limits.max_sessions, >= 1).
     max_sessions: int | None = Field(default=None, ge=1)
     # Connections open at once, in all (within the descriptors HTTP leaves) and from one
@@ -437,7 +437,7 @@ class QuotaLimits(Section):
 class QuotasConfig(Section):
     """Per-key quotas (docs/protocol.md "Quotas"), applied to every authenticated key, and
     to the anonymous caller while auth is off only when `anonymous` is true. Overrides in
-    `keys` are by key id (`voxserve.server.auth.key_id`: 8 hex digits of the key's hash).
+    `keys` are by key id (`voxserve.server.session.auth.key_id`: 8 hex digits of the key's hash).
     Defaults: room for a busy client, a wall against one runaway key."""
 
     enabled: bool = True

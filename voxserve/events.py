@@ -10,13 +10,14 @@ the encoders omit; a field that is null on the wire (`credit_window` in `tts` mo
 Fields are declared in the order the wire has always sent them.
 
 Client messages are frozen dataclasses: they are made by the validating parsers
-(server/ws_protocol.py, server/grpc_codec.py), not encoded, so speed does not decide there.
+(server/session/stream_protocol.py, server/grpc/codec.py), not encoded, so speed does not
+decide there.
 
 Each wire has one encoder: JSON for the WebSocket (`ws_protocol.encode_event`), protobuf for
 gRPC (`grpc_events.encode_event`, an exhaustive match that says which events voxserve.v1
 cannot carry). Wyoming does not carry these events: a transcription turns the partials and
-finals of its session into Wyoming's transcript events (server/wyoming_stt.py), speech is
-answered with Wyoming's audio events (server/wyoming_handler.py).
+finals of its session into Wyoming's transcript events (server/wyoming/stt.py), speech is
+answered with Wyoming's audio events (server/wyoming/handler.py).
 
 Bottom layer: imports only the standard library and msgspec.
 """
@@ -177,7 +178,7 @@ class ResumeMessage:
 class SessionUpdate:
     """`session.update`: the whole new config (the codec merges the client's partial update
     into the one it holds). The session applies what changed, or refuses with a code what
-    cannot change now (server/realtime_codec.py; pipeline/session.py)."""
+    cannot change now (server/realtime_api/codec.py; pipeline/session.py)."""
 
     config: StreamConfig
 
@@ -343,7 +344,7 @@ class SessionEnded(Event, frozen=True, tag="session.ended"):
     replies: int
     interrupted: int
     duration_ms: int
-    # WebRTC calls only (the call's media counters, server/webrtc_link.py): RTP packets of
+    # WebRTC calls only (the call's media counters, server/webrtc/link.py): RTP packets of
     # the caller's audio that never came, and the audio that stood in for them (ms).
     packets_lost: int | UnsetType = UNSET
     concealed_ms: int | UnsetType = UNSET

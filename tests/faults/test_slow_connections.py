@@ -23,7 +23,7 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
 from tests.helpers import wait_ready
 from voxserve.config import load_settings
-from voxserve.server.http_protocol import default_max_connections
+from voxserve.server.http.protocol import default_max_connections
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]

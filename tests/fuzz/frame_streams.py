@@ -1,6 +1,7 @@
-"""Client WebSocket byte streams for the fast path's frame splitter (server/ws_frames.py), and
-the two ways to read them that must agree: websockets alone, and `SplitReader`, which does
-what server/ws_fastpath.py does with each read (the splitter while websockets waits at a
+"""Client WebSocket byte streams for the fast path's frame splitter
+(server/websocket/frames.py), and the two ways to read them that must agree: websockets
+alone, and `SplitReader`, which does
+what server/websocket/fastpath.py does with each read (the splitter while websockets waits at a
 frame boundary, every other frame and everything the splitter gives up on to websockets),
 without uvicorn or a socket.
 
@@ -22,7 +23,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.utils import apply_mask
 
-from voxserve.server.ws_frames import FrameSplitter, at_frame_boundary
+from voxserve.server.websocket.frames import FrameSplitter, at_frame_boundary
 
 MAX_SIZE = 1000  # the message size limit the fuzz tests run with (uvicorn's ws_max_size)
 MAX_HELD = 200  # a small held limit, so that waiting for a long frame gives up often
@@ -205,7 +206,7 @@ def websockets_alone(reads: list[bytes]) -> tuple[list[ReceivedFrame], int | Non
 
 
 class SplitReader:
-    """server/ws_fastpath.py's reading, without uvicorn: each read goes to the splitter while
+    """server/websocket/fastpath.py's reading, without uvicorn: each read goes to the splitter while
     it has taken over, else to websockets, and the take-over starts whenever websockets
     waits at a frame boundary after a read. `split` counts the messages the splitter took."""
 

@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from voxserve.errors import VoxError
-from voxserve.server.grpc_codec import MAX_DETAILS
+from voxserve.server.grpc.codec import MAX_DETAILS
 
 SURROGATES = ["\ud800", "\udfff", "\udc00", "\ud83d", "a\ud800b", "\ud800\ud800"]
 CONTROL = ["\x00", "\x07", "\x1b[2J", "\u0085", "\u2028", "\ufeff", "\ufffe", "\U0010ffff"]

@@ -1,4 +1,4 @@
-"""The one decoder of client JSON (`server/json_input.py`): its depth measure agrees with a
+"""The one decoder of client JSON (`server/session/json_input.py`): its depth measure agrees with a
 JSON lexer, refusals come before the parser ever runs, and whatever it returns can be
 encoded again."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.fuzz.strategies import any_text, assert_safe, hostile_values, outcome_of, utf8
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server import json_input
-from voxserve.server.json_input import decode_json, too_deep
+from voxserve.server.session import json_input
+from voxserve.server.session.json_input import decode_json, too_deep
 
 LIMIT = 32
 MAX = 256 * 1024

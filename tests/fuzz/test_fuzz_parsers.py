@@ -33,12 +33,12 @@ from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import VoxError
-from voxserve.server import grpc_codec
-from voxserve.server.grpc_stream import converse_first, recognize_first, recognize_input
-from voxserve.server.http_requests import read_json
-from voxserve.server.http_speech import _speech_plan
-from voxserve.server.json_input import optional_str
-from voxserve.server.ws_protocol import parse_audio_frame, parse_text_message
+from voxserve.server.grpc import codec as grpc_codec
+from voxserve.server.grpc.stream import converse_first, recognize_first, recognize_input
+from voxserve.server.http.speech import _speech_plan
+from voxserve.server.session.http_requests import read_json
+from voxserve.server.session.json_input import optional_str
+from voxserve.server.session.stream_protocol import parse_audio_frame, parse_text_message
 from voxserve.types import SUPPORTED_INPUT_RATES
 from voxserve.v1 import voxserve_pb2 as pb
 

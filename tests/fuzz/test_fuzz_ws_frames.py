@@ -1,6 +1,7 @@
-"""The fast path's frame splitter (server/ws_frames.py) on generated client streams cut by TCP
-anywhere: alone, it returns each whole binary message unmasked and every other frame as it
-came, whatever the cuts; reading as server/ws_fastpath.py does (the splitter, websockets
+"""The fast path's frame splitter (server/websocket/frames.py) on generated client streams
+cut by TCP anywhere: alone, it returns each whole binary message unmasked and every other
+frame as it
+came, whatever the cuts; reading as server/websocket/fastpath.py does (the splitter, websockets
 for the rest) gives exactly what websockets alone reads, valid streams and hostile ones
 alike: the same frames, the same close code. Streams are in tests/fuzz/frame_streams.py."""
 
@@ -20,7 +21,7 @@ from tests.fuzz.frame_streams import (
     valid_streams,
     websockets_alone,
 )
-from voxserve.server.ws_frames import FrameSplitter
+from voxserve.server.websocket.frames import FrameSplitter
 
 
 def _audio(payload: bytes, **kwargs: object) -> Sent:

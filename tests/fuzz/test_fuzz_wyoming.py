@@ -1,4 +1,4 @@
-"""The Wyoming reader (`server/wyoming_protocol.py`), fuzzed like the other wire parsers: any
+"""The Wyoming reader (`server/wyoming/protocol.py`), fuzzed like the other wire parsers: any
 bytes give events, the end of the stream, or a VoxError, never another exception. The
 `wyoming` package's own reader, which this replaced, fails the same property: the
 `@example`s below are what it raised on (AttributeError, TypeError, KeyError) and must stay
@@ -32,7 +32,7 @@ from tests.fuzz.strategies import (
     utf8,
 )
 from voxserve.errors import VoxError
-from voxserve.server.wyoming_protocol import check_event, merge_data, parse_header, read_event
+from voxserve.server.wyoming.protocol import check_event, merge_data, parse_header, read_event
 
 CAP = 4096
 TYPES = [

@@ -1,4 +1,4 @@
-"""The Realtime decoder (server/realtime_codec.py) fed anything: it returns frames or a
+"""The Realtime decoder (server/realtime_api/codec.py) fed anything: it returns frames or a
 message, or raises VoxError (BadAudio around one for audio), never any other exception;
 what it returns holds only encodable text, its error messages are short, and its frames
 are whole 20 ms frames with consecutive seq ids. Each client event type comes with valid
@@ -24,9 +24,9 @@ from tests.fuzz.strategies import (
     outcome_of,
     utf8,
 )
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_session import FORMAT_RATES, Installed, initial_wire
-from voxserve.server.session_input import BadAudio
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.realtime_api.session import FORMAT_RATES, Installed, initial_wire
+from voxserve.server.session.input import BadAudio
 from voxserve.types import FRAME_MS
 
 MAX_MESSAGE = 64 * 1024

@@ -29,8 +29,8 @@ from tests.helpers import ErrorRecords
 from tests.hostile.watch import watched
 from tests.transports.grpc_client import collect, error_code, of_kind, stub
 from voxserve.config import load_settings
-from voxserve.server.grpc_codec import TRACE_ID, TRACE_ID_KEY
-from voxserve.server.grpc_server import MAX_METADATA_BYTES
+from voxserve.server.grpc.codec import TRACE_ID, TRACE_ID_KEY
+from voxserve.server.grpc.server import MAX_METADATA_BYTES
 from voxserve.v1 import voxserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(90)

@@ -31,7 +31,7 @@ from tests.hub_standin import HubStandin
 from tests.models.model_repos import add_whisper_repo
 from voxserve.config import CacheConfig, load_settings
 from voxserve.engines.model_store import check_name
-from voxserve.server.model_pulls import MAX_RUNNING, MAX_WAITING
+from voxserve.server.http.model_pulls import MAX_RUNNING, MAX_WAITING
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "hostile-models-admin"

@@ -45,7 +45,7 @@ from tests.realtime.test_realtime_sdk import (
     update,
 )
 from voxserve.config import load_settings
-from voxserve.server.realtime_update import MAX_TEXT, MAX_TOOLS
+from voxserve.server.realtime_api.update import MAX_TEXT, MAX_TOOLS
 
 pytestmark = pytest.mark.timeout(90)
 Event = dict[str, Any]

@@ -33,7 +33,7 @@ from tests.fakes import fake_runtime
 from tests.helpers import stop_process, wait_ready
 from tests.hostile.watch import watched
 from voxserve.config import CacheConfig, RealtimeConfig, load_settings
-from voxserve.server.realtime_secrets import FILE_NAME, ClientSecrets
+from voxserve.server.realtime_api.secrets import FILE_NAME, ClientSecrets
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOODER, VICTIM, OTHER = "hostile-key-flooder", "hostile-key-victim", "hostile-key-other"

@@ -32,9 +32,9 @@ from tests.helpers import ErrorRecords, eventually
 from tests.hostile.watch import watched
 from tests.webrtc.test_calls import CALLS, caller
 from voxserve.config import WebRtcConfig, load_settings
-from voxserve.server.webrtc_offer import check_structure
-from voxserve.server.webrtc_peer import MAX_SDP_BYTES, Peer
-from voxserve.server.webrtc_ports import PortRange
+from voxserve.server.webrtc.offer import check_structure
+from voxserve.server.webrtc.peer import MAX_SDP_BYTES, Peer
+from voxserve.server.webrtc.ports import PortRange
 
 pytestmark = pytest.mark.timeout(90)
 PORT_MIN = 43_000 + free_port() % 15_000

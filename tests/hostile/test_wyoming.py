@@ -50,7 +50,7 @@ from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.micro_wakeword import load_wake
 from voxserve.runtime import Runtime
-from voxserve.server.wyoming_seats import seats_of
+from voxserve.server.wyoming.seats import seats_of
 
 pytestmark = pytest.mark.timeout(60)
 KEY = "hostile-wyoming-key"

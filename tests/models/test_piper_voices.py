@@ -35,7 +35,7 @@ from voxserve.engines import piper_voices
 from voxserve.engines.piper_tts import PiperTts
 from voxserve.engines.piper_voices import REPO_ID, UnknownVoice, parse_catalogue, piper_ref
 from voxserve.engines.registry import EngineConfigError, construct
-from voxserve.server.openai_voices import openai_picks
+from voxserve.server.session.openai_voices import openai_picks
 
 ALBA = "en_GB-alba-medium"
 NC = "en_US-ncdemo-medium"

@@ -11,10 +11,10 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from voxserve import events as ev
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_events import RealtimeEncoder, server_event_names
-from voxserve.server.realtime_responses import RateLimit
-from voxserve.server.realtime_session import Installed, Kind, initial_wire
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.realtime_api.events import RealtimeEncoder, server_event_names
+from voxserve.server.realtime_api.responses import RateLimit
+from voxserve.server.realtime_api.session import Installed, Kind, initial_wire
 
 INSTALLED = Installed(voices=("joe", "amy", "bob"), default_voice="joe", asr_model="whisper")
 MAX_MESSAGE = 256 * 1024

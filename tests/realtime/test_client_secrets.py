@@ -24,13 +24,13 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from voxserve.config import CacheConfig, RealtimeConfig, load_settings
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server.auth import KeyRing, digest, key_id
-from voxserve.server.realtime_secrets import (
+from voxserve.server.realtime_api.secrets import (
     TOMBSTONE_S,
     ClientSecrets,
     realtime_principal,
     secrets_of,
 )
+from voxserve.server.session.auth import KeyRing, digest, key_id
 
 KEY = "client-secrets-test-key"
 MODEL = "gpt-realtime"

@@ -26,8 +26,8 @@ from voxserve.events import (
     TruncateItem,
     TurnDetection,
 )
-from voxserve.server.realtime_codec import REFUSED, RealtimeDecoder
-from voxserve.server.session_input import BadAudio
+from voxserve.server.realtime_api.codec import REFUSED, RealtimeDecoder
+from voxserve.server.session.input import BadAudio
 
 
 def b64(data: bytes) -> str:

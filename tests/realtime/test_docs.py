@@ -13,9 +13,9 @@ from tests.event_samples import SAMPLES
 from tests.realtime.helpers import CONVERSATION_SAMPLES, codec
 from tests.realtime.test_encoder import STARTED, run, spoken_reply
 from voxserve import events as ev
-from voxserve.server.realtime_codec import REFUSED
-from voxserve.server.realtime_events import BETA, SERVER_EVENTS, TRACK_EVENTS
-from voxserve.server.realtime_update import IGNORED
+from voxserve.server.realtime_api.codec import REFUSED
+from voxserve.server.realtime_api.events import BETA, SERVER_EVENTS, TRACK_EVENTS
+from voxserve.server.realtime_api.update import IGNORED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "realtime.md"
 _NAME = re.compile(r"`([a-z_.]+)`")

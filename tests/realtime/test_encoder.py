@@ -20,12 +20,12 @@ from voxserve.config import QuotasConfig, VadConfig
 from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.quotas import Quotas
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_events import RealtimeEncoder, stable_delta, stable_prefix
-from voxserve.server.realtime_responses import RateLimit, request_limits
-from voxserve.server.realtime_session import UPDATE_STAGE, installed_of
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.realtime_api.events import RealtimeEncoder, stable_delta, stable_prefix
+from voxserve.server.realtime_api.responses import RateLimit, request_limits
+from voxserve.server.realtime_api.session import UPDATE_STAGE, installed_of
+from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.quotas import Quotas
 
 SID = "9f1c00aa11bb22cc"
 USER = ev.speech_item_id(SID, 1)

@@ -1,4 +1,4 @@
-"""/v1/realtime's appends on the WebSocket fast path (server/ws_fastpath.py): held in the
+"""/v1/realtime's appends on the WebSocket fast path (server/websocket/fastpath.py): held in the
 protocol while the receiver waits and queued together, a VAD batch's worth at a time, as
 /v1/stream's binary frames are; every other event is never held and goes after them. A real
 server on fake engines, a real socket."""
@@ -15,10 +15,10 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_stream import is_append
-from voxserve.server.session_input import Frames
-from voxserve.server.ws_fastpath import AudioFastPathProtocol
+from voxserve.server.realtime.stream import is_append
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.session.input import Frames
+from voxserve.server.websocket.fastpath import AudioFastPathProtocol
 
 pytestmark = pytest.mark.timeout(60)
 APPENDS = 40

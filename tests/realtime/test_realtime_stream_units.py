@@ -1,4 +1,4 @@
-"""The parts of server/realtime_stream.py that need no socket: which client event an error
+"""The parts of server/realtime/stream.py that need no socket: which client event an error
 answers, and the key a browser offers as a subprotocol."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ErrorEvent, VadStart
 from voxserve.pipeline.outbox import Outbox
-from voxserve.server.realtime_origins import ErrorOrigins
-from voxserve.server.realtime_stream import key_subprotocol
+from voxserve.server.realtime.stream import key_subprotocol
+from voxserve.server.realtime_api.origins import ErrorOrigins
 
 
 def error(**where: int) -> ErrorEvent:

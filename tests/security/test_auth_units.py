@@ -12,8 +12,8 @@ from pydantic import SecretStr
 
 from voxserve.config import ConfigError, Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server import auth
-from voxserve.server.auth import KeyRing
+from voxserve.server.session import auth
+from voxserve.server.session.auth import KeyRing
 
 
 def test_plain_and_hashed_keys_verify_alike() -> None:

@@ -30,8 +30,8 @@ from tests.wsclient import collect as ws_collect
 from tests.wsclient import frame_message, of_type
 from voxserve.audio.wav import write_wav
 from voxserve.config import QuotaLimits, QuotasConfig, Settings, load_settings
-from voxserve.server.auth import digest, key_id
-from voxserve.server.quotas import quotas_of
+from voxserve.server.session.auth import digest, key_id
+from voxserve.server.session.quotas import quotas_of
 from voxserve.v1 import voxserve_pb2 as pb
 
 SESSION_KEY = "quota-sessions-key"  # default limits: one session at a time

@@ -7,7 +7,7 @@ import pytest
 
 from voxserve.config import QuotaLimits, QuotasConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.server.quotas import Quotas, TokenBucket, resolve
+from voxserve.server.session.quotas import Quotas, TokenBucket, resolve
 
 
 class Clock:

@@ -15,9 +15,9 @@ from tests.event_samples import SAMPLES
 from voxserve import events as ev
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import CancelMessage, EndMessage, MarkMessage, TextMessage, TurnDetection
-from voxserve.server import grpc_codec as codec
-from voxserve.server import grpc_events
-from voxserve.server.ws_protocol import parse_start
+from voxserve.server.grpc import codec
+from voxserve.server.grpc import events as grpc_events
+from voxserve.server.session.stream_protocol import parse_start
 from voxserve.v1 import voxserve_pb2 as pb
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.event_samples import SAMPLES
 from voxserve import events as ev
-from voxserve.server import grpc_events
+from voxserve.server.grpc import events as grpc_events
 from voxserve.v1 import voxserve_pb2 as pb
 
 CONVERSE_FIELD: dict[type[ev.ServerEvent], str | None] = {

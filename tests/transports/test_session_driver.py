@@ -17,13 +17,13 @@ from voxserve.config import QuotaLimits, QuotasConfig, Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import MarkMessage, StreamConfig
 from voxserve.runtime import Runtime
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.quotas import quotas_of
-from voxserve.server.session_attachment import attach
-from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_events import limit_error
-from voxserve.server.session_input import BadAudio, Decoded, InputEnd, Wire
-from voxserve.server.session_parking import ParkedSessions
+from voxserve.server.session.attachment import attach
+from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.driver import SessionDriver
+from voxserve.server.session.events import limit_error
+from voxserve.server.session.input import BadAudio, Decoded, InputEnd, Wire
+from voxserve.server.session.parking import ParkedSessions
+from voxserve.server.session.quotas import quotas_of
 
 IN_BAND = Wire("ws", in_band_end=True, stalls=True, tasks="test")
 STATUS = Wire("grpc", in_band_end=False, stalls=False, tasks="test-grpc")

@@ -1,10 +1,10 @@
-"""The append-only rule of Wyoming transcript chunks (server/wyoming_chunks.py): only words
+"""The append-only rule of Wyoming transcript chunks (server/wyoming/chunks.py): only words
 two partials agree on, never a retraction, segments in order; the transcript sent at the
 end is the finals joined (the chunks joined, unless a final took back words sent)."""
 
 from __future__ import annotations
 
-from voxserve.server.wyoming_chunks import TranscriptChunks
+from voxserve.server.wyoming.chunks import TranscriptChunks
 
 
 def run(steps: list[tuple[str, int, str]]) -> tuple[list[str], str]:

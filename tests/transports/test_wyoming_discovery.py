@@ -22,8 +22,8 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
 from voxserve.config import WyomingConfig, load_settings
-from voxserve.server.wyoming_server import WyomingTransport
-from voxserve.server.wyoming_zeroconf import (
+from voxserve.server.wyoming.server import WyomingTransport
+from voxserve.server.wyoming.zeroconf import (
     SERVICE_TYPE,
     WyomingAdvertiser,
     advertised_addresses,
@@ -169,7 +169,7 @@ async def test_zeroconf_that_cannot_start_is_one_warning(
 ) -> None:
     # An address not on this machine: no socket can join the multicast group there.
     advertiser = WyomingAdvertiser(unique("voxserve-nowhere"), "192.0.2.99", free_port())
-    with caplog.at_level(logging.WARNING, logger="voxserve.server.wyoming_zeroconf"):
+    with caplog.at_level(logging.WARNING, logger="voxserve.server.wyoming.zeroconf"):
         advertiser.start()
         assert await advertiser.wait_registered() is None
         await advertiser.stop()

@@ -50,8 +50,8 @@ from voxserve.config import (
     load_settings,
 )
 from voxserve.server.app import create_app
-from voxserve.server.webrtc_peer import MAX_CANDIDATES, MAX_EARLY, Peer
-from voxserve.server.webrtc_ports import PortRange
+from voxserve.server.webrtc.peer import MAX_CANDIDATES, MAX_EARLY, Peer
+from voxserve.server.webrtc.ports import PortRange
 
 ROOT = Path(__file__).resolve().parents[2]
 

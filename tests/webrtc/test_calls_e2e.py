@@ -270,7 +270,7 @@ async def test_a_played_file_that_ends_still_gets_its_transcript_and_reply(
 ) -> None:
     """aiortc's canonical caller, `MediaPlayer(wav)` as its track: the file plays in real
     time, then the track ends and RTP stops (no trailing silence is sent). The server's
-    caller audio runs on a clock (server/webrtc_inbound.py), so the VAD hears the silence
+    caller audio runs on a clock (server/webrtc/inbound.py), so the VAD hears the silence
     after the speech: the turn ends, is transcribed and answered. (No RTP is no RTP: the
     call is still ended by webrtc.media_timeout_s, here the default 10 s rather than the
     module's 2 s, so that the reply has time to come.)"""

@@ -11,8 +11,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
 from tests.webrtc.media import FramesTrack, peak_hz, rms, stereo_frame, tone, tone_frames
-from voxserve.server.webrtc_inbound import PLAYOUT_S, InboundAudio
-from voxserve.server.webrtc_jitter import AudioJitterBuffer
+from voxserve.server.webrtc.inbound import PLAYOUT_S, InboundAudio
+from voxserve.server.webrtc.jitter import AudioJitterBuffer
 
 SILENCE = bytes(640)
 

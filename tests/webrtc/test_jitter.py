@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiortc.rtp import RtpPacket
 
-from voxserve.server.webrtc_jitter import BURST, REORDER, AudioJitterBuffer
+from voxserve.server.webrtc.jitter import BURST, REORDER, AudioJitterBuffer
 
 
 def feed(buffer: AudioJitterBuffer, order: list[int], base: int = 0) -> list[int]:

@@ -1,10 +1,10 @@
-"""The WebRTC call's link (server/webrtc_link.py) between a real SessionDriver on the fake
+"""The WebRTC call's link (server/webrtc/link.py) between a real SessionDriver on the fake
 engines and a real aiortc data channel (two peer connections over localhost, in process):
 the Realtime events on `oai-events`, the reply audio on the outgoing track (no audio
 deltas), the track's started/stopped/cleared events, a barge-in's truncation at what the
 caller heard, and the way in's bounds. Most tests use stand-in tracks with the media
 module's interface (exact control of what "played"); one runs the real InboundAudio and
-OutboundTrack through Opus on localhost (server/webrtc_inbound.py, webrtc_outbound.py are
+OutboundTrack through Opus on localhost (server/webrtc/inbound.py, webrtc_outbound.py are
 tested on their own in tests/webrtc/test_inbound.py, test_outbound.py)."""
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ from tests.webrtc.media import rms
 from voxserve.config import Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.runtime import Runtime
-from voxserve.server.auth import ANONYMOUS
-from voxserve.server.realtime_codec import RealtimeDecoder
-from voxserve.server.realtime_session import Installed, RealtimeWire, initial_wire, installed_of
-from voxserve.server.session_driver import SessionDriver
-from voxserve.server.session_events import limit_error
-from voxserve.server.webrtc_inbound import InboundAudio
-from voxserve.server.webrtc_link import (
+from voxserve.server.realtime_api.codec import RealtimeDecoder
+from voxserve.server.realtime_api.session import Installed, RealtimeWire, initial_wire, installed_of
+from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.driver import SessionDriver
+from voxserve.server.session.events import limit_error
+from voxserve.server.webrtc.inbound import InboundAudio
+from voxserve.server.webrtc.link import (
     BUFFER_HIGH,
     LABEL,
     MAX_QUEUED_MESSAGES,
     WEBRTC,
     WebRtcLink,
 )
-from voxserve.server.webrtc_outbound import OutboundTrack
+from voxserve.server.webrtc.outbound import OutboundTrack
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,8 +10,8 @@ from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtp import RtpPacket
 
 from tests.webrtc.media import peak_hz, rms, tone
-from voxserve.server.webrtc_inbound import InboundAudio
-from voxserve.server.webrtc_outbound import OutboundTrack
+from voxserve.server.webrtc.inbound import InboundAudio
+from voxserve.server.webrtc.outbound import OutboundTrack
 
 
 def drop_every(receiver: RTCRtpReceiver, nth: int, dropped: list[int]) -> None:

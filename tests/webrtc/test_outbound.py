@@ -11,7 +11,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from tests.webrtc.media import rms, tone
 from voxserve.errors import VoxError
-from voxserve.server.webrtc_outbound import OutboundTrack
+from voxserve.server.webrtc.outbound import OutboundTrack
 
 
 def pcm_ms(ms: int) -> bytes:

@@ -10,7 +10,7 @@ streaming player reads. WAV (a header of unknown length, as before) and raw PCM 
 codec and are written directly.
 
 Encoders are blocking C calls; callers with an event loop run `encode`/`finish` on a worker
-thread when a chunk is large (server/speech_output.py), and `close` never blocks on one.
+thread when a chunk is large (server/http/speech_output.py), and `close` never blocks on one.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def add_models_parser(commands: Subparsers, common: argparse.ArgumentParser) -> 
         "FunAudioLLM/CosyVoice2-0.5B, ...",
     )
     pull.add_argument("--no-wait", action="store_true", help="with --url: return once queued")
-    # How a server runs a pull (server/model_pulls.py): names as the network may give them
+    # How a server runs a pull (server/http/model_pulls.py): names as the network may give them
     # (no local paths), progress and outcomes as JSON lines on stdout.
     pull.add_argument("--json-lines", action="store_true", help=argparse.SUPPRESS)
     remove = action("rm", "remove a downloaded model from the model cache")

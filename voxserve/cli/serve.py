@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     from voxserve.engines.hub import set_offline
     from voxserve.observe.logs import configure_logging
     from voxserve.runtime import Runtime
-    from voxserve.server.realtime_secrets import check_store
+    from voxserve.server.realtime_api.secrets import check_store
     from voxserve.server.serve import serve
 
     settings = load_cli_settings(
@@ -184,7 +184,7 @@ def check_wake_settings(settings: Settings) -> None:
 
 def check_auth(settings: Settings) -> None:
     """Keys readable and valid; no unauthenticated non-loopback server unless asked."""
-    from voxserve.server.auth import check_auth_settings
+    from voxserve.server.session.auth import check_auth_settings
 
     check_auth_settings(settings)
 

@@ -19,7 +19,7 @@ def checked_voice_table(settings: Settings) -> dict[str, Any] | None:
         return None
     from voxserve.engines.base import close_engine, voices_of
     from voxserve.engines.loaded import build_engine
-    from voxserve.server.openai_voices import check_table
+    from voxserve.server.session.openai_voices import check_table
 
     cfg = settings.engines
     built: dict[str, Any] = {}

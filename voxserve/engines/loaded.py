@@ -44,7 +44,7 @@ class Engines:
 
     def refresh_voices(self) -> None:
         """Read the engines' voices again: one added or removed while serving (a cosyvoice
-        zero-shot voice, server/http_admin_voices.py). The maps are swapped whole, so a
+        zero-shot voice, server/http/admin_voices.py). The maps are swapped whole, so a
         lookup on another thread sees the old set or the new one."""
         voices: dict[str, tuple[Voice, TtsEngine]] = {}
         aliases: dict[str, tuple[Voice, TtsEngine]] = {}

@@ -72,18 +72,19 @@ class Metrics:
         self.ws_events_direct = Counter(
             "voxserve_ws_events_direct_total",
             "WebSocket events written straight to the transport by the protocol instead of "
-            "through the ASGI send (server/ws_fastpath.py); counted when the connection ends",
+            "through the ASGI send (server/websocket/fastpath.py); "
+            "counted when the connection ends",
             registry=r,
         )
         self.ws_frames_split = Counter(
             "voxserve_ws_frames_split_total",
             "WebSocket binary messages framed by voxserve's own frame splitter instead of "
-            "websockets' parser (server/ws_fastpath.py); counted when the connection ends",
+            "websockets' parser (server/websocket/fastpath.py); counted when the connection ends",
             registry=r,
         )
         self.webrtc_packets_lost = Counter(
             "voxserve_webrtc_packets_lost_total",
-            "RTP packets of WebRTC callers' audio that never came (server/webrtc_inbound.py); "
+            "RTP packets of WebRTC callers' audio that never came (server/webrtc/inbound.py); "
             "counted when the call ends",
             registry=r,
         )
@@ -105,7 +106,7 @@ class Metrics:
         )
         self.http_closed = Counter(
             "voxserve_http_connections_closed_total",
-            "HTTP connections the server closed for a connection limit (server/http_protocol.py): "
+            "HTTP connections the server closed for a connection limit (server/http/protocol.py): "
             "header_timeout, evicted (closed to make room at limits.max_connections), refused "
             "(over it, nothing to evict), unread_response (the client read none of the response "
             "for limits.stalled_client_s)",

@@ -5,7 +5,7 @@ Every frame is counted and deduplicated on arrival (`received`, `rejected`, the 
 window and, after a resume, the floor of what was accepted before the drop); then the one
 write step (`take_now`) puts it in the ring, acknowledges it (`acked_seq`) and notes where
 it ends (for `processed`). Two ways in share that step: the WebSocket's fast path
-(server/ws_fastpath.py) takes frames inside the socket's read, several at a time, once
+(server/websocket/fastpath.py) takes frames inside the socket's read, several at a time, once
 `can_take_now` says nothing has to wait or be reported; `feed` takes one frame and waits,
 before and after writing it, while the credit window is used up or the ring has no room.
 

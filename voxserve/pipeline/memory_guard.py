@@ -5,7 +5,7 @@ kernel's OOM killer, and the work already admitted finishes.
 The threshold (`limits.memory_guard_bytes`, `limits.memory_guard_fraction`) is the smaller
 of an absolute byte count and a fraction of the container's memory limit (of the machine's
 memory when there is none) shared among the server's worker processes; 0 turns either off.
-New work means new sessions and one-shot requests (server/admission.py) and each synthesis
+New work means new sessions and one-shot requests (server/session/admission.py) and each synthesis
 that needs the engine (a cache hit costs no engine memory: pipeline/synthesis.py).
 """
 

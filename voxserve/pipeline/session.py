@@ -7,7 +7,7 @@ conversation (assistant with StreamConfig.conversation, the Realtime API):
            audio -> AudioInput -> Listener -> Responses (items, responses on request,
            tools; responder, Speaker)
 
-The session driver (server/session_driver.py) calls feed_audio (or, on the WebSocket's fast
+The session driver (server/session/driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
 cancel, and the transport drains the outbox; `run` owns every task of the session and
 returns after `session.ended` is queued. A conversation session (config.conversation; the
@@ -76,7 +76,7 @@ def _take_none(frames: list[tuple[int, memoryview]], now: float) -> None:
 class Session:
     """What a transport drives: one stream's parts, wired for its mode (module docstring)."""
 
-    # The fast path's calls (server/ws_link.py), bound in __init__ to the audio input's
+    # The fast path's calls (server/websocket/link.py), bound in __init__ to the audio input's
     # methods, so a frame costs no call through the session (tts sessions: none taken).
     can_take_audio_now: _CanTake
     """Whether `take_audio_now` may have a frame of `size` bytes after `ahead` bytes of

@@ -18,25 +18,22 @@ from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.runtime import Runtime
-from voxserve.server import (
-    health,
-    http_admin,
-    http_admin_models,
-    http_admin_voices,
-    http_audio,
-    http_debug,
-    http_engines,
-    http_memory,
-    realtime_client_secrets,
-    realtime_stream,
-    web,
-    ws_stream,
-)
+from voxserve.server import health, web
 from voxserve.server.host_guard import HostGuard, HostRule
-from voxserve.server.http_guards import BodyTimeout, OriginGuard
-from voxserve.server.http_requests import TRACE_HEADER
+from voxserve.server.http import admin as http_admin
+from voxserve.server.http import admin_models as http_admin_models
+from voxserve.server.http import admin_voices as http_admin_voices
+from voxserve.server.http import audio as http_audio
+from voxserve.server.http import debug as http_debug
+from voxserve.server.http import engines as http_engines
+from voxserve.server.http import memory as http_memory
+from voxserve.server.http.guards import BodyTimeout, OriginGuard
+from voxserve.server.realtime import client_secrets as realtime_client_secrets
+from voxserve.server.realtime import stream as realtime_stream
+from voxserve.server.session.http_requests import TRACE_HEADER
 from voxserve.server.transports import Transports
-from voxserve.server.webrtc_calls import CallService
+from voxserve.server.webrtc.calls import CallService
+from voxserve.server.ws import stream as ws_stream
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +79,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *ws_stream.routes(runtime),
         *realtime_stream.routes(runtime),  # the OpenAI Realtime API over WebSocket
         *realtime_client_secrets.routes(runtime),  # its short-lived single-use keys
-        *calls.routes(),  # ... and over WebRTC (server/webrtc_calls.py)
+        *calls.routes(),  # ... and over WebRTC (server/webrtc/calls.py)
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
     middleware = [host_middleware(runtime), *cors_middleware(runtime), *guard_middleware(runtime)]
@@ -122,7 +119,7 @@ def cors_middleware(runtime: Runtime) -> list[Middleware]:
 
 def guard_middleware(runtime: Runtime) -> list[Middleware]:
     """Inside CORS (which answers the preflights of listed origins): the Origin check on
-    /v1/* and the body read timeout (server/http_guards.py)."""
+    /v1/* and the body read timeout (server/http/guards.py)."""
     settings = runtime.settings
     stalled = runtime.metrics.errors.labels(ErrorCode.CLIENT_STALLED.value, "http")
     return [

@@ -33,15 +33,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voxserve.config import Settings
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.server.auth import SUBPROTOCOL as STREAM_SUBPROTOCOL
-from voxserve.server.errors import error_response
-from voxserve.server.realtime_events import RealtimeEncoder
-from voxserve.server.realtime_session import Installed, initial_wire
-from voxserve.server.realtime_stream import BETA_SUBPROTOCOL
-from voxserve.server.realtime_stream import SUBPROTOCOL as REALTIME_SUBPROTOCOL
-from voxserve.server.session_events import refusal_event
-from voxserve.server.ws_link import CLOSE_POLICY
-from voxserve.server.ws_protocol import encode_event
+from voxserve.server.realtime.stream import BETA_SUBPROTOCOL
+from voxserve.server.realtime.stream import SUBPROTOCOL as REALTIME_SUBPROTOCOL
+from voxserve.server.realtime_api.events import RealtimeEncoder
+from voxserve.server.realtime_api.session import Installed, initial_wire
+from voxserve.server.session.auth import SUBPROTOCOL as STREAM_SUBPROTOCOL
+from voxserve.server.session.errors import error_response
+from voxserve.server.session.events import refusal_event
+from voxserve.server.session.stream_protocol import encode_event
+from voxserve.server.websocket.link import CLOSE_POLICY
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 MAX_HOST = 300  # characters of a Host value judged at all (a name is at most 253)

@@ -11,12 +11,12 @@ import uvicorn
 from voxserve.config import Settings
 from voxserve.runtime import Runtime
 from voxserve.server.app import create_app
-from voxserve.server.http_protocol import (
+from voxserve.server.http.protocol import (
     ConnectionLimits,
     default_max_connections,
     http_protocol,
 )
-from voxserve.server.ws_fastpath import websocket_protocol
+from voxserve.server.websocket.fastpath import websocket_protocol
 
 KEEPALIVE_S = 20.0  # WebSocket ping interval, and at least the time a pong may take
 
@@ -38,7 +38,7 @@ def uvicorn_config(settings: Settings, runtime: Runtime | None = None) -> uvicor
         ws_per_message_deflate=False,
         ws_ping_interval=KEEPALIVE_S,
         # A client that stops reading is ended as `client_stalled` within 4/3 of
-        # stalled_client_s (server/ws_stall.py), not first by the keepalive.
+        # stalled_client_s (server/websocket/stall.py), not first by the keepalive.
         ws_ping_timeout=max(KEEPALIVE_S, limits.stalled_client_s * 4 / 3 + 2.0),
         access_log=False,
         lifespan="on",

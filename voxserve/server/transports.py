@@ -15,7 +15,7 @@ from typing import Protocol
 
 from voxserve.config import ConfigError, Settings
 from voxserve.runtime import Runtime
-from voxserve.server.auth import check_auth_settings
+from voxserve.server.session.auth import check_auth_settings
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class _Transport(Protocol):
 def check_transport_packages(settings: Settings) -> None:
     """Import what the configured transports need, or say what to install (one line)."""
     wanted = [
-        ("gRPC", "grpc_port", settings.grpc_port, "voxserve.server.grpc_server"),
-        ("Wyoming", "wyoming_port", settings.wyoming_port, "voxserve.server.wyoming_server"),
+        ("gRPC", "grpc_port", settings.grpc_port, "voxserve.server.grpc.server"),
+        ("Wyoming", "wyoming_port", settings.wyoming_port, "voxserve.server.wyoming.server"),
     ]
     for name, key, port, module in wanted:
         if not port:
@@ -87,14 +87,14 @@ class Transports:
         check_auth_settings(settings)  # e.g. Wyoming (no keys) on a non-loopback host
         try:
             if settings.grpc_port:
-                from voxserve.server.grpc_server import GrpcTransport
+                from voxserve.server.grpc.server import GrpcTransport
 
                 grpc_server = GrpcTransport(self.runtime, settings.grpc_port)
                 await grpc_server.start()
                 self._started.append(grpc_server)
                 self.grpc_port = grpc_server.port
             if settings.wyoming_port:
-                from voxserve.server.wyoming_server import WyomingTransport
+                from voxserve.server.wyoming.server import WyomingTransport
 
                 wyoming = WyomingTransport(self.runtime, settings.wyoming_port)
                 await wyoming.start()

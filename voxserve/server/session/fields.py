@@ -1,0 +1,114 @@
+"""Reading the fields of a Realtime client event: each getter checks a value's JSON type and
+range and raises the code docs/realtime.md gives (`invalid_message` for a missing or
+ill-typed field, `invalid_parameter` for a value out of range), naming the field by its
+path ("session.audio.input.turn_detection.threshold"), so a client finds what to fix.
+Pure: no I/O (server/realtime_api/codec.py)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from voxserve.errors import ErrorCode, VoxError, quoted
+
+SILENCE_MS = (20, 10_000)  # a turn detection's silence_duration_ms (the Realtime API's range)
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+MAX_ID = 64  # item, call and event ids: OpenAI's are about 32 characters
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def invalid(message: str) -> VoxError:
+    return VoxError(ErrorCode.INVALID_MESSAGE, message)
+
+
+def bad_value(path: str, why: str) -> VoxError:
+    return VoxError(ErrorCode.INVALID_PARAMETER, f"{path} {why}")
+
+
+def obj(data: Obj, key: str, path: str, *, required: bool = False) -> Obj | None:
+    """A nested object; None when absent or null (unless required)."""
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise invalid(f"{_at(path, key)} is required")
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"{_at(path, key)} must be an object")
+    return value
+
+
+def string(data: Obj, key: str, path: str, *, required: bool = False, limit: int = 0) -> str | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise invalid(f"{_at(path, key)} is required")
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"{_at(path, key)} must be a string")
+    if limit and len(value) > limit:
+        raise bad_value(f"{_at(path, key)}", f"is longer than {limit} characters")
+    return value
+
+
+def an_id(data: Obj, key: str, path: str, *, required: bool = False) -> str | None:
+    value = string(data, key, path, required=required, limit=MAX_ID)
+    if value is not None and not value:
+        raise bad_value(f"{_at(path, key)}", "is empty")
+    return value
+
+
+def boolean(data: Obj, key: str, path: str) -> bool | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise invalid(f"{_at(path, key)} must be true or false")
+    return value
+
+
+def integer(
+    data: Obj, key: str, path: str, low: int, high: int, *, required: bool = False
+) -> int | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise invalid(f"{_at(path, key)} is required")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"{_at(path, key)} must be an integer")
+    if not low <= value <= high:
+        raise bad_value(f"{_at(path, key)}", f"must be {low} to {high}")
+    return value
+
+
+def number(data: Obj, key: str, path: str, low: float, high: float) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"{_at(path, key)} must be a number")
+    if not low <= value <= high:  # also false for a huge integer: no float() overflow
+        raise bad_value(f"{_at(path, key)}", f"must be {low:g} to {high:g}")
+    return float(value)
+
+
+def listed(data: Obj, key: str, path: str) -> list[Any] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid(f"{_at(path, key)} must be an array")
+    return value
+
+
+def choice(data: Obj, key: str, path: str, options: tuple[str, ...]) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if value not in options:
+        raise bad_value(f"{_at(path, key)}", f"{quoted(value)} is not one of {', '.join(options)}")
+    return str(value)
