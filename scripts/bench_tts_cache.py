@@ -32,7 +32,7 @@ from voxserve.cache.entry import Entry
 from voxserve.cache.store import Put, SqliteStore
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.config import CacheConfig, Settings, load_settings
-from voxserve.pipeline.synthesis import synthesize
+from voxserve.pipeline.synthesis.synthesize import synthesize
 from voxserve.runtime import Runtime
 
 HOT = [

@@ -25,7 +25,7 @@ from tests.test_turn_taking import Turns, of, runtime
 from voxserve.bench.program import clip_utterances
 from voxserve.engines.whisper_asr import WhisperAsr
 from voxserve.events import StreamConfig, TranscriptFinal, TurnDetection, VadEnd
-from voxserve.pipeline.endpointing import EndOfTurn
+from voxserve.pipeline.turns.endpointing import EndOfTurn
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 SETTINGS = ["semantic_vad:high", "semantic_vad:medium", "semantic_vad:low", "semantic_vad:auto"]

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from voxserve.pipeline.batcher import Batcher
-from voxserve.pipeline.stage import EngineStage, deadline_in
+from voxserve.pipeline.scheduling.batcher import Batcher
+from voxserve.pipeline.scheduling.stage import EngineStage, deadline_in
 
 
 class FakeBatchEngine:

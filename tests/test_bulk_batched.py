@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
 from voxserve.audio.wav import write_wav
-from voxserve.pipeline import recognition
-from voxserve.pipeline.asr_batch import AsrBatcher
+from voxserve.pipeline.recognition import bulk as recognition
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
 
 RATE = 16_000
 UPLOADS = 6

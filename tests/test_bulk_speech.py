@@ -1,7 +1,7 @@
 """One-shot synthesis (HTTP speech) is bulk work on the TTS stage, which is work-conserving:
 while no live reply waits, long texts streaming at once use every slot (both of two), and
 the rest queue as bulk; `pipeline.tts.bulk_slots` (default one of two) is what they keep
-while live work waits (pipeline/stage.py, tests/test_stage_bulk.py)."""
+while live work waits (pipeline/scheduling/stage.py, tests/test_stage_bulk.py)."""
 
 from __future__ import annotations
 

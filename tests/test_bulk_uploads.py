@@ -1,6 +1,6 @@
-"""Uploads as bulk work (pipeline/recognition.py, pipeline/windows.py): cut into windows of
-bounded length at pauses, one bulk ASR call per window, joined on the recording's time line;
-refused up front (503 `overloaded`, Retry-After) when the bulk work ahead leaves no time.
+"""Uploads as bulk work (pipeline/recognition/bulk.py, pipeline/recognition/windows.py): cut into
+windows of bounded length at pauses, one bulk ASR call per window, joined on the recording's time
+line; refused up front (503 `overloaded`, Retry-After) when the bulk work ahead leaves no time.
 
 Windows are checked as a property over generated recordings (speech-like bursts and pauses
 of any lengths); the HTTP route on a real server with a fake ASR engine that names each
@@ -23,9 +23,9 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, fake_runtime, silence, tone, word_for
 from voxserve.audio.wav import write_wav
 from voxserve.config import AsrConfig, StageConfig, load_settings
-from voxserve.pipeline.recognition import join_windows
-from voxserve.pipeline.speech_windows import SpeechWindow
-from voxserve.pipeline.windows import cut_windows
+from voxserve.pipeline.recognition.bulk import join_windows
+from voxserve.pipeline.recognition.speech_windows import SpeechWindow
+from voxserve.pipeline.recognition.windows import cut_windows
 from voxserve.types import AsrResult, Segment
 
 RATE = 16_000

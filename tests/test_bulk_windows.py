@@ -1,7 +1,8 @@
 """The parts of batched uploads that need no model (issue 23): speech regions from VAD
-probabilities, regions packed into windows and times mapped back (pipeline/speech_windows.py,
-as properties over generated recordings), and bulk batches in the batcher (kinds never mixed,
-bounded by audio and count, earliest deadline first, never joined with live finals).
+probabilities, regions packed into windows and times mapped back
+(pipeline/recognition/speech_windows.py, as properties over generated recordings), and bulk batches
+in the batcher (kinds never mixed, bounded by audio and count, earliest deadline first, never joined
+with live finals).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from hypothesis import strategies as st
 
 from tests.fakes import FakeAsr, tone
 from voxserve.audio.pcm import to_float32
-from voxserve.pipeline.asr_batch import AsrBatcher
-from voxserve.pipeline.executor import AdaptiveExecutor
-from voxserve.pipeline.speech_windows import (
+from voxserve.pipeline.recognition.speech_windows import (
     PAD_S,
     SpeechWindow,
     pack_windows,
     speech_regions,
 )
-from voxserve.pipeline.stage import EngineStage
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
+from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
+from voxserve.pipeline.scheduling.stage import EngineStage
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 WIDTH = 512  # silero's window

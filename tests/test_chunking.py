@@ -1,10 +1,10 @@
-"""Adaptive TTS chunk sizes (pipeline/chunking.py)."""
+"""Adaptive TTS chunk sizes (pipeline/synthesis/chunking.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from voxserve.pipeline.chunking import Chunker
+from voxserve.pipeline.synthesis.chunking import Chunker
 
 
 def test_first_chunk_small_then_growing_with_the_lead_up_to_the_cap() -> None:

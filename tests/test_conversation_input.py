@@ -41,10 +41,10 @@ from voxserve.events import (
     VadStart,
     speech_item_id,
 )
-from voxserve.pipeline.listener import Listener
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector, session_vad
+from voxserve.pipeline.turns.detection import SpeechEnd, SpeechStart, TurnDetector, session_vad
+from voxserve.pipeline.turns.listener import Listener
 from voxserve.runtime import Runtime
 from voxserve.server.session.attachment import attach
 from voxserve.server.session.auth import ANONYMOUS

@@ -54,11 +54,11 @@ from voxserve.events import (
     reply_item_id,
     speech_item_id,
 )
-from voxserve.pipeline.conversation import Conversation, message_item, simple_turns
+from voxserve.pipeline.conversation.responses import Responses
+from voxserve.pipeline.conversation.state import Conversation, message_item, simple_turns
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.responses import Responses
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.speaker import spoken_text
+from voxserve.pipeline.synthesis.speaker import spoken_text
 from voxserve.server.session.input import apply_control
 from voxserve.types import EngineInfo
 

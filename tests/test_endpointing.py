@@ -1,8 +1,8 @@
-"""The end-of-turn rules (pipeline/endpointing.py) on transcripts: pure, no audio."""
+"""The end-of-turn rules (pipeline/turns/endpointing.py) on transcripts: pure, no audio."""
 
 from __future__ import annotations
 
-from voxserve.pipeline.endpointing import Ending, EndOfTurn, ending
+from voxserve.pipeline.turns.endpointing import Ending, EndOfTurn, ending
 
 
 def test_english_rules() -> None:

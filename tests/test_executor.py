@@ -12,7 +12,7 @@ from concurrent.futures import CancelledError, Future
 
 import pytest
 
-from voxserve.pipeline.executor import AdaptiveExecutor, run_blocking
+from voxserve.pipeline.scheduling.executor import AdaptiveExecutor, run_blocking
 
 _prefixes = itertools.count(1)
 WAIT = 5.0  # generous upper bound for anything that should happen "soon"

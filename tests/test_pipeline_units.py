@@ -12,9 +12,9 @@ import pytest
 from tests.fakes import FakeVad
 from voxserve.config import VadConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.executor import AdaptiveExecutor
-from voxserve.pipeline.stage import EngineStage
-from voxserve.pipeline.turns import SpeechEnd, SpeechStart, TurnDetector
+from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
+from voxserve.pipeline.scheduling.stage import EngineStage
+from voxserve.pipeline.turns.detection import SpeechEnd, SpeechStart, TurnDetector
 from voxserve.server.session.stream_protocol import (
     CancelMessage,
     EndMessage,
@@ -188,7 +188,7 @@ class CountingVad(FakeVad):
 
 
 async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
-    from voxserve.pipeline.vad_batch import VadBatcher
+    from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
     vad = CountingVad()
@@ -210,7 +210,7 @@ async def test_vad_batcher_gathers_sessions_into_one_engine_call() -> None:
 async def test_asr_batcher_runs_concurrent_finals_as_one_engine_batch() -> None:
     from tests.fakes import FakeAsr, tone
     from voxserve.audio.pcm import to_float32
-    from voxserve.pipeline.asr_batch import AsrBatcher
+    from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
     from voxserve.types import AsrResult
 
     class BatchingAsr(FakeAsr):
@@ -263,7 +263,7 @@ async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
     """Listeners enqueued together are judged in one engine call and answered in place; a
     stream that fails to give its audio, or has none, is answered alone; streams that
     become due during a round go together in the next."""
-    from voxserve.pipeline.vad_batch import VadBatcher
+    from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
     vad = CountingVad(busy_s=0.05)  # busy long enough for others to queue behind a round
@@ -297,7 +297,7 @@ async def test_vad_rounds_judge_every_due_stream_in_one_engine_call() -> None:
 
 
 async def test_vad_round_failure_is_retried_alone_so_only_the_culprit_fails() -> None:
-    from voxserve.pipeline.vad_batch import VadBatcher
+    from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
     class PoisonedVad(FakeVad):
         def speech_probs(self, state: object, audio: np.ndarray) -> np.ndarray:

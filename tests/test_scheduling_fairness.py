@@ -16,8 +16,8 @@ import pytest
 
 from tests.fakes import FakeTts, fake_runtime
 from voxserve.config import Settings
-from voxserve.pipeline.stage import PRIORITY_BULK, EngineStage, deadline_in
-from voxserve.pipeline.synthesis import synthesize
+from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage, deadline_in
+from voxserve.pipeline.synthesis.synthesize import synthesize
 
 COST_S = 0.004  # scripted engine cost per call
 
@@ -162,7 +162,7 @@ async def test_a_chunk_far_ahead_of_playback_waits_outside_a_busy_stage(edf: boo
     """A later chunk due well in the future does not join a busy stage's queue (where it
     would count as load for TTS health and flow control) until it is nearly due; it goes at
     once when the stage frees up. With EDF off (plain FIFO) it queues at once."""
-    from voxserve.pipeline.synthesis import QUEUE_HORIZON_S, _until_nearly_due
+    from voxserve.pipeline.synthesis.synthesize import QUEUE_HORIZON_S, _until_nearly_due
 
     executor = ThreadPoolExecutor(2)
     stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor, edf=edf)

@@ -13,8 +13,8 @@ from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import BargeIn, ErrorEvent, Event, ResponseText, StreamConfig, TtsStart
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.replies import Replies
 from voxserve.pipeline.session import Session
+from voxserve.pipeline.turns.replies import Replies
 
 
 class Asked(EchoResponder):

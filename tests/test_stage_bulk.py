@@ -1,5 +1,5 @@
-"""Bulk work on an engine stage (pipeline/stage.py): it holds at most `bulk_slots` slots, and
-live calls find the rest; a live call arriving while bulk calls queue runs first.
+"""Bulk work on an engine stage (pipeline/scheduling/stage.py): it holds at most `bulk_slots` slots,
+and live calls find the rest; a live call arriving while bulk calls queue runs first.
 
 An executor the test steps by hand (`SteppedExecutor`) makes every schedule exact: a call
 "runs" from the moment the stage submits it until the test finishes it. Generated schedules
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from voxserve.config import FlowConfig, StageConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.flow import FlowMonitor
-from voxserve.pipeline.stage import (
+from voxserve.pipeline.scheduling.flow import FlowMonitor
+from voxserve.pipeline.scheduling.stage import (
     MEASURED_BEFORE_INLINE,
     PRIORITY_BULK,
     PRIORITY_LIVE,
@@ -261,7 +261,7 @@ async def test_bulk_signals_are_not_live_pressure() -> None:
 @pytest.mark.parametrize("bulk", [True, False])
 async def test_queued_bulk_is_no_pressure_for_flow_control(bulk: bool) -> None:
     """Bulk windows queued for seconds do not shrink credit windows or shed sessions; the
-    same queue of live calls does (pipeline/flow.py reads the live figures)."""
+    same queue of live calls does (pipeline/scheduling/flow.py reads the live figures)."""
     h = Harness(concurrency=1, bulk_slots=1)
     now = [0.0]
     cfg = FlowConfig(queue_limit=1, shed_after_s=0.5)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.stage import PRIORITY_BULK, EngineStage, deadline_in
+from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage, deadline_in
 
 
 async def _occupy(stage: EngineStage, gate: threading.Event) -> asyncio.Task[bool]:
@@ -165,7 +165,7 @@ async def test_vad_batch_sizes_are_exported_per_engine() -> None:
 
     from tests.fakes import FakeVad
     from voxserve.observe.metrics import Metrics
-    from voxserve.pipeline.vad_batch import VadBatcher
+    from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
     metrics = Metrics()
     executor = ThreadPoolExecutor(2)

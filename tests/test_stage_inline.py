@@ -1,6 +1,6 @@
 """Cheap calls of engines that allow it run on the event loop, not a worker thread
-(pipeline/stage.py): which calls go inline, how a dear engine goes back to the thread, how
-failures are reported either way; then a real server on the load engines doing it."""
+(pipeline/scheduling/stage.py): which calls go inline, how a dear engine goes back to the thread,
+how failures are reported either way; then a real server on the load engines doing it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from voxserve.engines.base import inline_safe
 from voxserve.engines.load import LoadAsr, LoadVad, burn
 from voxserve.engines.silero_vad import SileroVad
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.stage import MEASURED_BEFORE_INLINE, EngineStage
+from voxserve.pipeline.scheduling.stage import MEASURED_BEFORE_INLINE, EngineStage
 
 LOAD_CONFIG = Path(__file__).resolve().parents[1] / "bench" / "load-engines.toml"
 

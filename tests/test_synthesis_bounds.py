@@ -18,8 +18,8 @@ from tests.fakes import FakeTts, fake_runtime, tone
 from tests.helpers import eventually
 from voxserve.config import CacheConfig, LimitsConfig, Settings, StageConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
-from voxserve.pipeline.synthesis import first_audio, synthesize, synthesize_all
+from voxserve.pipeline.scheduling.memory_guard import MemoryGuard, threshold_bytes
+from voxserve.pipeline.synthesis.synthesize import first_audio, synthesize, synthesize_all
 from voxserve.runtime import Runtime
 from voxserve.server.session.admission import admit, admit_request
 

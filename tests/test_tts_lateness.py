@@ -1,4 +1,4 @@
-"""TTS admission by predicted lateness (pipeline/tts_lateness.py, tts_health.py), with a
+"""TTS admission by predicted lateness (pipeline/scheduling/tts_lateness.py, tts_health.py), with a
 fake clock: a burst that fits is admitted whole, the first request past the deadline is
 refused with a retry hint, a reply buffered ahead of playback yields to a new first clause,
 one about to run dry does not, and the service rate is measured."""
@@ -16,9 +16,9 @@ from tests.cache.helpers import cache_settings, loaded_runtime
 from tests.fakes import FakeTts
 from voxserve.config import DegradeConfig
 from voxserve.errors import ErrorCode
-from voxserve.pipeline.synthesis import synthesize
-from voxserve.pipeline.tts_health import TtsDegraded, TtsHealth
-from voxserve.pipeline.tts_lateness import ServiceRates, TtsSchedule
+from voxserve.pipeline.scheduling.tts_health import TtsDegraded, TtsHealth
+from voxserve.pipeline.scheduling.tts_lateness import ServiceRates, TtsSchedule
+from voxserve.pipeline.synthesis.synthesize import synthesize
 
 CLAUSE = "Twenty characters!!!"  # 20 characters, one sentence
 

@@ -40,7 +40,7 @@ from voxserve.events import (
 )
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.session import Session
-from voxserve.pipeline.wake_gate import WakeGate
+from voxserve.pipeline.turns.wake_gate import WakeGate
 from voxserve.runtime import Runtime
 from voxserve.types import AsrResult
 

@@ -432,8 +432,8 @@ async def test_larger_vad_batches_give_the_same_turns() -> None:
 
 async def test_the_listener_task_wakes_for_turns_not_for_every_vad_batch() -> None:
     """VAD rounds judge a stream's audio and detect its turns without waking its task
-    (pipeline/vad_batch.py): 3.9 s of audio is ~60 VAD batches, and the task wakes only to
-    send the two turns' events (and each turn's tentative end: its pause, its decode back,
+    (pipeline/scheduling/vad_batch.py): 3.9 s of audio is ~60 VAD batches, and the task wakes only
+    to send the two turns' events (and each turn's tentative end: its pause, its decode back,
     vad.speculate_ms) and to finish, with the same transcripts as ever."""
     settings = load_settings(log_level="warning")
     runtime = fake_runtime(settings, asr=FakeAsr(delay_s=0.0))

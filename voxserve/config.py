@@ -57,7 +57,7 @@ class StageConfig(Section):
     concurrency: int = Field(ge=1)
     timeout_s: float
     # Slots bulk work (upload windows, one-shot HTTP/gRPC/Wyoming synthesis, prewarm) may
-    # hold at once, so live sessions always find the rest free (pipeline/stage.py). None:
+    # hold at once, so live sessions always find the rest free (pipeline/scheduling/stage.py). None:
     # concurrency - 1 (at least 1); set it to concurrency to let bulk use every slot.
     bulk_slots: int | None = Field(default=None, ge=1)
 
@@ -90,21 +90,21 @@ class PipelineConfig(Section):
     vad_max_batch: int = 64
     # Calls of engines that allow it (`inline_safe`: silero, the load engines) run on the
     # event loop, not a worker thread, while they measure (smoothed) under this: a thread
-    # hop costs more than such a call (pipeline/stage.py). 0: every call takes a thread.
+    # hop costs more than such a call (pipeline/scheduling/stage.py). 0: every call takes a thread.
     inline_below_us: float = Field(default=500.0, ge=0)
     # Finals of different sessions run as one Whisper batch (utterances sharing an encoder
     # window encode together; results equal one at a time): those that end while Whisper is
     # busy are held for its next batch, and an idle Whisper waits up to asr_batch_wait_ms,
     # within the final's deadline, when the arrival rate says another final comes by then
-    # (pipeline/batcher.py). 0 runs a final on an idle Whisper at once.
+    # (pipeline/scheduling/batcher.py). 0 runs a final on an idle Whisper at once.
     asr_batch_enabled: bool = True
     asr_batch_wait_ms: float = Field(default=250.0, ge=0)
     # ... but only while Whisper was busy at least this share of the last ~2 s: below that
     # a wait would add latency to buy engine time nobody needs. 0 gathers at any load.
     asr_batch_gather_busy: float = Field(default=0.8, ge=0, le=1)
     asr_max_batch: int = 4  # CPU per utterance: 134 ms alone, 95-100 at 4, 120 at 8
-    # Earliest-deadline-first admission to engine stages (pipeline/stage.py); False admits in
-    # arrival order (FIFO), which exists to measure what EDF buys (docs/benchmarks.md).
+    # Earliest-deadline-first admission to engine stages (pipeline/scheduling/stage.py); False
+    # admits in arrival order (FIFO), which exists to measure what EDF buys (docs/benchmarks.md).
     edf: bool = True
     # Turn outputs (events, audio chunks) queued per session before the pipeline waits
     # for the socket: bounded so a stalled client cannot grow server memory.
@@ -133,7 +133,7 @@ class VadConfig(Section):
     pad_ms: int = 200  # audio kept before speech start and after speech end
     max_utterance_s: float = 25.0  # force an end so one utterance cannot grow unbounded
     # /v1/stream and gRPC sessions that name none: semantic_vad (the silence that ends a
-    # turn adapts to what was said, pipeline/endpointing.py) or server_vad (hangover_ms).
+    # turn adapts to what was said, pipeline/turns/endpointing.py) or server_vad (hangover_ms).
     turn_detection: Literal["server_vad", "semantic_vad"] = "semantic_vad"
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
     # A tentative end: after this much silence the final is decoded (and, assistant mode,
@@ -155,15 +155,15 @@ class AsrConfig(Section):
     min_partial_ms: int = 480  # no partial until this much speech
     # Uploads (HTTP, Wyoming, `voxserve transcribe`) longer than this go through the VAD,
     # and their speech is packed into windows of at most this much audio (a region longer
-    # than that cut at its quietest moments: pipeline/speech_windows.py, windows.py). 7 s
-    # fills Whisper's 10 s encoder bucket to its 70% (engines/whisper_asr.py): a 10-minute
+    # than that cut at its quietest moments: pipeline/recognition/speech_windows.py, windows.py).
+    # 7 s fills Whisper's 10 s encoder bucket to its 70% (engines/whisper_asr.py): a 10-minute
     # recording (352 s of speech) took 16.5 s of Whisper CPU in 7 s windows (batches of 4),
     # 22-25 s in 14 s ones (20 s bucket), 25 s in 28 s ones; WER 1.0%, 1.4%, 4.9%
     # (docs/benchmarks.md, issue 23).
     bulk_window_s: float = Field(default=7.0, ge=5.0, le=30.0)
     # The windows of every upload in flight are decoded together, as bulk batches of the
-    # cross-session ASR batcher (pipeline/asr_batch.py) of at most this much audio and this
-    # many windows. Live finals keep their own slot and CTranslate2 replica whatever the
+    # cross-session ASR batcher (pipeline/scheduling/asr_batch.py) of at most this much audio and
+    # this many windows. Live finals keep their own slot and CTranslate2 replica whatever the
     # size; a batch is how long bulk holds its slot between turns, what a short upload
     # arriving behind a long one waits at most. Larger batches: less CPU per audio second.
     bulk_batch_s: float = Field(default=20.0, ge=5.0, le=600.0)
@@ -185,7 +185,7 @@ class DegradeConfig(Section):
     # A backstop only: at once when this many syntheses already wait for a TTS slot, so the
     # queue's memory stays bounded. Admission itself is by predicted lateness (below).
     max_waiting: int = Field(default=64, ge=1)
-    # Admission by predicted lateness (pipeline/tts_lateness.py): a synthesis is refused
+    # Admission by predicted lateness (pipeline/scheduling/tts_lateness.py): a synthesis is refused
     # (a live reply speaks the fallback phrase) only when its first audio, predicted from
     # the measured service rate and the work ahead of it in EDF order, would come later
     # than first_audio_budget_ms after it arrived. False: no prediction (counts only).
@@ -211,7 +211,7 @@ class TtsConfig(Section):
     output_sample_rate: int = 16_000
     max_chunk_ms: int = 200  # audio is sent in chunks of at most this length
     # The first chunk of a reply is at most this long (time to first audio); later chunks
-    # grow with the audio already sent, up to max_chunk_ms (pipeline/chunking.py).
+    # grow with the audio already sent, up to max_chunk_ms (pipeline/synthesis/chunking.py).
     # Set it to max_chunk_ms for fixed-size chunks.
     first_chunk_ms: int = Field(default=80, ge=10)
     # Output pacing: audio is sent no further ahead of the client's playback (real-time
@@ -303,7 +303,7 @@ class LimitsConfig(Section):
     # A WebSocket client that drops without `session.end` may reconnect with
     # `session.resume` within this long and continue (0 = sessions end on disconnect).
     resume_window_s: float = Field(default=30.0, ge=0)
-    # Memory guard (pipeline/memory_guard.py): while this process's resident set is over
+    # Memory guard (pipeline/scheduling/memory_guard.py): while this process's resident set is over
     # the smaller of these, new sessions, requests and syntheses are refused `overloaded`
     # (503 + Retry-After), so hostile or heavy input meets a refusal, not the OOM killer.
     # The fraction is of the container's memory limit (the machine's when there is none),

@@ -71,7 +71,7 @@ class TurnDetection:
     """Turn detection of a session; None in ConversationConfig is push-to-talk
     (no VAD: audio between commits is one utterance). None fields: the server's setting.
     `server_vad` ends a turn after a fixed silence; `semantic_vad` adapts the silence to
-    what was said (pipeline/endpointing.py), as eager as `eagerness` says."""
+    what was said (pipeline/turns/endpointing.py), as eager as `eagerness` says."""
 
     threshold: float | None = None  # speech probability (vad.threshold)
     prefix_padding_ms: int | None = None  # audio kept before speech start (vad.pad_ms)
@@ -115,7 +115,7 @@ class StreamConfig:
     # Conversation sessions only (the Realtime API; mode "assistant"): see ConversationConfig.
     conversation: ConversationConfig | None = None
     # /v1/stream audio modes: ASR waits for this wake word (a pymicro-wakeword model name),
-    # then takes one turn, then waits again (pipeline/wake_gate.py). None: no wake word.
+    # then takes one turn, then waits again (pipeline/turns/wake_gate.py). None: no wake word.
     wake_word: str | None = None
     # /v1/stream and gRPC (asr, assistant): None is the server's (vad.turn_detection).
     turn_detection: TurnDetection | None = None
@@ -415,7 +415,7 @@ class TtsFallback(Event, frozen=True, tag="tts.fallback"):
     """TTS is degraded: the reply speaks the fallback phrase `text` instead."""
 
     reply: int
-    reason: str  # late | slow | queue (pipeline/tts_health.py)
+    reason: str  # late | slow | queue (pipeline/scheduling/tts_health.py)
     text: str
 
 

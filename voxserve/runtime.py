@@ -30,12 +30,9 @@ from voxserve.observe import gc_control
 from voxserve.observe.loop_watchdog import LoopWatchdog
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import make_tracer
-from voxserve.pipeline.audio_budget import DecodedAudioBudget
 from voxserve.pipeline.context import SessionContext, SpeechParts
 from voxserve.pipeline.drain import Drain
-from voxserve.pipeline.executor import AdaptiveExecutor
 from voxserve.pipeline.fallback import FallbackPhrase
-from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.generations import (
     Batching,
     Generation,
@@ -43,12 +40,20 @@ from voxserve.pipeline.generations import (
     close_when_idle,
     until_idle,
 )
-from voxserve.pipeline.memory_guard import MemoryGuard, threshold_bytes
 from voxserve.pipeline.model_table import ModelTable
-from voxserve.pipeline.stages import Stages
-from voxserve.pipeline.tts_health import TtsHealth
-from voxserve.pipeline.warmup import log_prewarm, make_fallback, prewarm_one, start_prewarm_file
-from voxserve.pipeline.work_pools import WorkPools
+from voxserve.pipeline.recognition.audio_budget import DecodedAudioBudget
+from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
+from voxserve.pipeline.scheduling.flow import FlowMonitor
+from voxserve.pipeline.scheduling.memory_guard import MemoryGuard, threshold_bytes
+from voxserve.pipeline.scheduling.stages import Stages
+from voxserve.pipeline.scheduling.tts_health import TtsHealth
+from voxserve.pipeline.scheduling.work_pools import WorkPools
+from voxserve.pipeline.synthesis.warmup import (
+    log_prewarm,
+    make_fallback,
+    prewarm_one,
+    start_prewarm_file,
+)
 from voxserve.types import FRAME_SAMPLES
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from tests.cache.helpers import cache_settings, loaded_runtime
 from tests.fakes import FakeTts
 from voxserve.cache.flight import LEAD_CHUNKS
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.synthesis import synthesize, synthesize_all
+from voxserve.pipeline.synthesis.synthesize import synthesize, synthesize_all
 from voxserve.runtime import Runtime
 
 MAX_CHUNK = 16_000 * 200 // 1000  # tts.max_chunk_ms at 16 kHz

@@ -13,8 +13,8 @@ from tests.fakes import FakeTts
 from voxserve.cache.prewarm import PrewarmItem, expand
 from voxserve.config import DegradeConfig
 from voxserve.errors import ErrorCode
-from voxserve.pipeline.synthesis import synthesize_all
-from voxserve.pipeline.tts_health import TtsDegraded, TtsHealth
+from voxserve.pipeline.scheduling.tts_health import TtsDegraded, TtsHealth
+from voxserve.pipeline.synthesis.synthesize import synthesize_all
 
 
 class Monotonic:

@@ -20,7 +20,7 @@ from voxserve.cluster.remote_asr import RemoteAsr
 from voxserve.cluster.remote_tts import RemoteTts
 from voxserve.config import ClusterConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.tts_health import TtsDegraded
+from voxserve.pipeline.scheduling.tts_health import TtsDegraded
 
 LONG_TEXT = "a" * 160  # load engine: 9.6 s of tone in 48 chunks, 50 ms of CPU each
 

@@ -13,9 +13,9 @@ import pytest
 from tests.engines.conftest import load_fixture
 from voxserve.engines.blas import _loaded_openblas
 from voxserve.engines.whisper_asr import TIME_PRECISION_S, WhisperAsr, _Decoded
-from voxserve.pipeline.asr_batch import AsrBatcher
-from voxserve.pipeline.executor import AdaptiveExecutor
-from voxserve.pipeline.stage import EngineStage, deadline_in
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
+from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
+from voxserve.pipeline.scheduling.stage import EngineStage, deadline_in
 from voxserve.types import SAMPLE_RATE
 
 

@@ -29,7 +29,7 @@ from tests.transports.grpc_client import collect as grpc_collect
 from tests.transports.grpc_client import error_code, of_kind, stub
 from tests.wsclient import collect, of_type, send_audio
 from voxserve.engines.responders import EchoResponder
-from voxserve.pipeline.text_input import TextInput
+from voxserve.pipeline.turns.text_input import TextInput
 from voxserve.v1 import voxserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,10 +12,10 @@ import pytest
 from tests.wsclient import as_read
 from voxserve.config import FlowConfig
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.ahead import AudioAhead
-from voxserve.pipeline.credit import CreditWindow, StagePressure
-from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.scheduling.credit import CreditWindow, StagePressure
+from voxserve.pipeline.scheduling.flow import FlowMonitor
+from voxserve.pipeline.synthesis.ahead import AudioAhead
 
 
 def test_window_halves_under_pressure_and_grows_back_by_one() -> None:
@@ -66,7 +66,9 @@ class StageLoad:
     timeouts: int = 0
     late: int = 0
     queue_wait: float = 0.0
-    bulk_waiting: int = 0  # bulk callers among `waiting`: not pressure (pipeline/stage.py)
+    bulk_waiting: int = (
+        0  # bulk callers among `waiting`: not pressure (pipeline/scheduling/stage.py)
+    )
 
     @property
     def live_waiting(self) -> int:

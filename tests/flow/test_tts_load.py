@@ -4,8 +4,8 @@ sustained 4x overload keeps the engine busy on admitted work (goodput near capac
 refuses the rest at once with Retry-After, and the admitted stay within budget.
 
 The TTS stage is as configured by default (two slots, one reserved for live sessions while
-live work waits: none here, so one-shot requests use both: pipeline/stage.py). The one-shot
-budget is this test's, derived from the capacity measured at start (a CI box differs from a
+live work waits: none here, so one-shot requests use both: pipeline/scheduling/stage.py). The
+one-shot budget is this test's, derived from the capacity measured at start (a CI box differs from a
 laptop), so the assertions are properties (none refused, within the budget, refusals
 immediate), not exact times. A count-based rule (a fixed number waiting) refuses a burst of
 16 whatever the budget, so these tests fail if admission regresses to counting.

@@ -11,7 +11,7 @@ from tests.fakes import silence
 from tests.helpers import fixture_audio, fixture_texts, wer
 from tests.transports.grpc_client import audio_requests, collect, of_kind, stub
 from voxserve.audio.wav import read_wav, wav_header
-from voxserve.pipeline.recognition import transcribe
+from voxserve.pipeline.recognition.bulk import transcribe
 from voxserve.v1 import voxserve_pb2 as pb
 
 

@@ -22,7 +22,7 @@ from wyoming.tts import (
 
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
-from voxserve.pipeline.recognition import transcribe
+from voxserve.pipeline.recognition.bulk import transcribe
 
 TIMEOUT_S = 30.0
 

@@ -1,8 +1,8 @@
 """Prewarming: fill the cache with known sentences before anyone asks for them.
 
 One sentence at a time, through the normal synthesis path (so the entries are exactly what a
-request would cache); the function that makes one (pipeline/synthesis.py) only takes a TTS
-slot when the stage has one to spare, so live requests never queue behind a prewarm.
+request would cache); the function that makes one (pipeline/synthesis/synthesize.py) only takes a
+TTS slot when the stage has one to spare, so live requests never queue behind a prewarm.
 Progress is counted on the cache (stats, metrics) and reported to an optional callback.
 """
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def cmd_say(args: argparse.Namespace) -> int:
     from voxserve.audio.resample import check_rate
     from voxserve.audio.wav import write_wav
-    from voxserve.pipeline.synthesis import check_speed, check_text
+    from voxserve.pipeline.synthesis.synthesize import check_speed, check_text
     from voxserve.types import SUPPORTED_OUTPUT_RATES
 
     settings = load_cli_settings(args)
@@ -69,7 +69,7 @@ async def _synthesize(
     """synthesize_all, but timing the first chunk (what a streaming client waits for)."""
     import numpy as np
 
-    from voxserve.pipeline.synthesis import synthesize
+    from voxserve.pipeline.synthesis.synthesize import synthesize
 
     started = time.perf_counter()
     first: float | None = None
@@ -88,7 +88,7 @@ async def _synthesize(
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from voxserve.audio.wav import read_wav
-    from voxserve.pipeline.recognition import transcribe
+    from voxserve.pipeline.recognition.bulk import transcribe
 
     settings = load_cli_settings(args)
     configure_cli_logging(args)

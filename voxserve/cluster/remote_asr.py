@@ -67,7 +67,7 @@ class RemoteAsr:
         partial: bool = False,
         options: AsrOptions | None = None,
     ) -> list[AsrResult]:
-        """One remote call for a cross-session batch (pipeline/asr_batch.py)."""
+        """One remote call for a cross-session batch (pipeline/scheduling/asr_batch.py)."""
         lang = self._language(language)
         results: list[AsrResult] = self.client.call(
             "transcribe_many", lang, self.config.asr_timeout_s, list(audios), lang, options

@@ -19,7 +19,7 @@ from voxserve.cluster.credits import tier_credits
 from voxserve.cluster.gateway import gateway_config
 from voxserve.engines.base import Int16Array
 from voxserve.errors import VoxError
-from voxserve.pipeline.tts_health import TtsDegraded
+from voxserve.pipeline.scheduling.tts_health import TtsDegraded
 from voxserve.types import EngineInfo, Voice
 
 DESCRIBE_TIMEOUT_S = 120.0

@@ -169,8 +169,8 @@ class Closeable(Protocol):
 
 def inline_safe(engine: object) -> bool:
     """Whether `engine` allows its calls on the event loop when they measure cheaper than a
-    thread hop (pipeline/stage.py): it says so with `inline_safe = True`, promising calls of
-    bounded CPU with no I/O, locks or sleeps. Absent means no: a call that may block would
+    thread hop (pipeline/scheduling/stage.py): it says so with `inline_safe = True`, promising calls
+    of bounded CPU with no I/O, locks or sleeps. Absent means no: a call that may block would
     stall every stream."""
     return getattr(engine, "inline_safe", False) is True
 

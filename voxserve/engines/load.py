@@ -46,7 +46,7 @@ class Cost:
     @property
     def bounded(self) -> bool:
         """CPU only, no sleep: calls may run on the event loop when they measure cheap
-        (`inline_safe`, pipeline/stage.py); one that sleeps models a blocking engine."""
+        (`inline_safe`, pipeline/scheduling/stage.py); one that sleeps models a blocking engine."""
         return self.sleep_ms == 0
 
     def pay(self, audio_seconds: float, *, fixed: bool = True, sleep: bool = True) -> None:
@@ -87,7 +87,7 @@ class LoadVad:
         self.info = _info("vad")
         self.threshold = float(10 ** (threshold_dbfs / 20))
         self.cost = Cost(cpu_ms_per_call, cpu_ms_per_second_of_audio, sleep_ms, hold_gil)
-        self.inline_safe = self.cost.bounded  # pipeline/stage.py
+        self.inline_safe = self.cost.bounded  # pipeline/scheduling/stage.py
 
     def new_state(self) -> dict[str, int]:
         return {"windows": 0}
@@ -108,7 +108,7 @@ class LoadVad:
         self, states: list[dict[str, int]], audios: list[Float32Array]
     ) -> list[Float32Array]:
         """`speech_probs` for several streams in one numpy pass, as a batched model runs
-        them (pipeline/vad_batch.py); each stream still pays its configured cost."""
+        them (pipeline/scheduling/vad_batch.py); each stream still pays its configured cost."""
         w = self.window_samples
         counts = [a.size // w for a in audios]
         whole = [
@@ -152,7 +152,7 @@ class LoadAsr:
             sleep_ms * partial_cost_factor,
             hold_gil,
         )
-        self.inline_safe = self.cost.bounded  # pipeline/stage.py
+        self.inline_safe = self.cost.bounded  # pipeline/scheduling/stage.py
 
     def transcribe(
         self,

@@ -64,7 +64,8 @@ class SileroVad:
     window_samples: int = WINDOW_SAMPLES
     # One onnxruntime run per window step on a single intra-op thread: bounded CPU, no I/O.
     # Rounds that measure under pipeline.inline_below_us run on the event loop
-    # (pipeline/stage.py); on the project's 2-vCPU VMs even one stream's round costs more.
+    # (pipeline/scheduling/stage.py); on the project's 2-vCPU VMs even one stream's round costs
+    # more.
     inline_safe = True
 
     def __init__(

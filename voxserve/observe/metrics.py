@@ -134,7 +134,7 @@ class Metrics:
         self.tts_predicted_wait = Histogram(
             "voxserve_tts_predicted_wait_seconds",
             "Predicted wait for a TTS slot of each new synthesis at admission (the work ahead "
-            "of its first clause in EDF order over the slots: pipeline/tts_lateness.py)",
+            "of its first clause in EDF order over the slots: pipeline/scheduling/tts_lateness.py)",
             buckets=PREDICTED_WAIT_BUCKETS,
             registry=r,
         )
@@ -317,7 +317,8 @@ class _RuntimeCollector(Collector):
         running = GaugeMetricFamily("voxserve_stage_in_use", "Stage slots in use", labels=["stage"])
         inline = CounterMetricFamily(
             "voxserve_stage_inline_calls",
-            "Engine calls run on the event loop, cheaper than a thread hop (pipeline/stage.py)",
+            "Engine calls run on the event loop, cheaper than a thread hop "
+            "(pipeline/scheduling/stage.py)",
             labels=["stage"],
         )
         bulk_waiting = GaugeMetricFamily(

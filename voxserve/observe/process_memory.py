@@ -1,6 +1,6 @@
 """A process's memory and the ceiling it lives under (Linux; 0 or {} elsewhere): read by the
-metrics at scrape time, by the memory guard (pipeline/memory_guard.py) before new work, by
-GET /debug/memory and by the memory benchmarks (bench/memory.py, of another process); and
+metrics at scrape time, by the memory guard (pipeline/scheduling/memory_guard.py) before new work,
+by GET /debug/memory and by the memory benchmarks (bench/memory.py, of another process); and
 this process's threads and open files, for the debug endpoints' leak checks."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 
 class StageState(Protocol):
-    """One engine stage's load (pipeline/stage.py)."""
+    """One engine stage's load (pipeline/scheduling/stage.py)."""
 
     @property
     def waiting(self) -> int: ...
@@ -63,7 +63,7 @@ class GuardState(Protocol):
 
 
 class HealthState(Protocol):
-    """TTS health (pipeline/tts_health.py)."""
+    """TTS health (pipeline/scheduling/tts_health.py)."""
 
     @property
     def fallbacks(self) -> int: ...
@@ -76,7 +76,7 @@ class HealthState(Protocol):
 
 
 class LatenessInputs(Protocol):
-    """What TTS admission by predicted lateness reads (pipeline/tts_lateness.py)."""
+    """What TTS admission by predicted lateness reads (pipeline/scheduling/tts_lateness.py)."""
 
     @property
     def last_wait_s(self) -> float: ...

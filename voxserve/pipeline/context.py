@@ -21,15 +21,15 @@ from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import TurnTracer
-from voxserve.pipeline.asr_batch import AsrBatcher
 from voxserve.pipeline.fallback import FallbackPhrase
-from voxserve.pipeline.flow import FlowMonitor
 from voxserve.pipeline.generations import Lease
-from voxserve.pipeline.memory_guard import MemoryGuard
 from voxserve.pipeline.model_table import ModelTable
-from voxserve.pipeline.stages import Stages
-from voxserve.pipeline.tts_health import TtsHealth
-from voxserve.pipeline.vad_batch import VadBatcher
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
+from voxserve.pipeline.scheduling.flow import FlowMonitor
+from voxserve.pipeline.scheduling.memory_guard import MemoryGuard
+from voxserve.pipeline.scheduling.stages import Stages
+from voxserve.pipeline.scheduling.tts_health import TtsHealth
+from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -45,7 +45,7 @@ class SpeechParts:
 
 
 class EngineContext(Protocol):
-    """What whole-buffer recognition reads (pipeline/recognition.py)."""
+    """What whole-buffer recognition reads (pipeline/recognition/bulk.py)."""
 
     @property
     def settings(self) -> Settings: ...
@@ -58,7 +58,7 @@ class EngineContext(Protocol):
 
 
 class SpeechContext(EngineContext, Protocol):
-    """What synthesis reads (pipeline/synthesis.py): the engines it speaks with, the
+    """What synthesis reads (pipeline/synthesis/synthesize.py): the engines it speaks with, the
     stages, the metrics and the speech parts."""
 
     @property

@@ -23,9 +23,9 @@ from typing import Any
 from voxserve.config import PipelineConfig
 from voxserve.engines.base import close_engine
 from voxserve.engines.loaded import Engines
-from voxserve.pipeline.asr_batch import AsrBatcher
-from voxserve.pipeline.stages import Stages
-from voxserve.pipeline.vad_batch import VadBatcher
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
+from voxserve.pipeline.scheduling.stages import Stages
+from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from voxserve.engines.registry import (
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.observe.process_memory import rss_bytes
 from voxserve.pipeline.generations import Batching, Generation, Lease, until_idle
-from voxserve.pipeline.vad_batch import VadBatcher
+from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
 log = logging.getLogger(__name__)
 

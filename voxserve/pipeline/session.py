@@ -40,18 +40,18 @@ from voxserve.events import (
     TurnDetection,
     TurnDetectionInfo,
 )
-from voxserve.pipeline.audio_input import AudioInput, pooled_ring
 from voxserve.pipeline.context import SessionContext
-from voxserve.pipeline.conversation_input import apply_input_update, check_input_update
-from voxserve.pipeline.credit import CreditWindow
+from voxserve.pipeline.conversation.input import apply_input_update, check_input_update
+from voxserve.pipeline.conversation.responses import Responses
 from voxserve.pipeline.generations import Lease
-from voxserve.pipeline.listener import Listener, server_detection
 from voxserve.pipeline.outbox import Outbox
-from voxserve.pipeline.replies import Replies
-from voxserve.pipeline.responses import Responses
-from voxserve.pipeline.speaker import Speaker
-from voxserve.pipeline.text_input import TextInput
-from voxserve.pipeline.wake_gate import WakeGate
+from voxserve.pipeline.scheduling.credit import CreditWindow
+from voxserve.pipeline.synthesis.speaker import Speaker
+from voxserve.pipeline.turns.audio_input import AudioInput, pooled_ring
+from voxserve.pipeline.turns.listener import Listener, server_detection
+from voxserve.pipeline.turns.replies import Replies
+from voxserve.pipeline.turns.text_input import TextInput
+from voxserve.pipeline.turns.wake_gate import WakeGate
 from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ class Session:
 
     def apply_input_update(self, new: StreamConfig) -> None:
         """The input side of `session.update` (`new`: the whole new config): sample rate,
-        language, partials, turn detection (pipeline/conversation_input.py), compared with
+        language, partials, turn detection (pipeline/conversation/input.py), compared with
         the config the input last applied (`input_config`), from this point of the audio
         on. Raises a VoxError, changing nothing, for what cannot change. `config` is the
         caller's to replace."""

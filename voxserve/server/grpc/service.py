@@ -24,7 +24,7 @@ from voxserve.audio.resample import check_rate
 from voxserve.errors import VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.streams import aclose
-from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.synthesize import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.grpc import codec
 from voxserve.server.grpc.codec import M, Undecodable
@@ -151,7 +151,7 @@ class VoxserveServicer:
             request.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES
         )
         voice, _ = engines.voice(request.voice or None)
-        # A one-shot request: behind live sessions' replies (pipeline/stage.py).
+        # A one-shot request: behind live sessions' replies (pipeline/scheduling/stage.py).
         chunks = synthesize(
             runtime, text, voice=voice.id, speed=speed, sample_rate=rate, bulk=True, scope=scope
         )

@@ -15,7 +15,7 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.generations import Lease
-from voxserve.pipeline.synthesis import check_speed, check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.synthesize import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Chosen, Runtime
 from voxserve.server.http.closing_stream import ClosingStream
 from voxserve.server.http.speech_output import OutputPlan, output_plan, speech_body
@@ -61,7 +61,8 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
             speed=plan.speed,
             sample_rate=plan.output.sample_rate,
             scope=cache_scope(runtime.settings, principal),
-            bulk=True,  # a one-shot request: behind live sessions' replies (pipeline/stage.py)
+            # a one-shot request: behind live sessions' replies (pipeline/scheduling/stage.py)
+            bulk=True,
         )
         # Waiting for the first chunk before answering keeps a failing engine (or a text the
         # voice says nothing for) a JSON error, and the answer starts with real audio

@@ -16,8 +16,8 @@ from voxserve.audio.encode import CODECS, FORMATS, Encoder, open_encoder
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
 from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.pipeline.scheduling.work_pools import WorkPool
 from voxserve.pipeline.streams import aclose
-from voxserve.pipeline.work_pools import WorkPool
 from voxserve.server.session.http_requests import log
 from voxserve.server.session.json_input import optional_str
 from voxserve.types import SUPPORTED_OUTPUT_RATES

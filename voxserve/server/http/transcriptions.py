@@ -22,8 +22,12 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.model_table import ModelEntry
-from voxserve.pipeline.recognition import RecognitionContext, join_results, transcribe_windows
-from voxserve.pipeline.upload_audio import DecodedUpload, decode_upload, max_upload_seconds
+from voxserve.pipeline.recognition.bulk import RecognitionContext, join_results, transcribe_windows
+from voxserve.pipeline.recognition.upload_audio import (
+    DecodedUpload,
+    decode_upload,
+    max_upload_seconds,
+)
 from voxserve.runtime import Chosen, Runtime
 from voxserve.server.http.closing_stream import ClosingStream
 from voxserve.server.http.transcript_formats import TRANSCRIPT_FORMATS, transcript_response
@@ -81,7 +85,8 @@ async def _recognise(runtime: Runtime, request: Request, task: AsrTask) -> Respo
         finally:
             await form.close()
         # Decoded in the decode pool a window at a time, within the decoded-audio budget
-        # (pipeline/upload_audio.py); a client gone stops it, and the transcription, at once.
+        # (pipeline/recognition/upload_audio.py); a client gone stops it, and the transcription, at
+        # once.
         upload = await _while_connected(
             request,
             decode_upload(

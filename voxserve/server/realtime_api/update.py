@@ -220,7 +220,7 @@ _SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "id
 
 def turn_detection(s: RealtimeSettings, value: object, path: str) -> TurnDetection | None:
     """null: push-to-talk. server_vad: a fixed silence ends the turn; semantic_vad: the
-    silence adapts to what was said, as eager as `eagerness` (pipeline/endpointing.py),
+    silence adapts to what was said, as eager as `eagerness` (pipeline/turns/endpointing.py),
     OpenAI's fields for each (a field of the other type is refused, naming it)."""
     if value is None:
         return None

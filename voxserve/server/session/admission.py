@@ -4,9 +4,10 @@ Refusals are immediate and carry a retry hint (`retry_after_s`): the WebSocket c
 1013, HTTP answers 503 with Retry-After, gRPC UNAVAILABLE. Besides the count of sessions
 (`limits.max_sessions`, `voxserve serve --max-sessions`), admission looks at measured load:
 while a model stage has been under pressure for `flow.shed_after_s` (queue over its limit,
-timeouts, calls starting past their deadline: pipeline/flow.py), new work is refused so the
-streams already admitted keep their latency; and while the process is over its memory
-threshold (pipeline/memory_guard.py), new work is refused so the work admitted can finish.
+timeouts, calls starting past their deadline: pipeline/scheduling/flow.py), new work is refused so
+the streams already admitted keep their latency; and while the process is over its memory
+threshold (pipeline/scheduling/memory_guard.py), new work is refused so the work admitted can
+finish.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from wyoming.server import AsyncEventHandler
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.observe.logs import bind_session
-from voxserve.pipeline.recognition import transcribe
+from voxserve.pipeline.recognition.bulk import transcribe
 from voxserve.runtime import Runtime
 from voxserve.server.session.auth import ANONYMOUS
 from voxserve.server.session.events import limit_error

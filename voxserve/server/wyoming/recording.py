@@ -22,8 +22,8 @@ from wyoming.audio import AudioChunk, AudioFormat
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate, resample
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.recognition import MAX_FILE_RATE, MIN_FILE_RATE
-from voxserve.pipeline.work_pools import WorkPool
+from voxserve.pipeline.recognition.bulk import MAX_FILE_RATE, MIN_FILE_RATE
+from voxserve.pipeline.scheduling.work_pools import WorkPool
 from voxserve.types import SAMPLE_RATE
 
 AUDIO_EVENTS = frozenset({"audio-start", "audio-chunk", "audio-stop"})  # a request's audio

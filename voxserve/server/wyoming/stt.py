@@ -50,7 +50,7 @@ from voxserve.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
-from voxserve.pipeline.recognition import transcribe
+from voxserve.pipeline.recognition.bulk import transcribe
 from voxserve.runtime import Runtime
 from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached

@@ -24,7 +24,7 @@ from wyoming.tts import (
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.synthesis import check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.synthesize import check_text, first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.wyoming.recording import PCM_WIDTH
 from voxserve.server.wyoming.seats import WyomingSlot, open_wyoming
@@ -120,7 +120,7 @@ class WyomingSpeech:
     async def _speak(self, text: str, voice: Voice) -> None:
         rate = self._rate(voice)
         await self._send_audio(
-            # A one-shot request: behind live sessions' replies (pipeline/stage.py).
+            # A one-shot request: behind live sessions' replies (pipeline/scheduling/stage.py).
             synthesize(self.runtime, text, voice=voice.id, sample_rate=rate, bulk=True),
             rate,
         )

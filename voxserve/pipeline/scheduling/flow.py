@@ -1,0 +1,120 @@
+"""The flow monitor: one task per process that judges the model stages every tick and moves
+every stream's credit window, and tells admission when the process is overloaded.
+
+Streams register their input window (a weak reference: a session that ends simply drops
+out). Pressure on any stage a stream's audio feeds (VAD, ASR) shrinks its window; a tick
+without pressure grows it back. The process keeps a window per stage too: new streams start
+at it (not at the maximum) while the stage is under pressure, and it is the exported metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Mapping
+
+from voxserve.config import FlowConfig
+from voxserve.pipeline.scheduling.credit import CreditWindow, StagePressure
+from voxserve.pipeline.scheduling.stage import EngineStage
+
+INPUT_STAGES = ("vad", "asr")  # the stages a stream's audio flows into
+
+
+class FlowMonitor:
+    def __init__(
+        self,
+        cfg: FlowConfig,
+        stages: Mapping[str, EngineStage],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self._stages = stages
+        self._clock = clock
+        self._pressure: dict[str, StagePressure] = {}
+        self.stage_windows: dict[str, CreditWindow] = {}
+        self._streams: weakref.WeakSet[CreditWindow] = weakref.WeakSet()
+        self._task: asyncio.Task[None] | None = None
+        self.ticks = 0
+
+    def input_window(self) -> CreditWindow:
+        """A new stream's input window, registered; it starts at the tightest input-stage
+        window of the process."""
+        start = min(
+            (w.size for name, w in self.stage_windows.items() if name in INPUT_STAGES),
+            default=self.cfg.credit_window,
+        )
+        window = CreditWindow(self.cfg.credit_window, size=start)
+        self._streams.add(window)
+        return window
+
+    def tick(self) -> None:
+        """Judge every stage once and move the windows (the task calls this each tick)."""
+        now = self._clock()
+        self.ticks += 1
+        input_pressure = False
+        for name, stage in list(self._stages.items()):
+            judge = self._pressure.get(name)
+            if judge is None:
+                cfg = self.cfg
+                judge = self._pressure[name] = StagePressure(
+                    cfg.queue_limit, cfg.wait_limit_ms / 1000, cfg.calm_s
+                )
+                self.stage_windows[name] = CreditWindow(self.cfg.credit_window)
+            under = judge.judge(
+                now,
+                # Live work only (pipeline/scheduling/stage.py): bulk waiting its turn is not
+                # pressure.
+                waiting=stage.live_waiting,
+                timeouts=stage.timeouts,
+                late=stage.late,
+                # The smoothed wait only moves when calls come: it counts while some wait.
+                queue_wait=stage.queue_wait if stage.live_waiting else 0.0,
+            )
+            window = self.stage_windows[name]
+            if under:
+                window.pressure()
+            else:
+                window.healthy()
+            input_pressure |= under and name in INPUT_STAGES
+        for stream in list(self._streams):
+            if input_pressure:
+                stream.pressure()
+            else:
+                stream.healthy()
+
+    def overloaded(self) -> str | None:
+        """The stage that has been under pressure for `shed_after_s` or longer, if any:
+        admission refuses new sessions meanwhile. TTS only with `flow.shed_tts`."""
+        now = self._clock()
+        for name, judge in self._pressure.items():
+            if name == "tts" and not self.cfg.shed_tts:
+                continue  # judged per synthesis, by predicted lateness (tts_lateness.py)
+            if judge.lasted(now) >= self.cfg.shed_after_s:
+                return name
+        return None
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    def start(self) -> None:
+        """Start ticking on the running loop (the app's lifespan does this)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="voxserve-flow-monitor"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        period = self.cfg.tick_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            self.tick()

@@ -1,0 +1,306 @@
+"""Will a new synthesis's first audio come in time? The TTS admission rule (issue 26).
+
+Every synthesis that needs the engine holds a `Ticket` from start to end. A ticket knows its
+text's length, whether its first clause is done, and, once it speaks, when its listener's
+playback runs dry (its first chunk's time + the audio made so far). The service rate is
+measured, not configured: per engine/voice an EWMA of engine seconds per audio second, from
+every engine call (so it follows the machine's load within a burst), and of audio seconds
+per character, from every finished synthesis; their product is engine seconds per
+character (`tts.degrade.ms_per_char` is only the prior before the first call).
+
+A new request is due its first audio a budget after it arrives: a live session's reply
+`tts.degrade.first_audio_budget_ms`, a one-shot request (HTTP speech, gRPC, Wyoming
+`synthesize`) `tts.degrade.one_shot_first_audio_budget_ms`. Its start is predicted from the
+work ahead of it in the TTS stage's earliest-deadline-first order (pipeline/scheduling/stage.py),
+spread over the slots the stage will give its class (`EngineStage.slots_for`: every slot on
+the work-conserving TTS stage, live and one-shot work alike, so both count ahead):
+- the rest of every call running now;
+- every admitted first clause not started yet (first chunks are due FIRST_CHUNK_DUE_S after
+  arrival, so earlier arrivals go first), and not its tail: that is due when the first
+  clause's audio has played (1.6 s or more for piper's sentences), after every first clause
+  of its burst, so EDF serves it later. Counting it would double a burst's predicted wait
+  and refuse the last third of 16 two-sentence requests that the stage serves in time;
+- of every request already speaking, the clauses its playback needs before the new
+  request's deadline (a clause due when its predecessors' audio ends); a reply buffered
+  far ahead of its playback needs none, so a new first clause overtakes its tail.
+Refused (or, for a live reply, answered with the fallback phrase) only when the predicted
+first audio is past the deadline; a burst that fits is queued and served. Pure: the clock
+is injected, so the rule is tested with a fake one (tests/test_tts_lateness.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from voxserve.text import sentence_pieces
+
+FIRST_CLAUSE_MAX_CHARS = 200  # voxserve/text.py MAX_PIECE_CHARS: engines cut pieces there
+
+
+def first_clause_chars(text: str) -> int:
+    """The length of the text's first sentence (at most a piece): what the first chunk
+    costs. An overestimate when the engine cuts clauses finer, which errs on the safe side."""
+    pieces = sentence_pieces(text)
+    first = pieces[0].strip() if pieces else text
+    return max(1, min(len(first), len(text), FIRST_CLAUSE_MAX_CHARS))
+
+
+DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
+
+
+@dataclass
+class Rate:
+    """One engine/voice's measured cost: engine seconds per audio second (per engine call:
+    it adapts within a burst), audio seconds per character (per finished synthesis), and
+    what a first call costs per character of the first clause (engines differ in how much
+    text their first call takes: a clause for piper, a word for some)."""
+
+    compute_per_audio_s: float
+    audio_s_per_char: float
+    first_s_per_char: float  # a first call's engine seconds per first-clause character
+    calls: int = 0
+    texts: int = 0
+    firsts: int = 0
+
+    @property
+    def compute_s_per_char(self) -> float:
+        return self.compute_per_audio_s * self.audio_s_per_char
+
+
+class ServiceRates:
+    """EWMAs per engine/voice key; an unmeasured key borrows the mean of the measured ones,
+    else the prior (`prior_s_per_char`)."""
+
+    def __init__(self, prior_s_per_char: float, smoothing: float) -> None:
+        self.prior = Rate(
+            prior_s_per_char / DEFAULT_AUDIO_S_PER_CHAR, DEFAULT_AUDIO_S_PER_CHAR, prior_s_per_char
+        )
+        self.smoothing = smoothing
+        self.rates: dict[str, Rate] = {}
+        self._warm: set[str] = set()  # keys whose first (set-up) call was seen
+
+    def of(self, key: str) -> Rate:
+        rate = self.rates.get(key)
+        if rate is not None:
+            return rate
+        if self.rates:
+            known = list(self.rates.values())
+            return Rate(
+                sum(r.compute_per_audio_s for r in known) / len(known),
+                sum(r.audio_s_per_char for r in known) / len(known),
+                sum(r.first_s_per_char for r in known) / len(known),
+            )
+        return self.prior
+
+    def _rate(self, key: str) -> Rate:
+        rate = self.rates.get(key)
+        if rate is None:
+            prior = self.of(key)
+            rate = self.rates[key] = Rate(
+                prior.compute_per_audio_s, prior.audio_s_per_char, prior.first_s_per_char
+            )
+        return rate
+
+    def observe_call(self, key: str, compute_s: float, audio_s: float) -> None:
+        """One engine call took `compute_s` and made `audio_s` of audio. A key's first call
+        is not counted (an engine's first inference pays one-time set-up); the next sets the
+        rate, and later ones move it by `smoothing`."""
+        if compute_s <= 0 or audio_s <= 0:
+            return
+        if key not in self._warm:
+            self._warm.add(key)
+            return
+        rate = self._rate(key)
+        weight = self.smoothing if rate.calls else 1.0
+        rate.compute_per_audio_s += (compute_s / audio_s - rate.compute_per_audio_s) * weight
+        rate.calls += 1
+
+    def _first_call(self, key: str) -> bool:
+        """Whether the call just seen was the key's set-up call (observe_call, which runs
+        first, counted none yet)."""
+        rate = self.rates.get(key)
+        return rate is None or rate.calls == 0
+
+    def observe_first(self, key: str, compute_s: float, first_chars: int) -> None:
+        """A synthesis's first engine call took `compute_s` for a first clause of
+        `first_chars` characters."""
+        if compute_s <= 0 or first_chars <= 0 or self._first_call(key):
+            return
+        rate = self._rate(key)
+        weight = self.smoothing if rate.firsts else 1.0
+        rate.first_s_per_char += (compute_s / first_chars - rate.first_s_per_char) * weight
+        rate.firsts += 1
+
+    def observe_text(self, key: str, chars: int, audio_s: float) -> None:
+        """A finished synthesis of `chars` characters made `audio_s` of audio."""
+        if chars <= 0 or audio_s <= 0:
+            return
+        rate = self._rate(key)
+        weight = self.smoothing if rate.texts else 1.0
+        rate.audio_s_per_char += (audio_s / chars - rate.audio_s_per_char) * weight
+        rate.texts += 1
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One synthesis in progress, as the predictor sees it."""
+
+    key: str  # engine/voice
+    chars: int
+    first_chars: int
+    bulk: bool
+    arrived: float
+    first_done: bool = False
+    call_started: float | None = None  # when the engine call in progress began (worker)
+    call_cost_s: float = 0.0  # its predicted cost
+    spent_s: float = 0.0  # the last engine call's seconds (written by the worker)
+    playback_start: float = 0.0  # when the first chunk was ready
+    audio_s: float = 0.0  # audio made so far
+    chars_done: float = 0.0  # characters made so far (estimated from the audio)
+    closed: bool = field(default=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    wait_s: float  # until the first clause starts
+    first_audio_s: float  # until its first chunk is ready (wait + its own cost)
+    budget_s: float  # its class's budget
+
+    @property
+    def late_s(self) -> float:
+        return self.first_audio_s - self.budget_s
+
+    @property
+    def fits(self) -> bool:
+        """Within budget, or nothing ahead of it: refusing a request that would start at
+        once spares nobody (an engine slower than the budget is the budget's problem), and
+        admitted requests are what keeps the measured rate fresh."""
+        return self.first_audio_s <= self.budget_s or self.wait_s <= 0.0
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until the work ahead has drained enough for this to fit."""
+        return max(1, math.ceil(self.late_s))
+
+
+class TtsSchedule:
+    """The syntheses in progress and the prediction for a new one (module docstring)."""
+
+    def __init__(
+        self,
+        budget_s: float,
+        rates: ServiceRates,
+        clock: Callable[[], float] = time.monotonic,
+        one_shot_budget_s: float | None = None,
+    ) -> None:
+        self.budget_s = budget_s  # a live reply's first-audio budget
+        self.one_shot_budget_s = budget_s if one_shot_budget_s is None else one_shot_budget_s
+        self.rates = rates
+        self.clock = clock
+        self.tickets: set[Ticket] = set()
+        self.last_wait_s = 0.0  # the latest prediction's wait (a gauge)
+
+    @property
+    def active(self) -> int:
+        return len(self.tickets)
+
+    @property
+    def ms_per_char(self) -> dict[str, float]:
+        return {key: r.compute_s_per_char * 1000 for key, r in self.rates.rates.items()}
+
+    def untracked(self) -> Ticket:
+        """A ticket nobody waits on (prewarm, the fallback phrase): only its calls' times
+        are read, to measure the service rate; it is never ahead of anyone."""
+        return Ticket("", 0, 0, True, self.clock(), closed=True)
+
+    def open(self, key: str, text: str, *, bulk: bool) -> Ticket:
+        ticket = Ticket(key, len(text), first_clause_chars(text), bulk, self.clock())
+        self.tickets.add(ticket)
+        return ticket
+
+    def close(self, ticket: Ticket) -> None:
+        """The synthesis ended (done, failed or abandoned); a complete one feeds the rate."""
+        if ticket.closed:
+            return
+        ticket.closed = True
+        self.tickets.discard(ticket)
+
+    def finished(self, ticket: Ticket) -> None:
+        """The engine said all of the text: its audio per character feeds the rate."""
+        self.rates.observe_text(ticket.key, ticket.chars, ticket.audio_s)
+        self.close(ticket)
+
+    def call_cost(self, ticket: Ticket) -> None:
+        """Before the ticket's next engine call: what it will cost (the worker then sets
+        `call_started` when it begins: from then on only its rest is ahead of others)."""
+        rate = self.rates.of(ticket.key)
+        if ticket.first_done:
+            ticket.call_cost_s = self._clause_chars(ticket) * rate.compute_s_per_char
+        else:
+            ticket.call_cost_s = ticket.first_chars * rate.first_s_per_char
+
+    def call_done(self, ticket: Ticket, compute_s: float, audio_s: float) -> None:
+        """An engine call of `compute_s` made `audio_s` of audio (0: the end); it feeds the
+        rate."""
+        now = self.clock()
+        self.rates.observe_call(ticket.key, compute_s, audio_s)
+        if not ticket.first_done:
+            self.rates.observe_first(ticket.key, compute_s, ticket.first_chars)
+        ticket.call_started = None
+        if audio_s > 0:
+            if not ticket.first_done:
+                ticket.first_done = True
+                ticket.playback_start = now
+            ticket.audio_s += audio_s
+            apc = self.rates.of(ticket.key).audio_s_per_char
+            ticket.chars_done = min(ticket.chars, ticket.audio_s / apc if apc > 0 else 0.0)
+
+    def budget_for(self, ticket: Ticket) -> float:
+        """The first-audio budget of the ticket's class (one-shot or live)."""
+        return self.one_shot_budget_s if ticket.bulk else self.budget_s
+
+    def predict(self, ticket: Ticket, slots: int, *, live_apart: bool = False) -> Prediction:
+        """When `ticket`'s (not yet started) first audio would come, given the tickets
+        ahead of it and `slots` parallel calls for its class. `live_apart`: live work runs
+        on slots a one-shot request cannot use (a stage that reserves them), so it is not
+        ahead of one."""
+        now = self.clock()
+        budget = self.budget_for(ticket)
+        deadline = ticket.arrived + budget
+        ahead = 0.0
+        for other in self.tickets:
+            if other is ticket or (live_apart and ticket.bulk and not other.bulk):
+                continue
+            ahead += self._work_before(other, ticket.arrived, deadline, now)
+        rate = self.rates.of(ticket.key)
+        wait = ahead / max(1, slots)
+        self.last_wait_s = wait
+        own = ticket.first_chars * rate.first_s_per_char
+        return Prediction(wait, (now - ticket.arrived) + wait + own, budget)
+
+    def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
+        """Engine seconds of `other` that EDF serves before a first clause that arrived at
+        `arrived` and is due at `deadline`."""
+        work = 0.0
+        if other.call_started is not None:
+            work += max(0.0, other.call_cost_s - (now - other.call_started))
+        rate = self.rates.of(other.key)
+        if not other.first_done:
+            if other.call_started is None and other.arrived <= arrived:
+                work += other.first_chars * rate.first_s_per_char
+            return work
+        left = other.chars - other.chars_done
+        if left <= 0 or rate.audio_s_per_char <= 0:
+            return work
+        runs_dry = other.playback_start + other.audio_s
+        if runs_dry >= deadline:
+            return work  # buffered past the deadline: its tail waits (first chunks first)
+        # Audio it must make before `deadline` to play without a gap, in characters.
+        need = (deadline - runs_dry) / rate.audio_s_per_char + self._clause_chars(other)
+        return work + min(left, need) * rate.compute_s_per_char
+
+    def _clause_chars(self, ticket: Ticket) -> float:
+        """A later call's characters: a clause as long as the first, at most what is left."""
+        return max(1.0, min(float(ticket.first_chars), ticket.chars - ticket.chars_done))
