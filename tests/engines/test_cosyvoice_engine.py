@@ -1,5 +1,5 @@
 """The cosyvoice engine against stand-ins of CosyVoice's gRPC and FastAPI runtimes
-(voxserve/bench/cosyvoice_standin.py: built from the published protocol, tones, no model),
+(voxserve/standins/cosyvoice.py: built from the published protocol, tones, no model),
 over real sockets: each request kind carries its fields, audio streams as it comes, and a
 runtime that is down, dies mid-stream or stalls fails that call with a clear error in time
 while other calls go on and the next call works. CosyVoice itself (weights, a GPU) is not
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
-from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.engines import cosyvoice_local
 from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin
 
 TIMEOUT_S = 1.0
 VOICES = {

@@ -1,5 +1,5 @@
 """A real voxserve server whose TTS engine is cosyvoice, in front of a stand-in of
-CosyVoice's gRPC or FastAPI runtime (voxserve/bench/cosyvoice_standin.py, tones from the
+CosyVoice's gRPC or FastAPI runtime (voxserve/standins/cosyvoice.py, tones from the
 published protocol): /v1/audio/speech through the official `openai` SDK and a /v1/stream
 session get the stand-in's audio, the first chunk before the runtime's stream ended; a
 stalled runtime is a clear error to that session in time and the next reply works; a
@@ -22,8 +22,8 @@ from websockets.asyncio.client import connect
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.wsclient import collect, of_type, start
 from voxserve.audio.wav import write_wav
-from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.config import EngineSpec, Settings, load_settings
+from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin
 
 ADMIN_KEY = "cosy-admin"
 TIMEOUT_S = 1.5

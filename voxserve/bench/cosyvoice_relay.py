@@ -1,6 +1,6 @@
 """`python -m voxserve.bench.cosyvoice_relay`: what voxserve adds in front of a CosyVoice
 runtime. The same requests go to a stand-in of CosyVoice's gRPC runtime
-(bench/cosyvoice_standin.py: tones, no model, so the runtime's own time is ~0) directly, and
+(standins/cosyvoice.py: tones, no model, so the runtime's own time is ~0) directly, and
 through a spawned `voxserve serve` whose TTS engine is `cosyvoice` pointing at it
 (/v1/audio/speech, pcm, cache off); it prints time to first audio and to the last byte,
 percentiles of each, and the difference: voxserve's relay cost, apart from any model.
@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 import httpx
 
-from voxserve.bench.cosyvoice_standin import GrpcStandin
 from voxserve.bench.servers import http_base, spawn_voxserve
 from voxserve.bench.stats import percentile
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
+from voxserve.standins.cosyvoice import GrpcStandin
 
 Timing = tuple[float, float]  # (first audio, last byte), seconds
 

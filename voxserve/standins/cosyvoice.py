@@ -22,6 +22,7 @@ UNKNOWN with the exception in its details, the FastAPI one drops the connection,
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -38,12 +39,18 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from voxserve.audio.wav import read_wav
-from voxserve.bench.servers import free_port
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 
 CHUNK_S = 0.1
 MODES = ("dies", "stalls", "gated", "overloaded", "fails")
 STALL_LIMIT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class Standin:
@@ -55,7 +62,7 @@ class Standin:
         self.requests: list[dict[str, Any]] = []
         self.ended = 0  # streams that sent their last chunk
         self.release = threading.Event()
-        self.port = free_port()
+        self.port = _free_port()  # chosen now: a test names the URL before `start`
 
     def record(self, fields: dict[str, Any]) -> str:
         """Keep the request's fields; its behaviour (module docstring)."""
