@@ -20,7 +20,7 @@ from voxserve.engines import cosyvoice_local
 from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin
+from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin, sft_client
 
 TIMEOUT_S = 1.0
 VOICES = {
@@ -94,6 +94,18 @@ def test_each_request_kind_carries_its_fields(standin: Standin, tmp_path: Path) 
         if voice in ("clone", "abroad"):
             assert got["prompt_audio"] == PROMPT.tobytes()  # 16 kHz int16, as CosyVoice reads
     tts.close()
+
+
+def test_the_benchs_direct_client_gets_the_standins_chunks(grpc_standin: GrpcStandin) -> None:
+    """`sft_client` (what `python -m voxserve.bench.cosyvoice_relay` times directly) sends an
+    sft request and reads every chunk of its reply."""
+    chunks = list(sft_client(f"127.0.0.1:{grpc_standin.port}")("Direct call."))
+    assert [len(c) for c in chunks] == [CHUNK * 2] * grpc_standin.chunks
+    assert grpc_standin.requests[-1] == {
+        "kind": "sft_request",
+        "tts_text": "Direct call.",
+        "spk_id": "中文女",
+    }
 
 
 def test_text_goes_one_sentence_per_call_and_chunks_as_they_come(

@@ -25,7 +25,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -113,6 +113,24 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
                 self.wait_release()
             yield cosyvoice_pb2.Response(tts_audio=self.tone(index))
         self.ended += 1
+
+
+def sft_client(target: str) -> Callable[[str], Iterator[bytes]]:
+    """A client of the gRPC runtime at `target` (host:port): a text's `sft` request (the
+    speaker "中文女"), its audio chunks as they come. The bench times the stand-in with it
+    directly, beside voxserve relaying the same requests."""
+    channel = grpc.insecure_channel(target)
+    stub_class: Any = cosyvoice_pb2_grpc.CosyVoiceStub  # generated
+    stub: Any = stub_class(channel)
+
+    def speak(text: str) -> Iterator[bytes]:
+        request = cosyvoice_pb2.Request()
+        request.sft_request.spk_id = "中文女"
+        request.sft_request.tts_text = text
+        for response in stub.Inference(request):
+            yield bytes(response.tts_audio)
+
+    return speak
 
 
 ROUTES = {
