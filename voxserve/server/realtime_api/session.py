@@ -52,6 +52,10 @@ UPDATE_STAGE = "session.update"
 """The `stage` of the VoxError a session raises when it refuses a SessionUpdate: the encoder
 then drops that proposal (the settings in force stay) and the error carries its event_id."""
 MAX_REFUSALS = 64  # decoder refusals awaiting their error event (a fatal end may drop some)
+# The subprotocols a /v1/realtime handshake may offer (read by the door and the Host guard).
+SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
 
 
 @dataclass(frozen=True, slots=True)
