@@ -148,6 +148,26 @@ def voice_ids(live: LiveServer) -> set[str]:
     return {voice["id"] for voice in listed["voices"]}
 
 
+def test_voice_registration_is_an_engine_capability(tmp_path: Path) -> None:
+    """/admin/voices/{engine} knows no engine by name: a TTS engine without the capability
+    (here `load`), or a name no engine has, is a clear invalid_parameter."""
+    settings = settings_for("grpc://127.0.0.1:9", tmp_path / "voices")  # never called
+    engines = settings.engines.model_copy(
+        update={"tts": [EngineSpec(name="load")], "default_voice": "load"}
+    )
+    live = start_server(settings.model_copy(update={"engines": engines}))
+    try:
+        plain = httpx.get(f"{live.http_url}/admin/voices/load", headers=ADMIN, timeout=10)
+        assert plain.status_code == 400, plain.text
+        assert plain.json()["error"]["code"] == "invalid_parameter"
+        assert "load engine does not register voices" in plain.json()["error"]["message"]
+        absent = register(live, "alice", "", b"RIFF")
+        assert absent.status_code == 400 and absent.json()["error"]["code"] == "invalid_parameter"
+        assert "no TTS engine 'cosyvoice' is configured" in absent.json()["error"]["message"]
+    finally:
+        stop_server(live)
+
+
 def test_a_zero_shot_voice_from_the_admin_api_survives_a_restart(tmp_path: Path) -> None:
     standin = GrpcStandin().start()
     settings = settings_for(f"grpc://127.0.0.1:{standin.port}", tmp_path / "voices")
