@@ -220,6 +220,16 @@ def inline_safe(engine: object) -> bool:
     return getattr(engine, "inline_safe", False) is True
 
 
+def fork_safe(engine_class: object) -> bool:
+    """Whether an engine built in a parent process works in a forked child (`serve
+    --workers N` builds such engines once, before fork, and the workers share them). The
+    class says so with `fork_safe = True`, promising its calls need no thread the engine or
+    its library started (a child has none of the parent's threads: CTranslate2's replica
+    thread makes whisper's first transcription hang there). Absent means no: the engine is
+    built in each worker. tests/memory/test_workers.py forks and calls each that says so."""
+    return getattr(engine_class, "fork_safe", False) is True
+
+
 TRANSCRIBE_ONLY: tuple[AsrTask, ...] = ("transcribe",)
 
 
