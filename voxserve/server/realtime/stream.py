@@ -224,7 +224,7 @@ class RealtimeLink:
         except (RuntimeError, OSError, WebSocketDisconnect):
             return  # the client left at once
         fast = self.fast
-        if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
+        if fast is not None:  # the protocol watches that the client reads (websocket/stall.py)
             fast.stall_s = self.limits.stalled_client_s
             fast.on_stall = driver.client_stalled
             fast.holds_text = self._holdable  # appends are held and queued together
@@ -253,7 +253,7 @@ class RealtimeLink:
             message = await self.ws.receive()
         else:
             fast.hold_text = self._text_wanted_in()
-            fast.open = True  # appends may be held while we wait (ws_fastpath.py)
+            fast.open = True  # appends may be held while we wait (websocket/fastpath.py)
             try:
                 message = await self.ws.receive()
             finally:

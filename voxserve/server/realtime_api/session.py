@@ -2,8 +2,8 @@
 StreamConfig it opens or updates the voxserve session with, and the `session` object of
 session.created/updated (GA shape, or beta's when the client speaks beta names).
 
-`RealtimeWire` is the per-connection state the decoder (realtime_codec.py) and the encoder
-(realtime_events.py) share: the settings in force, the updates sent to the session and not
+`RealtimeWire` is the per-connection state the decoder (realtime_api/codec.py) and the encoder
+(realtime_api/events.py) share: the settings in force, the updates sent to the session and not
 yet answered (`pending`, applied on session.updated in order, the first dropped when the
 session refuses one), whether the client speaks beta names, and the decoder's refusals,
 so an error event carries the client event's id. It holds no conversation content.

@@ -116,7 +116,7 @@ class SessionLink:
         if fast is None:
             return
         fast.sink = self._audio_sink()
-        # The protocol watches that the client reads (ws_stall.py).
+        # The protocol watches that the client reads (websocket/stall.py).
         fast.stall_s = self.limits.stalled_client_s
         fast.on_stall = self.driver.client_stalled
 

@@ -2,8 +2,8 @@
 
 Accepted, then refused or admitted: the origin and key, the global rule, then the first
 message: a `session.start` opens a session (the key's quotas), a `session.resume` takes
-back a parked one. The session is served through the connection's link (ws_link.py) by
-its driver (session_driver.py). When the connection ends, a resumable session whose
+back a parked one. The session is served through the connection's link (websocket/link.py) by
+its driver (session/driver.py). When the connection ends, a resumable session whose
 client dropped is parked for `limits.resume_window_s`; any other is over.
 """
 
