@@ -21,10 +21,11 @@ from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
 from voxserve.server.realtime_api.codec import RealtimeDecoder
-from voxserve.server.realtime_api.events import RealtimeEncoder, stable_delta, stable_prefix
+from voxserve.server.realtime_api.events import RealtimeEncoder
 from voxserve.server.realtime_api.responses import RateLimit, request_limits
 from voxserve.server.realtime_api.session import UPDATE_STAGE, installed_of
 from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.partials import stable_delta, stable_prefix
 from voxserve.server.session.quotas import Quotas
 
 SID = "9f1c00aa11bb22cc"

@@ -71,7 +71,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *health.routes(runtime),
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
-        *http_admin_voices.routes(runtime),  # cosyvoice zero-shot voices
+        *http_admin_voices.routes(runtime),  # voices an engine registers (VoiceRegistration)
         *http_admin_models.routes(runtime),  # /admin/models: list, pull, remove
         *http_debug.routes(runtime),
         *http_engines.routes(runtime),  # /admin/engines: hot reload

@@ -1,6 +1,6 @@
 """voxserve.v1 requests -> the protocol's values (configs, client messages, audio frames), and
 VoxError -> gRPC status, as pure functions (no I/O, no server), so every mapping is
-unit-tested and fuzzable apart from a call. Events go the other way in grpc_events.py.
+unit-tested and fuzzable apart from a call. Events go the other way in grpc/events.py.
 
 Configs are turned into the WebSocket's `session.start` dict and validated by the same
 `parse_start`, so both transports accept and refuse exactly the same values with the same

@@ -40,7 +40,10 @@ from voxserve.server.realtime_api.secrets import (
     session_kind,
 )
 from voxserve.server.realtime_api.session import (
+    BETA_SUBPROTOCOL,
     FORMAT_RATES,
+    KEY_SUBPROTOCOL_PREFIX,
+    SUBPROTOCOL,
     Installed,
     Kind,
     RealtimeWire,
@@ -55,23 +58,19 @@ from voxserve.server.session.events import internal_error, refusal_event
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.session.slot import chosen_model, count_refusal
-from voxserve.server.websocket.fastpath import FastPath, fast_path_of
-from voxserve.server.websocket.link import (
+from voxserve.server.websocket.close_codes import (
     CLOSE_INTERNAL,
     CLOSE_POLICY,
-    close_ended,
-    close_stalled,
-    write_text,
+    CLOSE_TRY_AGAIN,
+    TRY_AGAIN,
 )
-from voxserve.server.ws.stream import CLOSE_TRY_AGAIN, TRY_AGAIN
+from voxserve.server.websocket.fastpath import FastPath, fast_path_of
+from voxserve.server.websocket.link import close_ended, close_stalled, write_text
 from voxserve.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 REALTIME = Wire("realtime", in_band_end=True, stalls=True, tasks="voxserve-realtime")
-SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
-KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
-BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
 # Text messages up to this many times limits.max_message_bytes are read and refused with
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
@@ -225,7 +224,7 @@ class RealtimeLink:
         except (RuntimeError, OSError, WebSocketDisconnect):
             return  # the client left at once
         fast = self.fast
-        if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
+        if fast is not None:  # the protocol watches that the client reads (websocket/stall.py)
             fast.stall_s = self.limits.stalled_client_s
             fast.on_stall = driver.client_stalled
             fast.holds_text = self._holdable  # appends are held and queued together
@@ -254,7 +253,7 @@ class RealtimeLink:
             message = await self.ws.receive()
         else:
             fast.hold_text = self._text_wanted_in()
-            fast.open = True  # appends may be held while we wait (ws_fastpath.py)
+            fast.open = True  # appends may be held while we wait (websocket/fastpath.py)
             try:
                 message = await self.ws.receive()
             finally:

@@ -1,6 +1,6 @@
 """Conversation items both ways: a Realtime `conversation.item.create` -> CreateItem, a
 `response.create` -> CreateResponse, and the session's `Item` -> the item object of server
-events (GA content part names, or beta's). Pure (realtime_codec.py, realtime_events.py)."""
+events (GA content part names, or beta's). Pure (realtime_api/codec.py, realtime_api/events.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The events of a response (response.created to response.done) for the Realtime encoder
-(realtime_events.py): which reply is which response, each output item's output_index, the
+(realtime_api/events.py): which reply is which response, each output item's output_index, the
 content part of its message, and the done events an output still owes when it ends (a
 barge-in cuts a reply short: its item still gets its transcript, part and item done
 events, then response.done). Pure, per connection."""
