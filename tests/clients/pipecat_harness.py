@@ -48,7 +48,9 @@ async def running(
     sink = sinks[0] if sinks else Collector()
     params = PipelineParams(audio_in_sample_rate=rate, audio_out_sample_rate=rate)
     worker = PipelineWorker(
-        Pipeline([*processors] if sinks else [*processors, sink]), cancel_on_idle_timeout=False, params=params
+        Pipeline([*processors] if sinks else [*processors, sink]),
+        cancel_on_idle_timeout=False,
+        params=params,
     )
     started = asyncio.Event()
 
