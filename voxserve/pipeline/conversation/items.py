@@ -5,6 +5,12 @@ changes nothing.
 
 Truncation needs what an assistant item's audio said when: the reply's sentences and the
 samples sent (speaker.ReplyStats), kept for the newest KEPT_AUDIO spoken items.
+
+Every function call the responder makes gets the session's own call id (`call_<item id>`),
+never the model's: some LLM servers reuse a call id, and a conversation keyed by a reused
+id would pair the second call with the first one's output. The model's own id is kept
+beside it (`_upstream`) and is what the model reads back (`view`): an id it chose, in the
+form its server accepts (Mistral's take 9 characters).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections import OrderedDict
 
 import msgspec
 
+from voxserve.engines.base import ChatMessage
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import CreateItem, Item, ItemAdded, ItemDeleted, ItemDone
 from voxserve.pipeline.conversation.state import VIEW_CHARS, Conversation, message_item
@@ -35,6 +42,20 @@ class ConversationItems:
         self.conversation = Conversation()
         self._ids = 0  # items the session names (function calls, the client's unnamed items)
         self._audio: OrderedDict[str, Spoken] = OrderedDict()
+        self._upstream: dict[str, str] = {}  # the session's call id -> the model's
+
+    def new_call(self, upstream: str | None) -> tuple[str, str]:
+        """A function call of the responder's: its item id and the session's call id for it,
+        mapped to the model's `upstream` one (module docstring)."""
+        item_id = self.new_id("f")
+        call_id = f"call_{item_id}"
+        if upstream:
+            self._upstream[call_id] = upstream
+        return item_id, call_id
+
+    def view(self) -> tuple[ChatMessage, ...]:
+        """The conversation as the responder reads it, its calls under the model's ids."""
+        return self.conversation.view(self._upstream)
 
     def new_id(self, kind: str) -> str:
         self._ids += 1
@@ -53,6 +74,7 @@ class ConversationItems:
         await self.outbox.event(ItemAdded(item=item, previous_item_id=previous))
         for item_id in removed:
             self._audio.pop(item_id, None)
+            self._upstream.pop(f"call_{item_id}", None)
             await self.outbox.event(ItemDeleted(item_id=item_id))
         return previous
 
@@ -118,6 +140,7 @@ class ConversationItems:
     async def delete(self, item_id: str) -> None:
         self.conversation.delete(item_id)
         self._audio.pop(item_id, None)
+        self._upstream.pop(f"call_{item_id}", None)
         await self.outbox.event(ItemDeleted(item_id=item_id))
 
     def truncate(

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from voxserve.engines.base import Conversant, ReplyRequest, ToolCallDelta
-from voxserve.errors import VoxError
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     UNSET,
     FunctionCallDelta,
@@ -49,6 +49,26 @@ class ToolCall:
 
 
 @dataclass
+class ToolBudget:
+    """The tool calls a user turn may make (`realtime.max_tool_calls_per_turn`), over the
+    responses that follow the user's message: one more fails the response with
+    TOO_MANY_TOOL_CALLS, so a responder that calls tools again and again cannot loop."""
+
+    limit: int
+    used: int = 0
+
+    def take(self) -> None:
+        if self.used >= self.limit:
+            raise VoxError(
+                ErrorCode.TOO_MANY_TOOL_CALLS,
+                f"the responder made more than {self.limit} tool calls since the user's last"
+                " message (realtime.max_tool_calls_per_turn)",
+                stage="responder",
+            )
+        self.used += 1
+
+
+@dataclass
 class ResponseRun:
     """One response while it runs (module docstring). Responses owns its task and sets
     `cancel_reason`; the rest is this response's own."""
@@ -61,9 +81,11 @@ class ResponseRun:
     item_id: str
     modalities: tuple[str, ...]
     voice: str
+    voice_name: str  # as the client named it (reported back)
     options: ResponseOptions
     segment: int | None  # the spoken turn it answers, if any (latency, tracing)
     stats: ReplyStats
+    tools: ToolBudget  # its turn's, shared with the responses before and after it
     sample_rate: int  # of its audio (a session.update meanwhile changes the next one's)
     request: ReplyRequest | None = None  # built from the conversation when it starts
     task: asyncio.Task[None] | None = None
@@ -96,6 +118,8 @@ class ResponseRun:
                     output_modalities=self.modalities,
                     voice=self.voice,
                     in_conversation=self.in_conversation,
+                    voice_name=self.voice_name,
+                    metadata=self.options.metadata,
                 )
             )
             self.announced = True
@@ -193,12 +217,13 @@ class ResponseRun:
             return
         call = self.calls.get(piece.index)
         if call is None:
-            item_id = self.items.new_id("f")
+            self.tools.take()
+            item_id, call_id = self.items.new_call(piece.call_id)
             item = Item(
                 id=item_id,
                 kind="function_call",
                 status="in_progress",
-                call_id=piece.call_id or f"call_{item_id}",
+                call_id=call_id,
                 name=piece.name or "",
                 arguments="",
             )

@@ -87,8 +87,9 @@ class _Response:
     reply: int
     item_id: str  # its assistant message (if it speaks or writes)
     modalities: tuple[str, ...]
-    voice: str
+    voice: str  # as the client named it
     in_conversation: bool
+    metadata: Obj | None
     outputs: dict[str, int] = field(default_factory=dict)  # item id -> output_index
     done: set[str] = field(default_factory=set)
     text_done: bool = False
@@ -151,7 +152,7 @@ class ResponseEvents:
             "output": [],
             "conversation_id": conversation,
             "max_output_tokens": s.max_output_tokens or "inf",
-            "metadata": None,
+            "metadata": r.metadata,
             "usage": None,
         }
         if self.wire.beta:
@@ -173,8 +174,9 @@ class ResponseEvents:
             event.reply,
             event.item_id,
             event.output_modalities,
-            event.voice,
+            event.voice_name or event.voice,
             event.in_conversation,
+            None if event.metadata is None else dict(event.metadata),
         )
         self._responses[event.reply] = r
         limits = [
