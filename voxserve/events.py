@@ -536,6 +536,19 @@ class ResponseStarted(Event, frozen=True, tag="response.started"):
     metadata: tuple[tuple[str, str], ...] | None = None  # the client's (response.create)
 
 
+class Usage(msgspec.Struct, frozen=True, gc=False):
+    """A response's tokens as the Realtime API counts them (docs/realtime.md, "Usage"):
+    audio at OpenAI's published rates (a user's 100 ms, an assistant's 50 ms: one token),
+    text as the responder's server counted it, else estimated (`estimated`)."""
+
+    input_text: int = 0
+    input_audio: int = 0
+    input_cached: int = 0
+    output_text: int = 0
+    output_audio: int = 0
+    estimated: bool = False  # the text counts are voxserve's estimate, not the model's
+
+
 class ResponseDone(Event, frozen=True, tag="response.done"):
     """Reply `reply` is over: everything it sent is before this. status: completed,
     cancelled (barge-in or the client's cancel; `reason` says which: turn_detected or
@@ -547,6 +560,7 @@ class ResponseDone(Event, frozen=True, tag="response.done"):
     code: str | UnsetType = UNSET
     message: str | UnsetType = UNSET
     output: tuple[Item, ...] = ()  # the items it produced, as they ended
+    usage: Usage | None = None
 
 
 class FunctionCallDelta(Event, frozen=True, tag="function_call.delta"):

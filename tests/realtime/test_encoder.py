@@ -520,11 +520,19 @@ def test_session_ended_and_tts_fallback_are_voxserve_events() -> None:
     }
 
 
-def test_rate_limits_are_the_keys_request_quota() -> None:
+def test_rate_limits_are_the_keys_request_and_audio_quotas() -> None:
     now = [100.0]
-    quotas = Quotas(QuotasConfig(anonymous=True), clock=lambda: now[0])
+    config = QuotasConfig(anonymous=True)
+    quotas = Quotas(config, clock=lambda: now[0])
     quotas.request("k")
-    assert request_limits(quotas, "k") == (RateLimit("requests", 40, 39, 0.05),)
+    quotas.charge_audio("k", 60.0)
+    per_min = config.default.audio_s_per_min
+    assert per_min
+    # tokens: the audio quota as a user's audio tokens, 10 a second (1 per 100 ms)
+    assert request_limits(quotas, "k") == (
+        RateLimit("requests", 40, 39, 0.05),
+        RateLimit("tokens", int(per_min * 10), int((per_min - 60) * 10), 60 / (per_min / 60)),
+    )
     disabled = Quotas(QuotasConfig(enabled=False))
     assert request_limits(disabled, ANONYMOUS) == ()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from voxserve.engines.base import Conversant, ReplyRequest, ToolCallDelta
+from voxserve.engines.base import Conversant, ReplyRequest, ReplyUsage, ToolCallDelta
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     UNSET,
@@ -30,11 +30,13 @@ from voxserve.events import (
     ResponseOptions,
     ResponseStarted,
     ResponseText,
+    Usage,
 )
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation.items import ConversationItems
 from voxserve.pipeline.conversation.state import message_item, simple_turns
+from voxserve.pipeline.conversation.usage import usage_of
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.streams import SpokenSentences, read_responder
 from voxserve.pipeline.synthesis.speaker import ReplyStats, Speaker, spoken_text
@@ -97,6 +99,8 @@ class ResponseRun:
     pieces: list[str] = field(default_factory=list)
     calls: dict[int, ToolCall] = field(default_factory=dict)
     heard_samples: int | None = None  # a client's truncation while it ran
+    input_audio: int = 0  # tokens of the conversation's audio items it read (usage.py)
+    reported: ReplyUsage | None = None  # its responder's count, if it gave one
 
     @property
     def audio(self) -> bool:
@@ -171,9 +175,11 @@ class ResponseRun:
         assert request is not None
         responder = self.ctx.engines.responder
 
-        async def each(piece: str | ToolCallDelta) -> None:
+        async def each(piece: str | ToolCallDelta | ReplyUsage) -> None:
             if isinstance(piece, ToolCallDelta):
                 await self._call_piece(piece)
+            elif isinstance(piece, ReplyUsage):
+                self.reported = piece
             elif piece:
                 await self._text_piece(piece)
                 if sentences is not None:
@@ -270,7 +276,7 @@ class ResponseRun:
                 await self.items.done(msgspec.structs.replace(item, status=done, text=text))
             )
             if self.audio and self.in_conversation:
-                self.items.spoke(item.id, (stats, self.sample_rate))
+                self.items.spoke(item.id, (stats, self.sample_rate), self.heard_samples)
         for call in self.calls.values():
             arguments = "".join(call.arguments)
             if status == "completed":
@@ -299,5 +305,19 @@ class ResponseRun:
                 code=error.code.value if error else UNSET,
                 message=error.message if error else UNSET,
                 output=tuple(output),
+                usage=self.usage(),
             )
+        )
+
+    def usage(self) -> Usage:
+        """Its tokens (pipeline/conversation/usage.py)."""
+        written = len("".join(self.pieces))
+        written += sum(len(part) for call in self.calls.values() for part in call.arguments)
+        audio_ms = self.stats.samples * 1000 // self.sample_rate if self.audio else 0
+        return usage_of(
+            self.request,
+            self.reported,
+            input_audio=self.input_audio,
+            output_chars=written,
+            output_audio_ms=audio_ms,
         )

@@ -147,12 +147,14 @@ class Responses:
             self.speaker.playback_until = 0.0
             await self.outbox.event(BargeIn(segment=segment))
 
-    async def user_committed(self, segment: int) -> None:
-        """A spoken turn ends (AudioCommitted is out): its user item, not yet transcribed."""
+    async def user_committed(self, segment: int, audio_ms: int = 0) -> None:
+        """A spoken turn ends (AudioCommitted is out): its user item, not yet transcribed;
+        `audio_ms`: its speech (the response's usage counts it)."""
         self._committed = max(self._committed, segment)
         self._tools = self._new_turn()
         item_id = speech_item_id(self.session_id, segment)
         await self.items.add(message_item(item_id, "user", None, audio=True))
+        self.items.heard(item_id, audio_ms)
 
     async def user_final(self, segment: int, text: str) -> None:
         """The turn's transcript (TranscriptFinal is out): the item is done; answer it when
@@ -328,6 +330,7 @@ class Responses:
                 if segment is not None and listener is not None:
                     turn = listener.take_turn(segment)
                 response.request = self._request(response.options)
+                response.input_audio = self.items.audio_tokens()
                 since = (
                     listener.speech_ended_at(segment) if listener and segment is not None else None
                 )
