@@ -18,9 +18,9 @@ from voxserve.engines.base import (
     ChatMessage,
     Conversant,
     ReplyRequest,
+    ReplyUsage,
     Responder,
     ToolCall,
-    ReplyUsage,
     ToolCallDelta,
 )
 from voxserve.engines.openai_responder import ClauseBuffer, OpenAIResponder

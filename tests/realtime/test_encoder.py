@@ -8,6 +8,7 @@ import base64
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -614,3 +615,22 @@ def test_semantic_vad_is_echoed_with_its_eagerness_in_session_updated() -> None:
         "create_response": True,
         "interrupt_response": True,
     }
+
+
+@pytest.mark.parametrize("beta", [False, True])
+def test_a_server_started_response_has_null_metadata_and_the_clients_voice_name(
+    beta: bool,
+) -> None:
+    """A response the server started (a spoken turn) has no metadata; each response names
+    its voice as the client did (beta: `voice`, GA: `audio.output.voice`)."""
+    _, encoder = codec(beta=beta)
+    script = spoken_reply()
+    script[0] = msgspec.structs.replace(script[0], voice_name="alloy")  # type: ignore[type-var]
+    events = run(encoder, [STARTED, *script], beta=beta)
+    for kind in ("response.created", "response.done"):
+        (response,) = [e["response"] for e in events if e["type"] == kind]
+        assert response["metadata"] is None
+        voice = response["voice"] if beta else response["audio"]["output"]["voice"]
+        assert voice == "alloy"
+    usage = response["usage"]  # the last one: response.done
+    assert usage["output_tokens"] == usage["total_tokens"] == 0  # no usage given: zeros
