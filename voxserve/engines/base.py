@@ -196,15 +196,26 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyUsage:
+    """The tokens a reply took, as the model's server counted them (chat completions'
+    `usage`): a Conversant yields it once, after the reply, when its server reports one."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
 @runtime_checkable
 class Conversant(Protocol):
     """A responder that reads the whole conversation and may call tools (an LLM). Others
     (rules, echo) only `respond`: conversation sessions then pass the last user text and
     the (user, assistant) turns, and offer them no tools."""
 
-    def converse(self, request: ReplyRequest) -> AsyncIterator[str | ToolCallDelta]:
+    def converse(self, request: ReplyRequest) -> AsyncIterator[str | ToolCallDelta | ReplyUsage]:
         """Stream the reply: text pieces (regrouped for speech, as `respond` does) and the
-        tool calls' pieces as they come. Closing the stream early stops the model's work."""
+        tool calls' pieces as they come, then its ReplyUsage if the model's server counted
+        it. Closing the stream early stops the model's work."""
         ...
 
 

@@ -206,8 +206,9 @@ class Listener:
         # text is not empty; conversation sessions: every committed turn (its item is done).
         self.on_final = on_final
         # Conversation sessions only:
-        # (segment) after its AudioCommitted is queued, before its final is decoded.
-        self.on_commit: Callable[[int], Awaitable[None]] | None = None
+        # (segment, its speech in ms) after its AudioCommitted is queued, before its final
+        # is decoded.
+        self.on_commit: Callable[[int, int], Awaitable[None]] | None = None
         # (segment, error) after its TranscriptFailed is queued; on_final is not called.
         self.on_failed: Callable[[int, VoxError], Awaitable[None]] | None = None
         # The id of the conversation's last item: AudioCommitted's previous_item_id.
@@ -580,21 +581,21 @@ class Listener:
         if self.tracing and self.segment in self._turn_marks:
             self._turn_marks[self.segment].mark("vad.end")
         if self.in_conversation:
-            await self._committed(self.segment)
+            await self._committed(self.segment, ms(event.end) - ms(event.start))
         await self._finals.put(Utterance(self.segment, event.start, event.end, audio, decoded))
 
     def item_id(self, segment: int) -> str:
         """The conversation item of `segment`'s turn."""
         return speech_item_id(self.session_id, segment)
 
-    async def _committed(self, segment: int) -> None:
+    async def _committed(self, segment: int, audio_ms: int) -> None:
         previous = self.last_item_id() if self.last_item_id is not None else None
         item_id = self.item_id(segment)
         await self.outbox.event(
             AudioCommitted(segment=segment, item_id=item_id, previous_item_id=previous)
         )
         if self.on_commit is not None:
-            await self.on_commit(segment)
+            await self.on_commit(segment, audio_ms)
 
     async def _refuse_commit(self, why: str) -> None:
         """An empty commit: told, nothing committed, the buffer as it was."""

@@ -78,6 +78,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # conversation sessions (the Realtime API) only; listed for completeness
     ErrorCode.RESPONSE_ACTIVE: S.FAILED_PRECONDITION,
     ErrorCode.RESPONSE_NOT_ACTIVE: S.FAILED_PRECONDITION,
+    ErrorCode.TOO_MANY_TOOL_CALLS: S.RESOURCE_EXHAUSTED,
     # WebRTC calls (HTTP) only; listed for completeness
     ErrorCode.INVALID_SDP: S.INVALID_ARGUMENT,
     ErrorCode.CALL_NOT_FOUND: S.NOT_FOUND,

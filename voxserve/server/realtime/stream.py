@@ -50,6 +50,7 @@ from voxserve.server.realtime_api.session import (
     initial_wire,
     installed_of,
 )
+from voxserve.server.request_id import trace_id_of
 from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached
 from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
@@ -170,7 +171,9 @@ class RealtimeConnection:
         present = installed_of(
             runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
         )
-        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
+        # The session's trace id is the handshake's x-request-id (server/request_id.py).
+        trace_id = trace_id_of(self.ws.scope)
+        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta, trace_id=trace_id)
         if session is not None:
             apply_session(wire, session)
         self.wire = wire

@@ -235,6 +235,7 @@ def stream_config(
         output_modalities=s.output_modalities,
         voice=voice,
         max_output_tokens=s.max_output_tokens,
+        voice_name=s.voice,
     )
     conversation = ConversationConfig(
         responds=s.kind == "realtime",
