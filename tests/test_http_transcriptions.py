@@ -20,6 +20,7 @@ from openai.types import AudioModel
 from tests.audio_files import CONTAINERS, encode
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
+from voxserve.audio.wav import write_wav
 
 UPLOADED = ("mp3", "m4a", "ogg", "webm", "flac")
 
@@ -59,6 +60,39 @@ def test_verbose_json_has_the_engines_scores_and_word_times(client: openai.OpenA
     assert starts == sorted(starts) and starts[-1] > starts[0]
     assert all(0.0 <= w.start <= w.end <= result.duration + 0.05 for w in words)
     assert all(a.end <= b.start + 1e-6 for a, b in itertools.pairwise(words))
+
+
+def speech_bounds(samples: np.ndarray) -> tuple[float, float]:
+    """Seconds where sound starts and ends: the first and last 10 ms over peak - 40 dB."""
+    frames = samples[: samples.size // 160 * 160].astype(np.float64).reshape(-1, 160)
+    rms = np.sqrt(np.mean(frames**2, axis=1))
+    loud = np.flatnonzero(rms > rms.max() / 100)
+    return loud[0] * 0.01, (loud[-1] + 1) * 0.01
+
+
+@pytest.mark.parametrize("name", ["command.wav", "lights.wav"])
+def test_word_times_stay_inside_the_speech_between_known_silences(
+    client: openai.OpenAI, name: str
+) -> None:
+    """1 s of silence before, 2 s after: the aligner gave the first word the leading
+    silence and the last the trailing one; clipped to the VAD's speech, the first word
+    starts at most 100 ms before the sound does, the last ends at most 200 ms after it."""
+    lead, tail = np.zeros(16_000, np.int16), np.zeros(32_000, np.int16)
+    padded = np.concatenate([lead, fixture_audio(name), tail])
+    onset, offset = speech_bounds(padded)
+    result = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=(f"{name}.wav", write_wav(padded, 16_000), "audio/wav"),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    )
+    words = result.words or []
+    assert wer(fixture_texts()[name], " ".join(w.word for w in words)) <= 0.2, result.text
+    assert onset - 0.1 <= words[0].start < words[0].end, (onset, words[0])
+    assert words[-1].start < words[-1].end <= offset + 0.2, (offset, words[-1])
+    assert all(onset - 0.1 <= w.start <= w.end <= offset + 0.2 for w in words), words
+    segments = result.segments or []
+    assert segments[0].start >= onset - 0.1 and segments[-1].end <= offset + 0.2, segments
 
 
 def test_prompt_and_temperature_reach_the_model(client: openai.OpenAI) -> None:

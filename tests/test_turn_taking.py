@@ -306,3 +306,42 @@ async def test_a_failed_decode_at_the_pause_is_not_the_turn_s_final() -> None:
     assert not of(events, ErrorEvent), of(events, ErrorEvent)
     (final,) = of(events, TranscriptFinal)
     assert isinstance(final, TranscriptFinal) and final.text
+
+
+def release(seconds: float = 0.04, amplitude: float = 0.03) -> np.ndarray:
+    """A stop consonant's release: a short burst of noise, too quiet for the (fake) VAD."""
+    noise = np.random.default_rng(7).uniform(-1.0, 1.0, int(seconds * SR))
+    return (noise * amplitude * 32767).astype(np.int16)
+
+
+def final_sizes(rt: Runtime) -> list[int]:
+    asr = rt.engines.asr
+    assert isinstance(asr, FakeAsr)
+    return [size for size, partial in asr.calls if not partial]
+
+
+async def test_a_word_s_release_after_the_vad_s_end_is_in_the_final() -> None:
+    """ "... a joke": the VAD's end falls in the k's closure and it hears the release as
+    silence (over WebRTC's Opus, silero did). The decode at the pause stops at the VAD's
+    end; the turn's final is decoded again with the release ("... a Joe" otherwise)."""
+    rt = fake_runtime(load_settings(log_level="warning"))
+    turns = Turns(rt, StreamConfig(mode="asr", partials=False))
+    lead, speech, closure, burst = silence(0.2), tone(440.0, 0.8), silence(0.08), release()
+    events = await turns.run(lead, speech, closure, burst, silence(1.0))
+    (end,) = of(events, VadEnd)
+    assert isinstance(end, VadEnd) and end.end_ms <= 1000 + 32, end  # ended in the closure
+    pause, final = final_sizes(rt)  # the pause's decode, then the final's own
+    burst_end_ms = 200 + 800 + 80 + 40
+    more = final - pause  # both start where the turn's audio starts
+    assert (burst_end_ms - end.end_ms) * SR // 1000 <= more, (pause, final, end)
+    assert more <= (burst_end_ms - end.end_ms + 50) * SR // 1000, (pause, final, end)
+
+
+async def test_a_pause_s_decode_stays_the_final_when_silence_follows() -> None:
+    """No sound after the VAD's end: the decode made at the pause is the final (one decode:
+    the release's check costs a turn nothing)."""
+    rt = fake_runtime(load_settings(log_level="warning"))
+    turns = Turns(rt, StreamConfig(mode="asr", partials=False))
+    events = await turns.run(silence(0.2), tone(440.0, 0.8), silence(1.0))
+    assert len(of(events, TranscriptFinal)) == 1
+    assert len(final_sizes(rt)) == 1, final_sizes(rt)

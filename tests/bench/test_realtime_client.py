@@ -19,7 +19,7 @@ from voxserve.bench.__main__ import main
 from voxserve.bench.audio_client import AudioStream
 from voxserve.bench.loadgen import StepSpec, make_stream
 from voxserve.bench.program import Script, build, frame_bytes, pcm_at
-from voxserve.bench.realtime_bench import comparison
+from voxserve.bench.realtime_bench import comparison, markdown
 from voxserve.bench.realtime_client import RealtimeStream, frames_b64, session_update
 from voxserve.bench.realtime_turns import RealtimeTurns, b64_size
 from voxserve.bench.records import Raw
@@ -247,6 +247,24 @@ def test_comparison_pools_rounds_and_subtracts() -> None:
     assert row["realtime"]["server_cpu_percent_per_stream"] == 3.25
     assert row["realtime_minus_stream_ms"]["turn_p50_ms"] == 10.0
     assert row["realtime_minus_stream_ms"]["turn_p99_ms"] == 300.0
+
+
+def test_comparison_scores_each_transport_s_words_on_the_same_recordings() -> None:
+    """WER per transport over its rounds, and the utterances heard differently (matched by
+    reference: the streams play the same recordings on both)."""
+    ws, rtc = step("realtime", 2, [0.5], 10.0), step("webrtc", 2, [0.6], 12.0)
+    for raw, heard in ((ws.raw, "Please tell me a joke."), (rtc.raw, "please tell me a Joe")):
+        raw.counts["finals"] = 2
+        raw.transcripts += [("What time is it?", "What time is it"), ("Tell me a joke.", heard)]
+    (row,) = comparison([ws, rtc], ["realtime", "webrtc"])
+    assert row["realtime"]["wer"] == pytest.approx(1 / 8, abs=1e-4)  # "please" inserted
+    assert row["webrtc"]["wer"] == pytest.approx(2 / 8, abs=1e-4)  # and "joe" for "joke"
+    assert row["realtime"]["utterances_scored"] == row["webrtc"]["utterances_scored"] == 2
+    assert row["webrtc_vs_realtime_transcripts_differing"] == 1
+    knee = {t: {"streams": 2, "broke_at": None} for t in ("realtime", "webrtc")}
+    extra = {"comparison": [row], "budget": {"metric": "turn", "p99_ms": 1000.0}, "knee": knee}
+    table = markdown(extra, ["realtime", "webrtc"])
+    assert "| 0.250 (2) |" in table and "+0.125; 1 differ" in table, table
 
 
 def test_the_command_refuses_unknown_transports(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,7 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.helpers import eventually, fixture_audio, fixture_texts, sessions_ended, wer
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
+from voxserve.bench.stats import normalize
 from voxserve.bench.webrtc_client import FRAME_BYTES, WebRtcCaller, clip_source, to_48k
 from voxserve.config import load_settings
 
@@ -239,6 +240,24 @@ async def test_four_calls_beside_two_websocket_sessions(call_server: LiveServer)
         assert wer(texts[name], transcript) <= 0.25, (name, transcript)
     assert max(seen) == 6, seen  # all six were live at once
     await freed(call_server, udp_before)
+
+
+# --- the same words as over the WebSocket --------------------------------------------------
+
+
+async def test_a_call_hears_a_recording_as_the_websocket_session_does(
+    call_server: LiveServer,
+) -> None:
+    """ "Please tell me a joke." (the server's piper voice) was heard "... I'm Joe" over
+    calls: the call delivers the recording as an Opus round trip gives it (sample for
+    sample, no gap), but silero hears the k's release under 0.5 there, the turn ended in
+    the closure and its final was the decode made at the pause. The guarantee: a call's
+    transcript is the WebSocket session's for the same recording (words, normalised)."""
+    name = "calls/joke.wav"
+    over_websocket = await websocket_session(call_server, name)
+    over_call = await call(call_server, name, sdk=False)
+    assert normalize(over_call) == normalize(over_websocket), (over_call, over_websocket)
+    assert normalize(over_call).endswith("joke"), over_call
 
 
 # --- a caller that vanishes without a BYE ----------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from voxserve.bench import frame_lag
 from voxserve.bench.commands import _cdf, _report, per_core, stream_step
 from voxserve.bench.records import Raw, merged
 from voxserve.bench.report import eprint
-from voxserve.bench.stats import summarize
+from voxserve.bench.stats import normalize, summarize, wer
 from voxserve.bench.step import Step
 from voxserve.bench.target import audio_program, target
 from voxserve.bench.verdict import budget_problems, knee
@@ -108,6 +109,10 @@ def comparison(steps: Sequence[Step], transports: Sequence[str]) -> list[dict[st
                 row[t] = figures(ours)
         for a, b in DIFFS:
             if a in row and b in row:
+                row[f"{a}_vs_{b}_transcripts_differing"] = differing(
+                    [s for s in steps if s.record["transport"] == a and s.record["streams"] == n],
+                    [s for s in steps if s.record["transport"] == b and s.record["streams"] == n],
+                )
                 row[f"{a}_minus_{b}_ms"] = {
                     key: round(x - y, 1)
                     for key, x in row[a].items()
@@ -117,6 +122,17 @@ def comparison(steps: Sequence[Step], transports: Sequence[str]) -> list[dict[st
                 }
         rows.append(row)
     return rows
+
+
+def differing(ours: Sequence[Step], theirs: Sequence[Step]) -> int:
+    """Utterances whose transcript (normalised, matched by reference) one transport heard
+    and the other did not: the streams play the same recordings, so 0 is the same words."""
+
+    def heard(steps: Sequence[Step]) -> Counter[tuple[str, str]]:
+        pairs = merged([s.raw for s in steps]).transcripts
+        return Counter((normalize(ref), normalize(hyp)) for ref, hyp in pairs)
+
+    return sum((heard(ours) - heard(theirs)).values())
 
 
 def figures(steps: Sequence[Step]) -> dict[str, Any]:
@@ -146,6 +162,9 @@ def figures(steps: Sequence[Step]) -> dict[str, Any]:
     for key in ("packets_sent", "packets_dropped", "server_packets_lost", "server_concealed_ms"):
         if raw.counts.get(key):
             out[key] = raw.counts[key]
+    out["utterances_scored"] = len(raw.transcripts)
+    score = wer(raw.transcripts) if raw.counts["finals"] else None
+    out["wer"] = None if score is None else round(score, 4)
     out["replies"] = raw.counts["replies"]
     out["errors"] = dict(sorted(raw.errors.items()))
     out["failed_streams"] = raw.failed_streams
@@ -166,6 +185,18 @@ def _title(transports: Sequence[str]) -> str:
     return " vs ".join(NAMES[t] for t in transports)
 
 
+def _wer(f: dict[str, Any]) -> str:
+    return "-" if f.get("wer") is None else f"{f['wer']:.3f} ({f['utterances_scored']})"
+
+
+def _wer_diff(row: dict[str, Any], a: str, b: str) -> str:
+    """WER a - b, and the utterances heard differently (matched by reference)."""
+    x, y = row[a].get("wer"), row[b].get("wer")
+    if x is None or y is None:
+        return "-"
+    return f"{x - y:+.3f}; {row[f'{a}_vs_{b}_transcripts_differing']} differ"
+
+
 def _lag(f: dict[str, Any]) -> str:
     if "frame_lag_p99_ms" not in f:
         return "-"
@@ -180,9 +211,9 @@ def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
         "## " + _title(transports),
         "",
         "| streams | transport | turns | turn P50 / P90 / P99 (ms) | speech stopped P50 / P99 "
-        "| final P50 / P99 | server CPU % | CPU % per stream | server frame lag P50 / P99 "
-        "| errors | valid |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| final P50 / P99 | WER (utterances) | server CPU % | CPU % per stream "
+        "| server frame lag P50 / P99 | errors | valid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in extra["comparison"]:
         for t in transports:
@@ -194,7 +225,7 @@ def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
                 f"| {row['streams']} | {t} | {f['turn_count']} | {_ms(f['turn_p50_ms'])} / "
                 f"{_ms(f['turn_p90_ms'])} / {_ms(f['turn_p99_ms'])} | {_ms(f['vad_end_p50_ms'])}"
                 f" / {_ms(f['vad_end_p99_ms'])} | {_ms(f['final_p50_ms'])} / "
-                f"{_ms(f['final_p99_ms'])} | {_ms(f['server_cpu_percent'])} | "
+                f"{_ms(f['final_p99_ms'])} | {_wer(f)} | {_ms(f['server_cpu_percent'])} | "
                 f"{f['server_cpu_percent_per_stream'] or '-'} | {_lag(f)} | {errors} | "
                 f"{'yes' if f['valid'] else 'NO'} |"
             )
@@ -206,7 +237,8 @@ def markdown(extra: dict[str, Any], transports: Sequence[str]) -> str:
                 f"| {row['streams']} | {a} - {b} | | {_ms(diff.get('turn_p50_ms'))} / "
                 f"{_ms(diff.get('turn_p90_ms'))} / {_ms(diff.get('turn_p99_ms'))} | "
                 f"{_ms(diff.get('vad_end_p50_ms'))} / {_ms(diff.get('vad_end_p99_ms'))} | "
-                f"{_ms(diff.get('final_p50_ms'))} / {_ms(diff.get('final_p99_ms'))} | | | | | |"
+                f"{_ms(diff.get('final_p50_ms'))} / {_ms(diff.get('final_p99_ms'))} | "
+                f"{_wer_diff(row, a, b)} | | | | | |"
             )
     lines.append("")
     budget = extra["budget"]

@@ -49,6 +49,7 @@ from voxserve.pipeline.recognition.speech_windows import (
     speech_regions,
 )
 from voxserve.pipeline.recognition.upload_vad import speech_probs
+from voxserve.pipeline.recognition.word_times import Span, clip_to_speech
 from voxserve.pipeline.scheduling.asr_batch import float_audio
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK
 from voxserve.pipeline.scheduling.work_pools import WorkPool
@@ -152,6 +153,10 @@ async def _recognise(
         )
     # only when asked: an engine written before `options` still serves plain uploads
     extra: dict[str, Any] = {"options": options} if options is not None else {}
+    # Word times are clipped to the VAD's speech (word_times.py), found beside the decodes.
+    spans: asyncio.Future[list[Span]] | None = None
+    if options is not None and options.word_timestamps:
+        spans = asyncio.ensure_future(_speech_spans(ctx, generation, audio, expires, pool))
 
     async def decode(window: SpeechWindow) -> AsrResult:
         clip = window.audio(audio)
@@ -186,10 +191,38 @@ async def _recognise(
                 raise VoxError(
                     ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
                 ) from None
-            yield on_recording(window, result)
+            timed = on_recording(window, result)
+            yield timed if spans is None else clip_to_speech(timed, await spans)
     finally:
         for task in tasks:
             task.cancel()
+        if spans is not None:
+            spans.cancel()
+
+
+async def _speech_spans(
+    ctx: EngineContext,
+    generation: Generation,
+    audio: Recording,
+    expires: float,
+    pool: WorkPool | None,
+) -> list[Span]:
+    """The recording's speech as the VAD hears it, unpadded, in ms (word_times.py)."""
+    vad = generation.engines.vad
+    width = vad.window_samples
+    cfg = ctx.settings.vad
+    probs = await speech_probs(vad, ctx.stages.stage("vad"), audio, expires=expires)
+    find = partial(
+        speech_regions,
+        probs,
+        width,
+        int(audio.size),
+        threshold=cfg.threshold,
+        neg_threshold=cfg.neg_threshold,
+        pad_s=0.0,
+    )
+    regions = find() if pool is None else await pool.run(find)
+    return [(max(0, a - width) * 1000 // SAMPLE_RATE, b * 1000 // SAMPLE_RATE) for a, b in regions]
 
 
 async def _window_groups(

@@ -80,10 +80,11 @@ def speech_regions(
     *,
     threshold: float,
     neg_threshold: float,
+    pad_s: float = PAD_S,
 ) -> list[tuple[int, int]]:
-    """Padded speech regions (sample ranges within `total`), in order, not overlapping:
-    speech starts at a window over `threshold` and ends after MIN_SILENCE_S under
-    `neg_threshold`; regions the padding makes touch are merged."""
+    """Speech regions padded by `pad_s` (sample ranges within `total`), in order, not
+    overlapping: speech starts at a window over `threshold` and ends after MIN_SILENCE_S
+    under `neg_threshold`; regions the padding makes touch are merged."""
     quiet_needed = max(1, round(MIN_SILENCE_S * SAMPLE_RATE / window_samples))
     raw: list[tuple[int, int]] = []
     start: int | None = None
@@ -102,7 +103,7 @@ def speech_regions(
             quiet = 0
     if start is not None:
         raw.append((start, len(probs) - quiet))
-    pad = int(PAD_S * SAMPLE_RATE)
+    pad = int(pad_s * SAMPLE_RATE)
     shortest = int(MIN_SPEECH_S * SAMPLE_RATE)
     regions: list[tuple[int, int]] = []
     for first, last in raw:

@@ -21,7 +21,10 @@ A conversation session (the Realtime API; `conversation` set) adds to that:
 
 Speculation (every session with VAD): at a tentative end (`SpeechPause`, vad.speculate_ms
 of silence) the final is decoded at once, on the audio up to where VAD heard the speech stop
-(vad.pause_tail_ms more: Whisper fills trailing silence with made-up words). With
+(vad.pause_tail_ms more: Whisper fills trailing silence with made-up words); a turn that
+ends there keeps that decode as its final unless sound follows the VAD's end within vad.pad_ms
+(a stop's release after its closure, pipeline/turns/word_tail.py): then the final is decoded
+again on the audio up to where that sound ends. With
 semantic_vad its text decides how long the silence must last (pipeline/turns/endpointing.py), and
 the turn's final reuses that decode; while
 the turn is not confirmed `on_speculate` may start a held-back reply, and `on_resume`
@@ -76,6 +79,7 @@ from voxserve.pipeline.turns.detection import (
 )
 from voxserve.pipeline.turns.endpointing import EARLY_TURN_S, EndOfTurn, trailing_energy
 from voxserve.pipeline.turns.wake_gate import WakeGate
+from voxserve.pipeline.turns.word_tail import tail_sound_end
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 log = logging.getLogger(__name__)
@@ -571,6 +575,12 @@ class Listener:
             )
             begin = max(event.start - self.pad, self._kept_from)
             audio = self.audio.slice(begin, event.end + self.tail_pad)
+            if decoded is not None:
+                paused_at = event.end + self.pause_tail - max(begin, self.audio.start)
+                heard = tail_sound_end(audio, paused_at, SAMPLE_RATE)
+                if heard is not None:  # the last word went on past the pause's decode
+                    decoded.cancel()  # (done by now, mostly: then a no-op)
+                    decoded, audio = None, audio[:heard]
         else:  # push-to-talk: the audio since the last commit, no VAD, no vad.* events
             self.segment += 1
             audio = self.audio.slice(event.start, event.end)
