@@ -48,7 +48,8 @@ from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.scheduling.credit import CreditWindow
 from voxserve.pipeline.synthesis.speaker import Speaker
 from voxserve.pipeline.turns.audio_input import AudioInput, pooled_ring
-from voxserve.pipeline.turns.listener import Listener, server_detection
+from voxserve.pipeline.turns.listen_state import server_detection
+from voxserve.pipeline.turns.listener import Listener
 from voxserve.pipeline.turns.replies import Replies
 from voxserve.pipeline.turns.text_input import TextInput
 from voxserve.pipeline.turns.wake_gate import WakeGate
