@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from voxserve.engines.loaded import Engines
-from voxserve.pipeline.model_table import (
+from voxserve.pipeline.models.table import (
     OPENAI_ASR_MODELS,
     OPENAI_TTS_MODELS,
     ModelEntry,
