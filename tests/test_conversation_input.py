@@ -93,7 +93,8 @@ class Hooks:
     async def speech_start(self, segment: int) -> None:
         self.calls.append(("speech_start", segment, self.outbox.sent_events))
 
-    async def commit(self, segment: int) -> None:
+    async def commit(self, segment: int, audio_ms: int) -> None:
+        assert audio_ms > 0  # the turn's speech: its user item's audio (usage)
         self.calls.append(("commit", segment, self.outbox.sent_events))
         self.previous = f"user{segment}"  # as the reply side adds the user item
 

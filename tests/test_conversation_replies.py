@@ -223,6 +223,7 @@ async def test_a_spoken_turn_is_kept_then_answered_in_the_documented_order() -> 
             output_modalities=("audio",),
             voice="fake",
             in_conversation=True,
+            voice_name="fake",
         )
         assert isinstance(added_answer, ItemAdded) and added_answer.previous_item_id == user_id
         assert added_answer.item.status == "in_progress" and added_answer.item.audio
@@ -602,10 +603,11 @@ async def test_a_tool_call_streams_out_and_its_output_goes_back_to_the_responder
             "response.done",
         ]
         added = run.of(ItemAdded)[1].item
+        # the session's own call id (the model's may repeat), shown to the model as its own
         assert (added.kind, added.status, added.call_id, added.name) == (
             "function_call",
             "in_progress",
-            "call_1",
+            f"call_{added.id}",
             "weather",
         )
         deltas = run.of(FunctionCallDelta)
@@ -617,7 +619,7 @@ async def test_a_tool_call_streams_out_and_its_output_goes_back_to_the_responder
         # the client runs the tool and asks again
         await apply_control(
             run.session,
-            CreateItem("function_call_output", call_id="call_1", output='{"sky": "clear"}'),
+            CreateItem("function_call_output", call_id=added.call_id, output='{"sky": "clear"}'),
         )
         await apply_control(run.session, CreateResponse())
         await run.done(2)
@@ -653,11 +655,14 @@ async def test_a_tool_round_trip_through_a_chat_completions_server() -> None:
         await run.done()
         calls = run.of(FunctionCallDone)
         assert [(c.call_id, c.name, c.arguments) for c in calls] == [
-            ("call_abc", "weather", '{"city": "Oslo"}'),
-            ("call_def", "time", "{}"),
+            (f"call_{c.item_id}", name, arguments)
+            for c, name, arguments in zip(
+                calls, ("weather", "time"), ('{"city": "Oslo"}', "{}"), strict=True
+            )
         ]
         assert not run.of(ResponseText)  # only tool calls: no assistant message
-        output = CreateItem("function_call_output", call_id="call_abc", output='{"sky": "clear"}')
+        answer = calls[0].call_id
+        output = CreateItem("function_call_output", call_id=answer, output='{"sky": "clear"}')
         await apply_control(run.session, output)
         await apply_control(run.session, CreateResponse())
         await run.done(2)

@@ -18,6 +18,7 @@ from voxserve.engines.base import (
     ChatMessage,
     Conversant,
     ReplyRequest,
+    ReplyUsage,
     Responder,
     ToolCall,
     ToolCallDelta,
@@ -545,6 +546,7 @@ async def test_converse_sends_the_conversation_and_tools_and_streams_the_calls(
     assert sent.body == {
         "model": "m",
         "stream": True,
+        "stream_options": {"include_usage": True},  # the response's usage
         "temperature": 0.7,
         "max_tokens": 32,
         "messages": [
@@ -647,5 +649,43 @@ async def test_respond_ignores_calls_and_closing_converse_closes_the_stream(
     assert isinstance(bot, Conversant)
 
 
-async def collect_any(pieces: AsyncIterator[str | ToolCallDelta]) -> list[str | ToolCallDelta]:
+async def collect_any(
+    pieces: AsyncIterator[str | ToolCallDelta | ReplyUsage],
+) -> list[str | ToolCallDelta | ReplyUsage]:
     return [piece async for piece in pieces]
+
+
+async def test_converse_yields_the_servers_token_counts_last(llm: FakeLlm) -> None:
+    """`stream_options.include_usage`: OpenAI sends the counts in a last chunk with no
+    choices (after the finish chunk); some servers put them on the finish chunk. Either
+    way they come last, after the text the chunker still held; partial or null usage
+    objects are taken as none."""
+    usage = {
+        "prompt_tokens": 120,
+        "completion_tokens": 9,
+        "total_tokens": 129,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    events = [
+        chunk(role="assistant"),
+        chunk("It is sunny"),
+        json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        json.dumps({"choices": [], "usage": usage}),
+        "[DONE]",
+    ]
+    llm.handler = raw_sse("".join(f"data: {event}\n\n" for event in events))
+    bot = responder(llm)
+    request = ReplyRequest((ChatMessage("user", "x"),))
+    try:
+        assert await collect_any(bot.converse(request)) == [
+            "It is sunny",
+            ReplyUsage(120, 9, 64),
+        ]
+        for partial in ({"prompt_tokens": 3}, None, {"prompt_tokens": -1, "completion_tokens": 1}):
+            finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            llm.handler = raw_sse(f"data: {json.dumps(finish | {'usage': partial})}\n\n")
+            assert await collect_any(bot.converse(request)) == []
+        off = responder(llm, include_usage=False)
+        assert "stream_options" not in off.converse_body(request)
+    finally:
+        await bot.aclose()

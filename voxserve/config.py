@@ -351,7 +351,8 @@ class WebRtcConfig(Section):
 
 class RealtimeConfig(Section):
     """Client secrets for the Realtime API (POST /v1/realtime/client_secrets): a browser page
-    gets a short-lived, single-use key (`ek_...`) instead of the real one."""
+    gets a short-lived, single-use key (`ek_...`) instead of the real one; the bound on a
+    turn's tool calls."""
 
     # Lifetime when the request gives no `expires_after` (OpenAI's default, 10 minutes);
     # a request may ask for 10 s to 2 h.
@@ -367,6 +368,10 @@ class RealtimeConfig(Section):
     # The store's directory (None: the cache directory, `--cache-dir`); every worker of
     # `serve --workers N` uses this one (server/realtime_api/secrets.py).
     secrets_dir: Path | None = None
+    # Tool calls the responder may make for one user turn (from the user's last message,
+    # over the responses that follow it): past it the response fails with
+    # `too_many_tool_calls`, so a responder that keeps calling tools cannot loop forever.
+    max_tool_calls_per_turn: int = Field(default=16, ge=1, le=1024)
 
 
 class WyomingConfig(Section):

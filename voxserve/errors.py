@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     # conversation sessions (the Realtime API's own codes, so its clients recognise them)
     RESPONSE_ACTIVE = "conversation_already_has_active_response"  # response.create meanwhile
     RESPONSE_NOT_ACTIVE = "response_cancel_not_active"  # response.cancel with none running
+    TOO_MANY_TOOL_CALLS = "too_many_tool_calls"  # past realtime.max_tool_calls_per_turn
     # WebRTC calls (POST /v1/realtime/calls, docs/webrtc.md)
     INVALID_SDP = "invalid_sdp"  # not an SDP offer with an audio m-line and a data channel
     CALL_NOT_FOUND = "call_not_found"  # DELETE / hangup of a call that is not (or no longer) up

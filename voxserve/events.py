@@ -60,10 +60,13 @@ class ResponseOptions:
     tools: tuple[ToolSpec, ...] | None = None
     tool_choice: str | None = None  # auto | none | required | a function's name
     output_modalities: tuple[Literal["audio", "text"], ...] | None = None  # audio: text + speech
-    voice: str | None = None
+    voice: str | None = None  # an installed voice id
     max_output_tokens: int | None = None
     # False: an out-of-band response (conversation "none"): answered, not kept in history.
     in_conversation: bool = True
+    voice_name: str | None = None  # `voice` as the client named it (alloy): reported back
+    # The client's key/value pairs (response.create's `metadata`), echoed on the response.
+    metadata: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,8 +530,23 @@ class ResponseStarted(Event, frozen=True, tag="response.started"):
     reply: int
     item_id: str
     output_modalities: tuple[str, ...]
-    voice: str
+    voice: str  # the installed voice it speaks
     in_conversation: bool
+    voice_name: str = ""  # the voice as the client named it ("" : `voice`)
+    metadata: tuple[tuple[str, str], ...] | None = None  # the client's (response.create)
+
+
+class Usage(msgspec.Struct, frozen=True, gc=False):
+    """A response's tokens as the Realtime API counts them (docs/realtime.md, "Usage"):
+    audio at OpenAI's published rates (a user's 100 ms, an assistant's 50 ms: one token),
+    text as the responder's server counted it, else estimated (`estimated`)."""
+
+    input_text: int = 0
+    input_audio: int = 0
+    input_cached: int = 0
+    output_text: int = 0
+    output_audio: int = 0
+    estimated: bool = False  # the text counts are voxserve's estimate, not the model's
 
 
 class ResponseDone(Event, frozen=True, tag="response.done"):
@@ -542,6 +560,7 @@ class ResponseDone(Event, frozen=True, tag="response.done"):
     code: str | UnsetType = UNSET
     message: str | UnsetType = UNSET
     output: tuple[Item, ...] = ()  # the items it produced, as they ended
+    usage: Usage | None = None
 
 
 class FunctionCallDelta(Event, frozen=True, tag="function_call.delta"):

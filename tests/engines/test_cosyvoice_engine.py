@@ -1,5 +1,5 @@
 """The cosyvoice engine against stand-ins of CosyVoice's gRPC and FastAPI runtimes
-(voxserve/bench/cosyvoice_standin.py: built from the published protocol, tones, no model),
+(voxserve/standins/cosyvoice.py: built from the published protocol, tones, no model),
 over real sockets: each request kind carries its fields, audio streams as it comes, and a
 runtime that is down, dies mid-stream or stalls fails that call with a clear error in time
 while other calls go on and the next call works. CosyVoice itself (weights, a GPU) is not
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
-from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.engines import cosyvoice_local
+from voxserve.engines.base import VoiceRegistration
 from voxserve.engines.cosyvoice_tts import CosyVoiceTts
 from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin, sft_client
 
 TIMEOUT_S = 1.0
 VOICES = {
@@ -76,8 +77,8 @@ def speak(tts: CosyVoiceTts, text: str, voice: str = "woman") -> np.ndarray:
 
 def test_each_request_kind_carries_its_fields(standin: Standin, tmp_path: Path) -> None:
     tts = engine(standin, tmp_path)
-    tts.add_prompt_voice("clone", PROMPT, "希望你以后能够做的比我还好呦。", "zh")
-    tts.add_prompt_voice("abroad", PROMPT, "", "en")
+    tts.register_voice("clone", PROMPT, "希望你以后能够做的比我还好呦。", "zh")
+    tts.register_voice("abroad", PROMPT, "", "en")
     assert {v.id for v in tts.voices()} == {"woman", "calm", "clone", "abroad"}
     expected = {
         "woman": {"kind": "sft_request", "spk_id": "中文女"},
@@ -94,6 +95,18 @@ def test_each_request_kind_carries_its_fields(standin: Standin, tmp_path: Path) 
         if voice in ("clone", "abroad"):
             assert got["prompt_audio"] == PROMPT.tobytes()  # 16 kHz int16, as CosyVoice reads
     tts.close()
+
+
+def test_the_benchs_direct_client_gets_the_standins_chunks(grpc_standin: GrpcStandin) -> None:
+    """`sft_client` (what `python -m voxserve.bench.cosyvoice_relay` times directly) sends an
+    sft request and reads every chunk of its reply."""
+    chunks = list(sft_client(f"127.0.0.1:{grpc_standin.port}")("Direct call."))
+    assert [len(c) for c in chunks] == [CHUNK * 2] * grpc_standin.chunks
+    assert grpc_standin.requests[-1] == {
+        "kind": "sft_request",
+        "tts_text": "Direct call.",
+        "spk_id": "中文女",
+    }
 
 
 def test_text_goes_one_sentence_per_call_and_chunks_as_they_come(
@@ -196,18 +209,22 @@ def test_a_runtime_that_is_down_fails_at_once(scheme: str, tmp_path: Path) -> No
 
 def test_zero_shot_voices_stay_on_disk(standin: Standin, tmp_path: Path) -> None:
     tts = engine(standin, tmp_path)
-    tts.add_prompt_voice("clone", PROMPT, "Hello there.", "en", "my clone")
-    tts.add_prompt_voice("gone", PROMPT, "", "en")
-    assert tts.remove_prompt_voice("gone") and not tts.remove_prompt_voice("gone")
+    tts.register_voice("clone", PROMPT, "Hello there.", "en", "my clone")
+    tts.register_voice("gone", PROMPT, "", "en")
+    assert tts.unregister_voice("gone") and not tts.unregister_voice("gone")
     tts.close()
     again = engine(standin, tmp_path)
     clone = {v.id: v for v in again.voices()}["clone"]
     assert (clone.language, clone.description, clone.sample_rate) == ("en", "my clone", 24_000)
     assert "gone" not in {v.id for v in again.voices()}
+    # the capability the admin routes call: the registered voices only, not the table's
+    assert isinstance(again, VoiceRegistration)
+    assert [v.id for v in again.registered_voices()] == ["clone"]
+    assert again.prompt_rules.rate == 16_000  # what CosyVoice reads a prompt at
     speak(again, "Still me.", "clone")
     assert standin.requests[-1]["prompt_text"] == "Hello there."
     with pytest.raises(ValueError, match="voices table"):
-        again.add_prompt_voice("woman", PROMPT, "", "zh")
+        again.register_voice("woman", PROMPT, "", "zh")
     again.close()
 
 
@@ -217,7 +234,7 @@ def test_a_bad_voice_file_skips_that_voice_not_the_engine(
     """An empty WAV, a WAV that is not one, a JSON that is not an object: each voice is
     skipped at start (logged); the good one loads and the engine serves."""
     tts = engine(grpc_standin, tmp_path)
-    tts.add_prompt_voice("good", PROMPT, "Hello there.", "en")
+    tts.register_voice("good", PROMPT, "Hello there.", "en")
     tts.close()
     voices = tmp_path / "voices"
     for name, wav, meta in (
@@ -245,8 +262,8 @@ def test_registrations_at_once_keep_every_voice_and_no_half_file(
     def register(i: int) -> None:
         try:
             for round_ in range(15):
-                tts.add_prompt_voice("shared", PROMPT, f"take {round_}", "en")
-                tts.add_prompt_voice(f"own{i}", PROMPT, "", "en")
+                tts.register_voice("shared", PROMPT, f"take {round_}", "en")
+                tts.register_voice(f"own{i}", PROMPT, "", "en")
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -1,5 +1,5 @@
 """A real voxserve server whose TTS engine is cosyvoice, in front of a stand-in of
-CosyVoice's gRPC or FastAPI runtime (voxserve/bench/cosyvoice_standin.py, tones from the
+CosyVoice's gRPC or FastAPI runtime (voxserve/standins/cosyvoice.py, tones from the
 published protocol): /v1/audio/speech through the official `openai` SDK and a /v1/stream
 session get the stand-in's audio, the first chunk before the runtime's stream ended; a
 stalled runtime is a clear error to that session in time and the next reply works; a
@@ -22,8 +22,8 @@ from websockets.asyncio.client import connect
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.wsclient import collect, of_type, start
 from voxserve.audio.wav import write_wav
-from voxserve.bench.cosyvoice_standin import GrpcStandin, HttpStandin, Standin
 from voxserve.config import EngineSpec, Settings, load_settings
+from voxserve.standins.cosyvoice import GrpcStandin, HttpStandin, Standin
 
 ADMIN_KEY = "cosy-admin"
 TIMEOUT_S = 1.5
@@ -146,6 +146,26 @@ def register(live: LiveServer, voice: str, prompt_text: str, wav: bytes) -> http
 def voice_ids(live: LiveServer) -> set[str]:
     listed: dict[str, Any] = httpx.get(f"{live.http_url}/v1/voices", timeout=10).json()
     return {voice["id"] for voice in listed["voices"]}
+
+
+def test_voice_registration_is_an_engine_capability(tmp_path: Path) -> None:
+    """/admin/voices/{engine} knows no engine by name: a TTS engine without the capability
+    (here `load`), or a name no engine has, is a clear invalid_parameter."""
+    settings = settings_for("grpc://127.0.0.1:9", tmp_path / "voices")  # never called
+    engines = settings.engines.model_copy(
+        update={"tts": [EngineSpec(name="load")], "default_voice": "load"}
+    )
+    live = start_server(settings.model_copy(update={"engines": engines}))
+    try:
+        plain = httpx.get(f"{live.http_url}/admin/voices/load", headers=ADMIN, timeout=10)
+        assert plain.status_code == 400, plain.text
+        assert plain.json()["error"]["code"] == "invalid_parameter"
+        assert "load engine does not register voices" in plain.json()["error"]["message"]
+        absent = register(live, "alice", "", b"RIFF")
+        assert absent.status_code == 400 and absent.json()["error"]["code"] == "invalid_parameter"
+        assert "no TTS engine 'cosyvoice' is configured" in absent.json()["error"]["message"]
+    finally:
+        stop_server(live)
 
 
 def test_a_zero_shot_voice_from_the_admin_api_survives_a_restart(tmp_path: Path) -> None:

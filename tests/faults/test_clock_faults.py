@@ -63,10 +63,10 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
 ) -> None:
     clock = JumpingTime()
     for module in (
-        "server.session_driver",
-        "server.session_attachment",
+        "server.session.driver",
+        "server.session.attachment",
         "pipeline.session",
-        "pipeline.stage",
+        "pipeline.scheduling.stage",
     ):
         monkeypatch.setattr(f"voxserve.{module}.time", clock)
     baseline = await resources(fault_server)

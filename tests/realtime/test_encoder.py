@@ -8,6 +8,7 @@ import base64
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -21,10 +22,11 @@ from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.errors import ErrorCode
 from voxserve.server.realtime_api.codec import RealtimeDecoder
-from voxserve.server.realtime_api.events import RealtimeEncoder, stable_delta, stable_prefix
+from voxserve.server.realtime_api.events import RealtimeEncoder
 from voxserve.server.realtime_api.responses import RateLimit, request_limits
 from voxserve.server.realtime_api.session import UPDATE_STAGE, installed_of
 from voxserve.server.session.auth import ANONYMOUS
+from voxserve.server.session.partials import stable_delta, stable_prefix
 from voxserve.server.session.quotas import Quotas
 
 SID = "9f1c00aa11bb22cc"
@@ -520,11 +522,19 @@ def test_session_ended_and_tts_fallback_are_voxserve_events() -> None:
     }
 
 
-def test_rate_limits_are_the_keys_request_quota() -> None:
+def test_rate_limits_are_the_keys_request_and_audio_quotas() -> None:
     now = [100.0]
-    quotas = Quotas(QuotasConfig(anonymous=True), clock=lambda: now[0])
+    config = QuotasConfig(anonymous=True)
+    quotas = Quotas(config, clock=lambda: now[0])
     quotas.request("k")
-    assert request_limits(quotas, "k") == (RateLimit("requests", 40, 39, 0.05),)
+    quotas.charge_audio("k", 60.0)
+    per_min = config.default.audio_s_per_min
+    assert per_min
+    # tokens: the audio quota as a user's audio tokens, 10 a second (1 per 100 ms)
+    assert request_limits(quotas, "k") == (
+        RateLimit("requests", 40, 39, 0.05),
+        RateLimit("tokens", int(per_min * 10), int((per_min - 60) * 10), 60 / (per_min / 60)),
+    )
     disabled = Quotas(QuotasConfig(enabled=False))
     assert request_limits(disabled, ANONYMOUS) == ()
 
@@ -606,3 +616,22 @@ def test_semantic_vad_is_echoed_with_its_eagerness_in_session_updated() -> None:
         "create_response": True,
         "interrupt_response": True,
     }
+
+
+@pytest.mark.parametrize("beta", [False, True])
+def test_a_server_started_response_has_null_metadata_and_the_clients_voice_name(
+    beta: bool,
+) -> None:
+    """A response the server started (a spoken turn) has no metadata; each response names
+    its voice as the client did (beta: `voice`, GA: `audio.output.voice`)."""
+    _, encoder = codec(beta=beta)
+    script = spoken_reply()
+    script[0] = msgspec.structs.replace(script[0], voice_name="alloy")  # type: ignore[type-var]
+    events = run(encoder, [STARTED, *script], beta=beta)
+    for kind in ("response.created", "response.done"):
+        (response,) = [e["response"] for e in events if e["type"] == kind]
+        assert response["metadata"] is None
+        voice = response["voice"] if beta else response["audio"]["output"]["voice"]
+        assert voice == "alloy"
+    usage = response["usage"]  # the last one: response.done
+    assert usage["output_tokens"] == usage["total_tokens"] == 0  # no usage given: zeros

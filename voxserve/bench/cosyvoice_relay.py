@@ -1,6 +1,6 @@
 """`python -m voxserve.bench.cosyvoice_relay`: what voxserve adds in front of a CosyVoice
 runtime. The same requests go to a stand-in of CosyVoice's gRPC runtime
-(bench/cosyvoice_standin.py: tones, no model, so the runtime's own time is ~0) directly, and
+(standins/cosyvoice.py: tones, no model, so the runtime's own time is ~0) directly, and
 through a spawned `voxserve serve` whose TTS engine is `cosyvoice` pointing at it
 (/v1/audio/speech, pcm, cache off); it prints time to first audio and to the last byte,
 percentiles of each, and the difference: voxserve's relay cost, apart from any model.
@@ -18,29 +18,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 
-from voxserve.bench.cosyvoice_standin import GrpcStandin
 from voxserve.bench.servers import http_base, spawn_voxserve
 from voxserve.bench.stats import percentile
-from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
+from voxserve.standins.cosyvoice import GrpcStandin, sft_client
 
 Timing = tuple[float, float]  # (first audio, last byte), seconds
 
 
 def direct(target: str) -> Callable[[str], Timing]:
-    channel = grpc.insecure_channel(target)
-    stub_class: Any = cosyvoice_pb2_grpc.CosyVoiceStub
-    stub: Any = stub_class(channel)
+    speak = sft_client(target)
 
     def one(text: str) -> Timing:
-        request = cosyvoice_pb2.Request()
-        request.sft_request.spk_id = "中文女"
-        request.sft_request.tts_text = text
         started = time.perf_counter()
         first = 0.0
-        for _ in stub.Inference(request):
+        for _ in speak(text):
             first = first or time.perf_counter() - started
         return first, time.perf_counter() - started
 

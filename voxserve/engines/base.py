@@ -96,6 +96,51 @@ class TtsEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PromptRules:
+    """What a voice prompt must be for an engine that makes voices from one: the caller
+    decodes the recording to mono int16 at `rate`, refuses one shorter than `min_s` or
+    longer than `max_s`, and fills in `default_language` when the client names none."""
+
+    rate: int  # Hz
+    min_s: float
+    max_s: float
+    default_language: str
+
+
+@runtime_checkable
+class VoiceRegistration(Protocol):
+    """A capability a TTS engine may add: voices registered at run time from a recorded
+    prompt (zero-shot cloning), which the admin routes `/admin/voices/{engine}` call. The
+    routes know no engine by name; to one without this capability they answer
+    `invalid_parameter` ("does not register voices"). Registering and removing are
+    blocking (they keep the prompt on disk, so a voice survives a restart) and must be safe
+    beside synthesis on other threads; a voice registered appears in `voices()`."""
+
+    prompt_rules: PromptRules
+
+    def registered_voices(self) -> tuple[Voice, ...]:
+        """The voices registered this way (not those of the engine's configuration)."""
+        ...
+
+    def register_voice(
+        self,
+        voice_id: str,
+        pcm: Int16Array,
+        prompt_text: str,
+        language: str,
+        description: str = "",
+    ) -> Voice:
+        """Register (or replace) `voice_id` from `pcm` (mono at `prompt_rules.rate`);
+        `prompt_text` is what the prompt says ("" when not given). ValueError (its message
+        for the client) for an id or field the engine refuses."""
+        ...
+
+    def unregister_voice(self, voice_id: str) -> bool:
+        """Forget a registered voice and its files; False if there was none."""
+        ...
+
+
 @runtime_checkable
 class Responder(Protocol):
     """The text step between ASR and TTS (NLU, rules, an LLM)."""
@@ -151,15 +196,26 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyUsage:
+    """The tokens a reply took, as the model's server counted them (chat completions'
+    `usage`): a Conversant yields it once, after the reply, when its server reports one."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
 @runtime_checkable
 class Conversant(Protocol):
     """A responder that reads the whole conversation and may call tools (an LLM). Others
     (rules, echo) only `respond`: conversation sessions then pass the last user text and
     the (user, assistant) turns, and offer them no tools."""
 
-    def converse(self, request: ReplyRequest) -> AsyncIterator[str | ToolCallDelta]:
+    def converse(self, request: ReplyRequest) -> AsyncIterator[str | ToolCallDelta | ReplyUsage]:
         """Stream the reply: text pieces (regrouped for speech, as `respond` does) and the
-        tool calls' pieces as they come. Closing the stream early stops the model's work."""
+        tool calls' pieces as they come, then its ReplyUsage if the model's server counted
+        it. Closing the stream early stops the model's work."""
         ...
 
 
@@ -173,6 +229,16 @@ def inline_safe(engine: object) -> bool:
     of bounded CPU with no I/O, locks or sleeps. Absent means no: a call that may block would
     stall every stream."""
     return getattr(engine, "inline_safe", False) is True
+
+
+def fork_safe(engine_class: object) -> bool:
+    """Whether an engine built in a parent process works in a forked child (`serve
+    --workers N` builds such engines once, before fork, and the workers share them). The
+    class says so with `fork_safe = True`, promising its calls need no thread the engine or
+    its library started (a child has none of the parent's threads: CTranslate2's replica
+    thread makes whisper's first transcription hang there). Absent means no: the engine is
+    built in each worker. tests/memory/test_workers.py forks and calls each that says so."""
+    return getattr(engine_class, "fork_safe", False) is True
 
 
 TRANSCRIBE_ONLY: tuple[AsrTask, ...] = ("transcribe",)

@@ -31,8 +31,10 @@ from voxserve.audio.pcm import Int16Array
 from voxserve.config import ClusterCredits, default_cache_dir
 from voxserve.engines import cosyvoice_local, cosyvoice_models
 from voxserve.engines._versions import dist_version
+from voxserve.engines.base import PromptRules
 from voxserve.engines.chunk_deadline import ChunkLate
 from voxserve.engines.cosyvoice_request import (
+    PROMPT_RATE,
     CosyBusy,
     CosyFailed,
     CosyRequest,
@@ -40,7 +42,10 @@ from voxserve.engines.cosyvoice_request import (
     CosyUnavailable,
 )
 from voxserve.engines.cosyvoice_voices import (
+    DEFAULT_LANGUAGE,
     ENGINE,
+    MAX_PROMPT_S,
+    MIN_PROMPT_S,
     CosyVoiceEntry,
     ZeroShotStore,
     check_voice_id,
@@ -67,6 +72,10 @@ class CosyVoiceTts:
     """TtsEngine over one CosyVoice runtime (or the model in-process)."""
 
     fork_safe = False  # a gRPC channel must be made in the process that uses it
+    # VoiceRegistration (engines/base.py): the zero-shot voices of the admin API.
+    prompt_rules = PromptRules(
+        rate=PROMPT_RATE, min_s=MIN_PROMPT_S, max_s=MAX_PROMPT_S, default_language=DEFAULT_LANGUAGE
+    )
 
     def __init__(
         self,
@@ -236,7 +245,10 @@ class CosyVoiceTts:
             retry_after_s=1,
         )
 
-    def add_prompt_voice(
+    def registered_voices(self) -> tuple[Voice, ...]:
+        return tuple(entry.voice for entry in self._prompted.values())
+
+    def register_voice(
         self,
         voice_id: str,
         pcm16k: Int16Array,
@@ -256,11 +268,7 @@ class CosyVoiceTts:
             self._entries = {**self._prompted, **self._table}
         return entry.voice
 
-    def is_prompt_voice(self, voice_id: str) -> bool:
-        """Whether `voice_id` was registered through the admin API (not the table)."""
-        return voice_id in self._prompted
-
-    def remove_prompt_voice(self, voice_id: str) -> bool:
+    def unregister_voice(self, voice_id: str) -> bool:
         """Forget a registered voice and delete its files; False if there was none."""
         with self._registering:
             if voice_id not in self._prompted:

@@ -130,6 +130,8 @@ class _Library:
 class EspeakTts:
     """TtsEngine: eSpeak NG voices; every instance shares the one process-wide library."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     def __init__(
         self, *, threads: int = 1, device: str = "cpu", max_piece_chars: int = MAX_PIECE_CHARS
     ) -> None:

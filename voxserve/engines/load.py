@@ -72,6 +72,8 @@ def burn(seconds: float, *, hold_gil: bool = False) -> None:
 class LoadVad:
     """VadEngine: speech where a 32 ms window's RMS level is above `threshold_dbfs`."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     window_samples: int = 512
 
     def __init__(
@@ -129,6 +131,8 @@ class LoadVad:
 class LoadAsr:
     """AsrEngine: returns `text` for any audio with speech in it, "" for a silent buffer."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     languages: tuple[str, ...] = ("en",)
 
     def __init__(
@@ -176,6 +180,8 @@ class LoadTts:
 
     `sleep_ms` and `cpu_ms_per_call` are paid before the first chunk (time to first audio);
     `cpu_ms_per_second_of_audio` is paid for each chunk as it is made."""
+
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
 
     def __init__(
         self,

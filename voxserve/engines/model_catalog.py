@@ -79,6 +79,17 @@ def whisper_ref(name: str) -> ModelRef:
     raise UnknownModel(f"unknown model {name!r}; {whisper_choices_text()}")
 
 
+def catalogue_licence(engine: str, model: str) -> str:
+    """The licence the catalogue knows for `engine`'s `model` before it is loaded (no
+    network): "unknown" for an engine without a reader here, or a name it does not know."""
+    if engine != "whisper":
+        return "unknown"
+    try:
+        return whisper_ref(model).licence
+    except LookupError:
+        return "unknown"
+
+
 def whisper_choices_text() -> str:
     """What a Whisper `model` may be, for error messages."""
     short = ", ".join(sorted(set(whisper_names()) - set(PACKAGED_WHISPER)))

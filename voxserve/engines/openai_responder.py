@@ -5,7 +5,9 @@ Tokens are regrouped into clauses before they are yielded: TTS voices whole clau
 better than single tokens, and the first clause still arrives well before the full reply.
 Conversation sessions call `converse` instead of `respond`: the whole conversation, tools
 offered as chat-completions `function` tools, and the model's tool calls streamed back as
-`ToolCallDelta` pieces between the text.
+`ToolCallDelta` pieces between the text; with `include_usage` (the default) it asks for the
+token counts (`stream_options.include_usage`) and yields them last as a `ReplyUsage`
+(a Realtime response's `usage`). A server that refuses the option: `include_usage = false`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 
 from voxserve import __version__
-from voxserve.engines.base import ChatMessage, ReplyRequest, ToolCallDelta
+from voxserve.engines.base import ChatMessage, ReplyRequest, ReplyUsage, ToolCallDelta
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import ToolSpec
 from voxserve.text import ClauseBuffer
@@ -64,6 +66,7 @@ class OpenAIResponder:
         max_chunk_chars: int = 200,
         max_connections: int = 256,
         trust_env: bool = True,
+        include_usage: bool = True,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
@@ -82,6 +85,7 @@ class OpenAIResponder:
         self.max_chunk_chars = max_chunk_chars
         self.max_connections = max_connections
         self.trust_env = trust_env
+        self.include_usage = include_usage
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self.info = EngineInfo(
@@ -133,6 +137,8 @@ class OpenAIResponder:
             messages.append({"role": "system", "content": system})
         messages.extend(_chat_message(message) for message in request.messages)
         body = self._body(messages, request.max_output_tokens or self.max_tokens)
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
         if request.tools:
             body["tools"] = [_tool(spec) for spec in request.tools]
             if request.tool_choice is not None:
@@ -155,17 +161,22 @@ class OpenAIResponder:
         finally:
             await stream.aclose()
 
-    def converse(self, request: ReplyRequest) -> AsyncGenerator[str | ToolCallDelta, None]:
+    def converse(
+        self, request: ReplyRequest
+    ) -> AsyncGenerator[str | ToolCallDelta | ReplyUsage, None]:
         """Stream the reply of a conversation session: clause-sized text pieces and the
         tool calls' pieces (`delta.tool_calls`) as they come. Errors and closing as for
         `respond`."""
         return self._stream(self.converse_body(request))
 
-    async def _stream(self, body: dict[str, Any]) -> AsyncGenerator[str | ToolCallDelta, None]:
+    async def _stream(
+        self, body: dict[str, Any]
+    ) -> AsyncGenerator[str | ToolCallDelta | ReplyUsage, None]:
         client = self._get_client()
         chunker = ClauseBuffer(
             min_clause_chars=self.min_clause_chars, max_chunk_chars=self.max_chunk_chars
         )
+        usage: ReplyUsage | None = None
         try:
             async with client.stream("POST", self.url, json=body) as response:
                 if not 200 <= response.status_code < 300:
@@ -181,11 +192,17 @@ class OpenAIResponder:
                     payload = parser.feed(line)
                     if payload is not None:
                         for piece in _pieces(payload, chunker):
-                            yield piece
+                            if isinstance(piece, ReplyUsage):
+                                usage = piece  # last, after the text still in the chunker
+                            else:
+                                yield piece
                 payload = parser.end()
                 if payload is not None:
                     for piece in _pieces(payload, chunker):
-                        yield piece
+                        if isinstance(piece, ReplyUsage):
+                            usage = piece
+                        else:
+                            yield piece
                 if not parser.done and not parser.events:
                     raise _engine_error("responder server sent no server-sent events")
         except httpx.TimeoutException as exc:
@@ -201,6 +218,8 @@ class OpenAIResponder:
         rest = chunker.flush()
         if rest:
             yield rest
+        if usage is not None:
+            yield usage
 
     async def aclose(self) -> None:
         """Close the HTTP client (and its pooled connections); a later call reopens one."""
@@ -306,13 +325,16 @@ def _tool_choice(choice: str) -> str | dict[str, Any]:
     return {"type": "function", "function": {"name": choice}}
 
 
-def _pieces(payload: str, chunker: ClauseBuffer) -> list[str | ToolCallDelta]:
+def _pieces(payload: str, chunker: ClauseBuffer) -> list[str | ToolCallDelta | ReplyUsage]:
     """What one chunk adds: clauses its text completed, then its tool calls' pieces (the
-    text before a call is flushed first, so the order of the stream is kept)."""
-    delta = _delta(payload)
+    text before a call is flushed first, so the order of the stream is kept), then the
+    reply's token counts if the chunk has them (`usage`: the last chunk, or with it)."""
+    chunk = _chunk(payload)
+    usage = _usage(chunk.get("usage"))
+    delta = _delta(chunk)
     if delta is None:
-        return []
-    pieces: list[str | ToolCallDelta] = []
+        return [usage] if usage else []
+    pieces: list[str | ToolCallDelta | ReplyUsage] = []
     content = delta.get("content")
     if isinstance(content, str) and content:
         pieces.extend(chunker.feed(content))
@@ -322,7 +344,27 @@ def _pieces(payload: str, chunker: ClauseBuffer) -> list[str | ToolCallDelta]:
         if rest:
             pieces.append(rest)
         pieces.extend(calls)
+    if usage is not None:
+        pieces.append(usage)
     return pieces
+
+
+def _usage(raw: object) -> ReplyUsage | None:
+    """Chat completions' `usage` ({prompt_tokens, completion_tokens,
+    prompt_tokens_details.cached_tokens}); None when absent or not counts (some servers
+    send null, or partial objects: those are taken as absent, never as an error)."""
+    if not isinstance(raw, dict):
+        return None
+    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    if not _count(prompt) or not _count(completion):
+        return None
+    details = raw.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return ReplyUsage(prompt, completion, cached if _count(cached) else 0)
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40
 
 
 def _tool_call_deltas(raw: object) -> list[ToolCallDelta]:
@@ -351,14 +393,19 @@ def _tool_call_deltas(raw: object) -> list[ToolCallDelta]:
     return deltas
 
 
-def _delta(payload: str) -> dict[str, Any] | None:
-    """The `delta` of one chat-completion chunk (None for usage or final chunks)."""
+def _chunk(payload: str) -> dict[str, Any]:
+    """One event's JSON object."""
     try:
         chunk = json.loads(payload)
     except ValueError:
         raise _engine_error("responder server sent an event that is not JSON") from None
     if not isinstance(chunk, dict):
         raise _engine_error("responder server sent an event that is not a JSON object")
+    return chunk
+
+
+def _delta(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """The `delta` of one chat-completion chunk (None for usage or final chunks)."""
     error = chunk.get("error")
     if error is not None:
         kind = (error.get("type") or error.get("code")) if isinstance(error, dict) else None

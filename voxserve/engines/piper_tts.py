@@ -125,6 +125,8 @@ class PiperTts:
     """TtsEngine: Piper VITS, one shared onnxruntime session (thread-safe `run`) per voice:
     the packaged joe, and the voices `voices` names (engines/piper_voices.py)."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     def __init__(
         self,
         *,

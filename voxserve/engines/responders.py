@@ -25,6 +25,8 @@ _LICENSE = "Apache-2.0"
 class EchoResponder:
     """Replies with exactly the user's text, so tests can predict every reply."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     info: EngineInfo
 
     def __init__(self) -> None:
@@ -231,6 +233,8 @@ class RulesResponder:
     replies and override built-in ones. `now` supplies the clock (local time by default),
     which keeps time and date replies testable.
     """
+
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
 
     info: EngineInfo
 

@@ -61,6 +61,8 @@ class SileroState:
 class SileroVad:
     """VadEngine: one speech probability per 512-sample (32 ms) window of 16 kHz audio."""
 
+    fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+
     window_samples: int = WINDOW_SAMPLES
     # One onnxruntime run per window step on a single intra-op thread: bounded CPU, no I/O.
     # Rounds that measure under pipeline.inline_below_us run on the event loop

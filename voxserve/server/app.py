@@ -30,7 +30,7 @@ from voxserve.server.http import memory as http_memory
 from voxserve.server.http.guards import BodyTimeout, OriginGuard
 from voxserve.server.realtime import client_secrets as realtime_client_secrets
 from voxserve.server.realtime import stream as realtime_stream
-from voxserve.server.session.http_requests import TRACE_HEADER
+from voxserve.server.request_id import REQUEST_ID_HEADER, TRACE_HEADER, RequestId
 from voxserve.server.transports import Transports
 from voxserve.server.webrtc.calls import CallService
 from voxserve.server.ws import stream as ws_stream
@@ -71,7 +71,7 @@ def create_app(runtime: Runtime) -> Starlette:
         *health.routes(runtime),
         *http_audio.routes(runtime),
         *http_admin.routes(runtime),
-        *http_admin_voices.routes(runtime),  # cosyvoice zero-shot voices
+        *http_admin_voices.routes(runtime),  # voices an engine registers (VoiceRegistration)
         *http_admin_models.routes(runtime),  # /admin/models: list, pull, remove
         *http_debug.routes(runtime),
         *http_engines.routes(runtime),  # /admin/engines: hot reload
@@ -82,7 +82,12 @@ def create_app(runtime: Runtime) -> Starlette:
         *calls.routes(),  # ... and over WebRTC (server/webrtc/calls.py)
         *web.routes(runtime),  # the browser page: GET / and /web/...
     ]
-    middleware = [host_middleware(runtime), *cors_middleware(runtime), *guard_middleware(runtime)]
+    middleware = [
+        Middleware(RequestId),  # outermost: every answer, refusals too, names its request
+        host_middleware(runtime),
+        *cors_middleware(runtime),
+        *guard_middleware(runtime),
+    ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.runtime = runtime
     return app
@@ -111,7 +116,7 @@ def cors_middleware(runtime: Runtime) -> list[Middleware]:
             allow_origins=origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["authorization", "content-type"],
-            expose_headers=[TRACE_HEADER, "Retry-After", "Location"],
+            expose_headers=[REQUEST_ID_HEADER, TRACE_HEADER, "Retry-After", "Location"],
             max_age=600,
         )
     ]

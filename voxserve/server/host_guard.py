@@ -33,15 +33,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voxserve.config import Settings
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.server.realtime.stream import BETA_SUBPROTOCOL
-from voxserve.server.realtime.stream import SUBPROTOCOL as REALTIME_SUBPROTOCOL
 from voxserve.server.realtime_api.events import RealtimeEncoder
-from voxserve.server.realtime_api.session import Installed, initial_wire
+from voxserve.server.realtime_api.session import BETA_SUBPROTOCOL, Installed, initial_wire
+from voxserve.server.realtime_api.session import SUBPROTOCOL as REALTIME_SUBPROTOCOL
 from voxserve.server.session.auth import SUBPROTOCOL as STREAM_SUBPROTOCOL
 from voxserve.server.session.errors import error_response
 from voxserve.server.session.events import refusal_event
 from voxserve.server.session.stream_protocol import encode_event
-from voxserve.server.websocket.link import CLOSE_POLICY
+from voxserve.server.websocket.close_codes import CLOSE_POLICY
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 MAX_HOST = 300  # characters of a Host value judged at all (a name is at most 253)

@@ -12,7 +12,8 @@ none in the child, and a call that waits for them hangs. CTranslate2 (whisper) d
 (its replica worker thread): a forked child's first transcription never returns. silero,
 piper, espeak and the load engines run on the calling thread (onnxruntime with one intra-op
 thread starts no pool), so they work in a child (tests/memory/test_workers.py forks and
-calls each). An engine class may declare `fork_safe = True/False` itself.
+calls each). Each engine class declares it (`fork_safe = True`, engines/base.py): this
+module knows no engine by name.
 
 The parent only supervises: a worker that dies is started again (after a pause if it dies
 young), SIGTERM/SIGINT are forwarded to the workers (each drains and exits 0) and the parent
@@ -32,22 +33,12 @@ from types import FrameType
 from typing import Any
 
 from voxserve.config import ConfigError, EngineSpec, Settings
+from voxserve.engines.base import fork_safe as declares_fork_safe
 from voxserve.engines.registry import EngineConfigError, engine_class
 from voxserve.observe import gc_control
 
 log = logging.getLogger(__name__)
 
-# (kind, name) measured fork-safe on this stack (onnxruntime 1 intra-op thread, espeak-ng).
-FORK_SAFE = {
-    ("vad", "silero"),
-    ("tts", "piper"),
-    ("tts", "espeak"),
-    ("vad", "load"),
-    ("asr", "load"),
-    ("tts", "load"),
-    ("responder", "rules"),
-    ("responder", "echo"),
-}
 RESTART_PAUSE_S = 1.0  # a worker that dies within this of its start waits this long
 CONFIG_ERROR_EXIT = 2  # a worker's engines are misconfigured: stop, do not restart
 MAX_QUICK_DEATHS = 5  # in a row: the workers cannot start; give up (exit 1)
@@ -56,10 +47,8 @@ WorkerMain = Callable[[Settings, dict[str, Any], int], int]
 
 
 def fork_safe(kind: str, name: str) -> bool:
-    declared = getattr(engine_class(kind, name), "fork_safe", None)
-    if isinstance(declared, bool):
-        return declared
-    return (kind, name) in FORK_SAFE
+    """What the engine class declares (engines/base.py `fork_safe`)."""
+    return declares_fork_safe(engine_class(kind, name))
 
 
 def preload_engines(settings: Settings) -> dict[str, Any]:

@@ -5,6 +5,12 @@ changes nothing.
 
 Truncation needs what an assistant item's audio said when: the reply's sentences and the
 samples sent (speaker.ReplyStats), kept for the newest KEPT_AUDIO spoken items.
+
+Every function call the responder makes gets the session's own call id (`call_<item id>`),
+never the model's: some LLM servers reuse a call id, and a conversation keyed by a reused
+id would pair the second call with the first one's output. The model's own id is kept
+beside it (`_upstream`) and is what the model reads back (`view`): an id it chose, in the
+form its server accepts (Mistral's take 9 characters).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from collections import OrderedDict
 
 import msgspec
 
+from voxserve.engines.base import ChatMessage
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.events import CreateItem, Item, ItemAdded, ItemDeleted, ItemDone
 from voxserve.pipeline.conversation.state import VIEW_CHARS, Conversation, message_item
+from voxserve.pipeline.conversation.usage import audio_tokens
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis.speaker import ReplyStats, spoken_text
 
@@ -35,6 +43,34 @@ class ConversationItems:
         self.conversation = Conversation()
         self._ids = 0  # items the session names (function calls, the client's unnamed items)
         self._audio: OrderedDict[str, Spoken] = OrderedDict()
+        self._upstream: dict[str, str] = {}  # the session's call id -> the model's
+        self._heard: dict[str, int] = {}  # audio items' ms (turns, replies): usage.py
+
+    def new_call(self, upstream: str | None) -> tuple[str, str]:
+        """A function call of the responder's: its item id and the session's call id for it,
+        mapped to the model's `upstream` one (module docstring)."""
+        item_id = self.new_id("f")
+        call_id = f"call_{item_id}"
+        if upstream:
+            self._upstream[call_id] = upstream
+        return item_id, call_id
+
+    def heard(self, item_id: str, audio_ms: int) -> None:
+        """An audio item's length (a user's turn, a reply's audio as heard)."""
+        if self.conversation.get(item_id) is not None:
+            self._heard[item_id] = audio_ms
+
+    def audio_tokens(self) -> int:
+        """The tokens of the conversation's audio items (usage.audio_tokens)."""
+        return sum(
+            audio_tokens(self._heard[item.id], _text(item.role))
+            for item in self.conversation
+            if item.id in self._heard
+        )
+
+    def view(self) -> tuple[ChatMessage, ...]:
+        """The conversation as the responder reads it, its calls under the model's ids."""
+        return self.conversation.view(self._upstream)
 
     def new_id(self, kind: str) -> str:
         self._ids += 1
@@ -53,6 +89,8 @@ class ConversationItems:
         await self.outbox.event(ItemAdded(item=item, previous_item_id=previous))
         for item_id in removed:
             self._audio.pop(item_id, None)
+            self._upstream.pop(f"call_{item_id}", None)
+            self._heard.pop(item_id, None)
             await self.outbox.event(ItemDeleted(item_id=item_id))
         return previous
 
@@ -64,9 +102,13 @@ class ConversationItems:
         await self.outbox.event(ItemDone(item=item, previous_item_id=previous))
         return item
 
-    def spoke(self, item_id: str, spoken: Spoken) -> None:
-        """An assistant item's audio ended: keep its timing for a later truncation."""
+    def spoke(self, item_id: str, spoken: Spoken, heard: int | None = None) -> None:
+        """An assistant item's audio ended: keep its timing for a later truncation; `heard`:
+        the samples the client played, if it truncated the item while it ran."""
         self._audio[item_id] = spoken
+        stats, rate = spoken
+        samples = stats.samples if heard is None else min(heard, stats.samples)
+        self.heard(item_id, samples * 1000 // rate)
         while len(self._audio) > KEPT_AUDIO:
             self._audio.popitem(last=False)
 
@@ -118,6 +160,8 @@ class ConversationItems:
     async def delete(self, item_id: str) -> None:
         self.conversation.delete(item_id)
         self._audio.pop(item_id, None)
+        self._upstream.pop(f"call_{item_id}", None)
+        self._heard.pop(item_id, None)
         await self.outbox.event(ItemDeleted(item_id=item_id))
 
     def truncate(
@@ -152,9 +196,14 @@ class ConversationItems:
         if playing is None:
             text = spoken_text(stats.sentences, samples)
             self.conversation.replace(msgspec.structs.replace(item, text=text))
+        self._heard[item_id] = audio_end_ms  # its audio past that is gone from the context
         return samples
 
 
 def _check_length(what: str, text: str, limit: int) -> None:
     if len(text) > limit:
         raise VoxError(ErrorCode.TEXT_TOO_LONG, f"the item's {what} is over {limit} characters")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""

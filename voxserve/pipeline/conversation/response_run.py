@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from voxserve.engines.base import Conversant, ReplyRequest, ToolCallDelta
-from voxserve.errors import VoxError
+from voxserve.engines.base import Conversant, ReplyRequest, ReplyUsage, ToolCallDelta
+from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     UNSET,
     FunctionCallDelta,
@@ -30,11 +30,13 @@ from voxserve.events import (
     ResponseOptions,
     ResponseStarted,
     ResponseText,
+    Usage,
 )
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation.items import ConversationItems
 from voxserve.pipeline.conversation.state import message_item, simple_turns
+from voxserve.pipeline.conversation.usage import usage_of
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.streams import SpokenSentences, read_responder
 from voxserve.pipeline.synthesis.speaker import ReplyStats, Speaker, spoken_text
@@ -46,6 +48,26 @@ class ToolCall:
 
     item: Item
     arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ToolBudget:
+    """The tool calls a user turn may make (`realtime.max_tool_calls_per_turn`), over the
+    responses that follow the user's message: one more fails the response with
+    TOO_MANY_TOOL_CALLS, so a responder that calls tools again and again cannot loop."""
+
+    limit: int
+    used: int = 0
+
+    def take(self) -> None:
+        if self.used >= self.limit:
+            raise VoxError(
+                ErrorCode.TOO_MANY_TOOL_CALLS,
+                f"the responder made more than {self.limit} tool calls since the user's last"
+                " message (realtime.max_tool_calls_per_turn)",
+                stage="responder",
+            )
+        self.used += 1
 
 
 @dataclass
@@ -61,9 +83,11 @@ class ResponseRun:
     item_id: str
     modalities: tuple[str, ...]
     voice: str
+    voice_name: str  # as the client named it (reported back)
     options: ResponseOptions
     segment: int | None  # the spoken turn it answers, if any (latency, tracing)
     stats: ReplyStats
+    tools: ToolBudget  # its turn's, shared with the responses before and after it
     sample_rate: int  # of its audio (a session.update meanwhile changes the next one's)
     request: ReplyRequest | None = None  # built from the conversation when it starts
     task: asyncio.Task[None] | None = None
@@ -75,6 +99,8 @@ class ResponseRun:
     pieces: list[str] = field(default_factory=list)
     calls: dict[int, ToolCall] = field(default_factory=dict)
     heard_samples: int | None = None  # a client's truncation while it ran
+    input_audio: int = 0  # tokens of the conversation's audio items it read (usage.py)
+    reported: ReplyUsage | None = None  # its responder's count, if it gave one
 
     @property
     def audio(self) -> bool:
@@ -96,6 +122,8 @@ class ResponseRun:
                     output_modalities=self.modalities,
                     voice=self.voice,
                     in_conversation=self.in_conversation,
+                    voice_name=self.voice_name,
+                    metadata=self.options.metadata,
                 )
             )
             self.announced = True
@@ -147,9 +175,11 @@ class ResponseRun:
         assert request is not None
         responder = self.ctx.engines.responder
 
-        async def each(piece: str | ToolCallDelta) -> None:
+        async def each(piece: str | ToolCallDelta | ReplyUsage) -> None:
             if isinstance(piece, ToolCallDelta):
                 await self._call_piece(piece)
+            elif isinstance(piece, ReplyUsage):
+                self.reported = piece
             elif piece:
                 await self._text_piece(piece)
                 if sentences is not None:
@@ -193,12 +223,13 @@ class ResponseRun:
             return
         call = self.calls.get(piece.index)
         if call is None:
-            item_id = self.items.new_id("f")
+            self.tools.take()
+            item_id, call_id = self.items.new_call(piece.call_id)
             item = Item(
                 id=item_id,
                 kind="function_call",
                 status="in_progress",
-                call_id=piece.call_id or f"call_{item_id}",
+                call_id=call_id,
                 name=piece.name or "",
                 arguments="",
             )
@@ -245,7 +276,7 @@ class ResponseRun:
                 await self.items.done(msgspec.structs.replace(item, status=done, text=text))
             )
             if self.audio and self.in_conversation:
-                self.items.spoke(item.id, (stats, self.sample_rate))
+                self.items.spoke(item.id, (stats, self.sample_rate), self.heard_samples)
         for call in self.calls.values():
             arguments = "".join(call.arguments)
             if status == "completed":
@@ -274,5 +305,19 @@ class ResponseRun:
                 code=error.code.value if error else UNSET,
                 message=error.message if error else UNSET,
                 output=tuple(output),
+                usage=self.usage(),
             )
+        )
+
+    def usage(self) -> Usage:
+        """Its tokens (pipeline/conversation/usage.py)."""
+        written = len("".join(self.pieces))
+        written += sum(len(part) for call in self.calls.values() for part in call.arguments)
+        audio_ms = self.stats.samples * 1000 // self.sample_rate if self.audio else 0
+        return usage_of(
+            self.request,
+            self.reported,
+            input_audio=self.input_audio,
+            output_chars=written,
+            output_audio_ms=audio_ms,
         )

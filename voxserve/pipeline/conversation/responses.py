@@ -46,7 +46,7 @@ from voxserve.events import (
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation.items import ConversationItems
-from voxserve.pipeline.conversation.response_run import ResponseRun
+from voxserve.pipeline.conversation.response_run import ResponseRun, ToolBudget
 from voxserve.pipeline.conversation.state import message_item
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.synthesis.speaker import ReplyStats, Speaker
@@ -95,6 +95,10 @@ class Responses:
         self._asked: asyncio.Future[int | None] | None = None  # the commit a create follows
         self._transcribed = -1  # the last spoken turn whose final (or failure) is in
         self._transcripts: dict[int, asyncio.Future[None]] = {}  # turns a response awaits
+        self._tools = self._new_turn()  # the tool calls the current user turn may make
+
+    def _new_turn(self) -> ToolBudget:
+        return ToolBudget(self.ctx.settings.realtime.max_tool_calls_per_turn)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -143,11 +147,14 @@ class Responses:
             self.speaker.playback_until = 0.0
             await self.outbox.event(BargeIn(segment=segment))
 
-    async def user_committed(self, segment: int) -> None:
-        """A spoken turn ends (AudioCommitted is out): its user item, not yet transcribed."""
+    async def user_committed(self, segment: int, audio_ms: int = 0) -> None:
+        """A spoken turn ends (AudioCommitted is out): its user item, not yet transcribed;
+        `audio_ms`: its speech (the response's usage counts it)."""
         self._committed = max(self._committed, segment)
+        self._tools = self._new_turn()
         item_id = speech_item_id(self.session_id, segment)
         await self.items.add(message_item(item_id, "user", None, audio=True))
+        self.items.heard(item_id, audio_ms)
 
     async def user_final(self, segment: int, text: str) -> None:
         """The turn's transcript (TranscriptFinal is out): the item is done; answer it when
@@ -216,6 +223,8 @@ class Responses:
 
     async def create_item(self, message: CreateItem) -> None:
         await self.items.create(message)
+        if message.kind == "message" and message.role == "user":
+            self._tools = self._new_turn()
 
     async def delete_item(self, item_id: str) -> None:
         await self.items.delete(item_id)
@@ -258,6 +267,8 @@ class Responses:
         defaults = self.config.response
         voice = options.voice or defaults.voice
         voice_id = self.ctx.engines.voice(voice)[0].id if voice else self.voice
+        # Reported as the client named it (alloy), as the session reports it.
+        named = options.voice_name if options.voice else defaults.voice_name
         modalities = options.output_modalities or defaults.output_modalities or ("audio",)
         self._replies += 1
         reply = self._replies
@@ -270,9 +281,11 @@ class Responses:
             item_id=reply_item_id(self.session_id, reply),
             modalities=tuple(modalities),
             voice=voice_id,
+            voice_name=named or voice_id,
             options=options,
             segment=segment,
             stats=ReplyStats(reply),
+            tools=self._tools,
             sample_rate=self.sample_rate,
         )
         previous = [r.task for r in self._running if r.task is not None]
@@ -288,7 +301,7 @@ class Responses:
             options.tools if options.tools is not None else defaults.tools or ()
         )
         return ReplyRequest(
-            messages=self.conversation.view(),
+            messages=self.items.view(),
             instructions=_first(options.instructions, defaults.instructions),
             tools=tools,
             tool_choice=_first(options.tool_choice, defaults.tool_choice),
@@ -317,6 +330,7 @@ class Responses:
                 if segment is not None and listener is not None:
                     turn = listener.take_turn(segment)
                 response.request = self._request(response.options)
+                response.input_audio = self.items.audio_tokens()
                 since = (
                     listener.speech_ended_at(segment) if listener and segment is not None else None
                 )

@@ -18,7 +18,8 @@ Bounds, so a long session cannot grow without end:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 from voxserve.engines.base import ChatMessage, ToolCall
 from voxserve.errors import ErrorCode, VoxError, quoted
@@ -108,8 +109,9 @@ class Conversation:
 
     # -- what a responder reads -----------------------------------------------------------
 
-    def view(self) -> tuple[ChatMessage, ...]:
-        """The newest items within `view_chars`, as chat messages (`_messages`)."""
+    def view(self, upstream: Mapping[str, str] | None = None) -> tuple[ChatMessage, ...]:
+        """The newest items within `view_chars`, as chat messages (`_messages`); `upstream`:
+        call ids to show as the model's own (items.ConversationItems)."""
         chosen: list[Item] = []
         budget = self.view_chars
         for item in reversed(self._items):
@@ -120,7 +122,8 @@ class Conversation:
                 break
             chosen.append(item)
         chosen.reverse()
-        return tuple(_messages(chosen))
+        messages = tuple(_messages(chosen))
+        return _renamed(messages, upstream) if upstream else messages
 
 
 def _messages(items: list[Item]) -> Iterator[ChatMessage]:
@@ -172,6 +175,25 @@ def _messages(items: list[Item]) -> Iterator[ChatMessage]:
             yield from _answered(pending, outputs)
         else:
             yield pending
+
+
+def _renamed(
+    messages: tuple[ChatMessage, ...], upstream: Mapping[str, str]
+) -> tuple[ChatMessage, ...]:
+    """`messages` with each call id the session gave shown as the model's own."""
+
+    def renamed(message: ChatMessage) -> ChatMessage:
+        if message.tool_calls:
+            calls = tuple(
+                replace(call, call_id=upstream.get(call.call_id, call.call_id))
+                for call in message.tool_calls
+            )
+            return replace(message, tool_calls=calls)
+        if message.call_id is not None:
+            return replace(message, call_id=upstream.get(message.call_id, message.call_id))
+        return message
+
+    return tuple(renamed(message) for message in messages)
 
 
 def _answered(message: ChatMessage, outputs: dict[str, Item]) -> Iterator[ChatMessage]:

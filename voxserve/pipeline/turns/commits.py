@@ -45,15 +45,16 @@ def whole_turn(stream: ListenState) -> SpeechEnd:
     return SpeechEnd(stream.kept_from, stream.audio.end, forced=True)
 
 
-async def committed(stream: ListenState, segment: int) -> None:
-    """`segment`'s turn is committed: AudioCommitted, then `on_commit`."""
+async def committed(stream: ListenState, segment: int, audio_ms: int) -> None:
+    """`segment`'s turn (`audio_ms` of speech) is committed: AudioCommitted, then
+    `on_commit`."""
     previous = stream.last_item_id() if stream.last_item_id is not None else None
     item_id = stream.item_id(segment)
     await stream.outbox.event(
         AudioCommitted(segment=segment, item_id=item_id, previous_item_id=previous)
     )
     if stream.on_commit is not None:
-        await stream.on_commit(segment)
+        await stream.on_commit(segment, audio_ms)
 
 
 async def _refuse_commit(stream: ListenState, why: str) -> None:

@@ -103,8 +103,9 @@ class ListenState:
         self.on_speculate: Callable[[int, str], Awaitable[None]] | None = None
         self.on_resume: Callable[[int], Awaitable[None]] | None = None
         # Conversation sessions only:
-        # (segment) after its AudioCommitted is queued, before its final is decoded.
-        self.on_commit: Callable[[int], Awaitable[None]] | None = None
+        # (segment, its speech in ms) after its AudioCommitted is queued, before its final
+        # is decoded.
+        self.on_commit: Callable[[int, int], Awaitable[None]] | None = None
         # (segment, error) after its TranscriptFailed is queued; on_final is not called.
         self.on_failed: Callable[[int, VoxError], Awaitable[None]] | None = None
         # The id of the conversation's last item: AudioCommitted's previous_item_id.

@@ -382,5 +382,5 @@ class Listener(ListenState):
             self.audio.trim(event.end)
         self.finals.turn_ended(self.segment)
         if self.in_conversation:
-            await commits.committed(self, self.segment)
+            await commits.committed(self, self.segment, ms(event.end) - ms(event.start))
         await self.finals.put(Utterance(self.segment, event.start, event.end, audio, decoded))

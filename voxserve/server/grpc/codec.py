@@ -1,6 +1,6 @@
 """voxserve.v1 requests -> the protocol's values (configs, client messages, audio frames), and
 VoxError -> gRPC status, as pure functions (no I/O, no server), so every mapping is
-unit-tested and fuzzable apart from a call. Events go the other way in grpc_events.py.
+unit-tested and fuzzable apart from a call. Events go the other way in grpc/events.py.
 
 Configs are turned into the WebSocket's `session.start` dict and validated by the same
 `parse_start`, so both transports accept and refuse exactly the same values with the same
@@ -78,6 +78,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # conversation sessions (the Realtime API) only; listed for completeness
     ErrorCode.RESPONSE_ACTIVE: S.FAILED_PRECONDITION,
     ErrorCode.RESPONSE_NOT_ACTIVE: S.FAILED_PRECONDITION,
+    ErrorCode.TOO_MANY_TOOL_CALLS: S.RESOURCE_EXHAUSTED,
     # WebRTC calls (HTTP) only; listed for completeness
     ErrorCode.INVALID_SDP: S.INVALID_ARGUMENT,
     ErrorCode.CALL_NOT_FOUND: S.NOT_FOUND,

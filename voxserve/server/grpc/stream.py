@@ -2,7 +2,7 @@
 
 Same admission (readiness, `limits.max_sessions`), handshake (the first request is the
 config, within 10 s), tasks and error rules as the WebSocket, by the same driver
-(session_driver.py): its receiver reads the request stream (`GrpcInput`), and the call's
+(session/driver.py): its receiver reads the request stream (`GrpcInput`), and the call's
 response generator is the sender draining the outbox. Differences that come from gRPC
 itself:
 

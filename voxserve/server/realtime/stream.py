@@ -40,13 +40,17 @@ from voxserve.server.realtime_api.secrets import (
     session_kind,
 )
 from voxserve.server.realtime_api.session import (
+    BETA_SUBPROTOCOL,
     FORMAT_RATES,
+    KEY_SUBPROTOCOL_PREFIX,
+    SUBPROTOCOL,
     Installed,
     Kind,
     RealtimeWire,
     initial_wire,
     installed_of,
 )
+from voxserve.server.request_id import trace_id_of
 from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached
 from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
@@ -55,23 +59,19 @@ from voxserve.server.session.events import internal_error, refusal_event
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.session.slot import chosen_model, count_refusal
-from voxserve.server.websocket.fastpath import FastPath, fast_path_of
-from voxserve.server.websocket.link import (
+from voxserve.server.websocket.close_codes import (
     CLOSE_INTERNAL,
     CLOSE_POLICY,
-    close_ended,
-    close_stalled,
-    write_text,
+    CLOSE_TRY_AGAIN,
+    TRY_AGAIN,
 )
-from voxserve.server.ws.stream import CLOSE_TRY_AGAIN, TRY_AGAIN
+from voxserve.server.websocket.fastpath import FastPath, fast_path_of
+from voxserve.server.websocket.link import close_ended, close_stalled, write_text
 from voxserve.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 REALTIME = Wire("realtime", in_band_end=True, stalls=True, tasks="voxserve-realtime")
-SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
-KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
-BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
 # Text messages up to this many times limits.max_message_bytes are read and refused with
 # an error event (the connection goes on); past it the WebSocket layer closes with 1009.
 OVERSIZE_READ = 4
@@ -171,7 +171,9 @@ class RealtimeConnection:
         present = installed_of(
             runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
         )
-        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta)
+        # The session's trace id is the handshake's x-request-id (server/request_id.py).
+        trace_id = trace_id_of(self.ws.scope)
+        wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta, trace_id=trace_id)
         if session is not None:
             apply_session(wire, session)
         self.wire = wire
@@ -225,7 +227,7 @@ class RealtimeLink:
         except (RuntimeError, OSError, WebSocketDisconnect):
             return  # the client left at once
         fast = self.fast
-        if fast is not None:  # the protocol watches that the client reads (ws_stall.py)
+        if fast is not None:  # the protocol watches that the client reads (websocket/stall.py)
             fast.stall_s = self.limits.stalled_client_s
             fast.on_stall = driver.client_stalled
             fast.holds_text = self._holdable  # appends are held and queued together
@@ -254,7 +256,7 @@ class RealtimeLink:
             message = await self.ws.receive()
         else:
             fast.hold_text = self._text_wanted_in()
-            fast.open = True  # appends may be held while we wait (ws_fastpath.py)
+            fast.open = True  # appends may be held while we wait (websocket/fastpath.py)
             try:
                 message = await self.ws.receive()
             finally:

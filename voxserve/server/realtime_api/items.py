@@ -1,6 +1,6 @@
 """Conversation items both ways: a Realtime `conversation.item.create` -> CreateItem, a
 `response.create` -> CreateResponse, and the session's `Item` -> the item object of server
-events (GA content part names, or beta's). Pure (realtime_codec.py, realtime_events.py)."""
+events (GA content part names, or beta's). Pure (realtime_api/codec.py, realtime_api/events.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from voxserve.server.realtime_api.update import (
 from voxserve.server.session import fields as f
 
 Obj = dict[str, Any]
+MAX_METADATA = 16  # a response's metadata: OpenAI's bounds (pairs, key and value lengths)
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system"}
 # The content parts a message of each role may have, and the field holding its text (an
 # audio part's transcript: voxserve takes no audio items, only what was said).
@@ -129,8 +132,33 @@ def create_response(data: Obj, wire: RealtimeWire) -> CreateResponse:
         voice=None if voice is None else voice_id(voice, wire.installed),
         max_output_tokens=max_tokens(response.get(tokens_key), f"{path}.{tokens_key}"),
         in_conversation=conversation != "none",
+        voice_name=voice,
+        metadata=metadata_of(response.get("metadata"), f"{path}.metadata"),
     )
     return CreateResponse(options)
+
+
+def metadata_of(value: object, path: str) -> tuple[tuple[str, str], ...] | None:
+    """A response's `metadata` as OpenAI takes it: at most MAX_METADATA string pairs, keys
+    of at most MAX_METADATA_KEY characters, values of at most MAX_METADATA_VALUE; echoed on
+    its response.created and response.done (LiveKit's generate_reply matches its
+    `client_event_id` there). null: none."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise f.invalid(f"{path} must be an object of string keys and values")
+    if len(value) > MAX_METADATA:
+        raise f.bad_value(path, f"has {len(value)} keys; at most {MAX_METADATA}")
+    pairs = []
+    for key, text in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise f.bad_value(path, f"has a key longer than {MAX_METADATA_KEY} characters")
+        if not isinstance(text, str):
+            raise f.invalid(f"{path}.{key} must be a string")
+        if len(text) > MAX_METADATA_VALUE:
+            raise f.bad_value(f"{path}.{key}", f"is longer than {MAX_METADATA_VALUE} characters")
+        pairs.append((key, text))
+    return tuple(pairs)
 
 
 def _same_format(fmt: str, wire: RealtimeWire) -> None:

@@ -1,6 +1,6 @@
 """Which client event an `error` event answers, for its `error.event_id` (the Realtime
 API's tie between a refused client event and its error), on /v1/realtime
-(server/realtime/stream.py). The codec ties its own refusals (realtime_codec.py); these are
+(server/realtime/stream.py). The codec ties its own refusals (realtime_api/codec.py); these are
 the rest the receiver reports: what the session refuses, the audio quota."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The events of a response (response.created to response.done) for the Realtime encoder
-(realtime_events.py): which reply is which response, each output item's output_index, the
+(realtime_api/events.py): which reply is which response, each output item's output_index, the
 content part of its message, and the done events an output still owes when it ends (a
 barge-in cuts a reply short: its item still gets its transcript, part and item done
 events, then response.done). Pure, per connection."""
@@ -21,7 +21,9 @@ from voxserve.events import (
     ResponseDelta,
     ResponseDone,
     ResponseStarted,
+    Usage,
 )
+from voxserve.pipeline.conversation.usage import USER_AUDIO_MS_PER_TOKEN
 from voxserve.server.realtime_api.items import item_dict
 from voxserve.server.realtime_api.session import BETA_NAMES, RealtimeWire, audio_format
 from voxserve.server.session.quotas import Quotas
@@ -72,13 +74,22 @@ class RateLimit:
 
 def request_limits(quotas: Quotas, principal: str) -> tuple[RateLimit, ...]:
     """rate_limits.updated's figures for a connection of `principal`: its key's request
-    rate (quotas.requests_per_s, a bucket of `burst`); none when no rate applies. The
-    audio-seconds quota has no entry: the API names only requests and tokens."""
-    left = quotas.requests_left(principal)
-    if left is None:
-        return ()
-    size, tokens, reset_s = left
-    return (RateLimit("requests", int(size), int(tokens), round(reset_s, 3)),)
+    rate (quotas.requests_per_s, a bucket of `burst`) as `requests`, and its audio quota
+    (quotas.audio_s_per_min) as `tokens`, counted as a user's audio tokens (10 a second:
+    pipeline/conversation/usage.py); none for a quota that does not apply."""
+    limits = []
+    requests = quotas.requests_left(principal)
+    if requests is not None:
+        size, left, reset_s = requests
+        limits.append(RateLimit("requests", int(size), int(left), round(reset_s, 3)))
+    audio = quotas.audio_left(principal)
+    if audio is not None:
+        size_s, left_s, reset_s = audio
+        per_s = 1000 // USER_AUDIO_MS_PER_TOKEN
+        limits.append(
+            RateLimit("tokens", int(size_s * per_s), int(left_s * per_s), round(reset_s, 3))
+        )
+    return tuple(limits)
 
 
 @dataclass(slots=True)
@@ -87,8 +98,9 @@ class _Response:
     reply: int
     item_id: str  # its assistant message (if it speaks or writes)
     modalities: tuple[str, ...]
-    voice: str
+    voice: str  # as the client named it
     in_conversation: bool
+    metadata: Obj | None
     outputs: dict[str, int] = field(default_factory=dict)  # item id -> output_index
     done: set[str] = field(default_factory=set)
     text_done: bool = False
@@ -151,7 +163,7 @@ class ResponseEvents:
             "output": [],
             "conversation_id": conversation,
             "max_output_tokens": s.max_output_tokens or "inf",
-            "metadata": None,
+            "metadata": r.metadata,
             "usage": None,
         }
         if self.wire.beta:
@@ -173,8 +185,9 @@ class ResponseEvents:
             event.reply,
             event.item_id,
             event.output_modalities,
-            event.voice,
+            event.voice_name or event.voice,
             event.in_conversation,
+            None if event.metadata is None else dict(event.metadata),
         )
         self._responses[event.reply] = r
         limits = [
@@ -420,13 +433,35 @@ class ResponseEvents:
                     "code": event.code,
                     "message": "" if event.message is UNSET else event.message,
                 }
-        usage = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0}
+        usage = usage_dict(event.usage or Usage())
         output = [item_dict(i, beta=self.wire.beta) for i in items]
         response = self._response_object(
             r, event.status, status_details=details, output=output, usage=usage
         )
         out.append(self._ev("response.done", response=response))
         return out
+
+
+def usage_dict(usage: Usage) -> Obj:
+    """response.done's `usage` in OpenAI's shape (docs/realtime.md, "Usage"). Cached
+    tokens are text: voxserve caches no audio."""
+    total_in = usage.input_text + usage.input_audio
+    total_out = usage.output_text + usage.output_audio
+    return {
+        "total_tokens": total_in + total_out,
+        "input_tokens": total_in,
+        "output_tokens": total_out,
+        "input_token_details": {
+            "text_tokens": usage.input_text,
+            "audio_tokens": usage.input_audio,
+            "cached_tokens": usage.input_cached,
+            "cached_tokens_details": {"text_tokens": usage.input_cached, "audio_tokens": 0},
+        },
+        "output_token_details": {
+            "text_tokens": usage.output_text,
+            "audio_tokens": usage.output_audio,
+        },
+    }
 
 
 def error_type(code: str) -> str:

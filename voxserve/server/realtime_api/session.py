@@ -2,8 +2,8 @@
 StreamConfig it opens or updates the voxserve session with, and the `session` object of
 session.created/updated (GA shape, or beta's when the client speaks beta names).
 
-`RealtimeWire` is the per-connection state the decoder (realtime_codec.py) and the encoder
-(realtime_events.py) share: the settings in force, the updates sent to the session and not
+`RealtimeWire` is the per-connection state the decoder (realtime_api/codec.py) and the encoder
+(realtime_api/events.py) share: the settings in force, the updates sent to the session and not
 yet answered (`pending`, applied on session.updated in order, the first dropped when the
 session refuses one), whether the client speaks beta names, and the decoder's refusals,
 so an error event carries the client event's id. It holds no conversation content.
@@ -52,6 +52,10 @@ UPDATE_STAGE = "session.update"
 """The `stage` of the VoxError a session raises when it refuses a SessionUpdate: the encoder
 then drops that proposal (the settings in force stay) and the error carries its event_id."""
 MAX_REFUSALS = 64  # decoder refusals awaiting their error event (a fatal end may drop some)
+# The subprotocols a /v1/realtime handshake may offer (read by the door and the Host guard).
+SUBPROTOCOL = "realtime"  # what browsers offer besides the key; selected when offered
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # never selected: its name is the key
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's `OpenAI-Beta: realtime=v1`
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +235,7 @@ def stream_config(
         output_modalities=s.output_modalities,
         voice=voice,
         max_output_tokens=s.max_output_tokens,
+        voice_name=s.voice,
     )
     conversation = ConversationConfig(
         responds=s.kind == "realtime",

@@ -1,6 +1,6 @@
 """A connection attached to a session's driver, for as long as it is: its tasks.
 
-The receiver reads the connection's `ClientInput` (session_input.py) into the session,
+The receiver reads the connection's `ClientInput` (session/input.py) into the session,
 the limits watcher ends a session whose client went silent or that lasted too long, and a
 push transport's sender (the WebSocket) drains the outbox into the socket; a pull
 transport (gRPC) drains it in its response stream instead. Leaving the block cancels,

@@ -14,7 +14,7 @@ event followed by `session.ended` on the stream (the WebSocket), or as the call'
 after `session.ended` (gRPC, which reads `fatal` once the outbox is drained).
 
 A session may outlive its connection: with none attached it runs on, parked
-(session_parking.py), until a client resumes it or its window ends.
+(session/parking.py), until a client resumes it or its window ends.
 """
 
 from __future__ import annotations

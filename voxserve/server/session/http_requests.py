@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -18,6 +17,8 @@ from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from voxserve.errors import ErrorCode, VoxError, quoted
+from voxserve.server.request_id import TRACE_HEADER as TRACE_HEADER
+from voxserve.server.request_id import trace_id_of
 from voxserve.server.session.errors import error_response
 from voxserve.server.session.json_input import DEFAULT_MAX_DEPTH, decode_json
 
@@ -25,7 +26,6 @@ log = logging.getLogger("voxserve.server.http.audio")
 """One logger for all the /v1 audio routes (the name they had as one module)."""
 
 MAX_FORM_FIELDS = 32
-TRACE_HEADER = "X-Voxserve-Trace-Id"
 JSON_MEDIA_TYPE = "application/json"
 
 Handler = Callable[[Request, str], Awaitable[Response]]
@@ -37,7 +37,7 @@ def guarded(handler: Handler) -> Endpoint:
     whose trace id the client can quote (the log line carries no request content)."""
 
     async def endpoint(request: Request) -> Response:
-        trace_id = uuid.uuid4().hex[:16]
+        trace_id = trace_id_of(request.scope)  # the one x-request-id carries (request_id.py)
         try:
             response = await handler(request, trace_id)
         except VoxError as exc:

@@ -44,7 +44,7 @@ class Wire:
     """What the session driver needs to know of a transport besides its way in."""
 
     name: str  # the `transport` label of metrics.errors: "ws", "grpc"
-    in_band_end: bool  # a fatal error is an event before session.ended (session_driver.py)
+    in_band_end: bool  # a fatal error is an event before session.ended (session/driver.py)
     stalls: bool  # output waits at most limits.stalled_client_s for the client to read
     tasks: str  # the prefix of its tasks' names
     charges_audio: bool = True  # False: the transport charges the audio quota itself (Wyoming)

@@ -77,11 +77,6 @@ def _defaults(engines: Engines, models: ModelTable, add: Any) -> None:
 
 def _licence(entry: ModelEntry) -> str:
     """A model not loaded yet: what the catalogue says of its name (no network)."""
-    if entry.engine != "whisper":
-        return "unknown"
-    from voxserve.engines.model_catalog import whisper_ref
+    from voxserve.engines.model_catalog import catalogue_licence
 
-    try:
-        return whisper_ref(entry.engine_model()).licence
-    except LookupError:
-        return "unknown"
+    return catalogue_licence(entry.engine, entry.engine_model())

@@ -211,6 +211,16 @@ class Quotas:
         bucket._refill(self.clock())
         return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
 
+    def audio_left(self, principal: str) -> tuple[float, float, float] | None:
+        """(seconds a minute, seconds left now, seconds until the minute is full again) of
+        the principal's audio quota, read without taking any; None when none applies."""
+        state = self._state(principal)
+        if state is None or state.audio is None:
+            return None
+        bucket = state.audio
+        bucket._refill(self.clock())
+        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
+
     def sessions(self, principal: str) -> int:
         state = self._principals.get(principal)
         return state.sessions if state is not None else 0

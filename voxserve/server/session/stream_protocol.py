@@ -1,7 +1,7 @@
 """The /v1/stream wire format as pure functions: bytes/str in, typed messages or VoxError out.
 
 No I/O here, so every parser can be unit-tested and fuzzed without a socket. The
-connection's link (ws_link.py) decodes with these, and the session driver maps the messages
+connection's link (websocket/link.py) decodes with these, and the session driver maps the messages
 onto a Session (session_input.apply_control). The messages and events themselves are the
 protocol's vocabulary (voxserve/events.py); this is their JSON form.
 """

@@ -33,13 +33,10 @@ from voxserve.server.session.stream_protocol import (
     parse_audio_frame,
     parse_text_message,
 )
+from voxserve.server.websocket.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
 from voxserve.server.websocket.fastpath import FastPath
 
 log = logging.getLogger(__name__)
-
-CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008  # the client broke the protocol
-CLOSE_INTERNAL = 1011
 
 
 class SessionLink:
@@ -119,7 +116,7 @@ class SessionLink:
         if fast is None:
             return
         fast.sink = self._audio_sink()
-        # The protocol watches that the client reads (ws_stall.py).
+        # The protocol watches that the client reads (websocket/stall.py).
         fast.stall_s = self.limits.stalled_client_s
         fast.on_stall = self.driver.client_stalled
 

@@ -21,9 +21,9 @@ from typing import Any
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
+from voxserve.server.websocket.close_codes import CLOSE_POLICY
 from voxserve.server.websocket.stall import StallSwitch, StallWatch
 
-CLOSE_POLICY = 1008
 STALLED = "client_stalled"
 STALLED_ABORT_S = 5.0  # a stalled client's close frame waits this long to be read, then abort
 

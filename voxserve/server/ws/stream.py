@@ -2,8 +2,8 @@
 
 Accepted, then refused or admitted: the origin and key, the global rule, then the first
 message: a `session.start` opens a session (the key's quotas), a `session.resume` takes
-back a parked one. The session is served through the connection's link (ws_link.py) by
-its driver (session_driver.py). When the connection ends, a resumable session whose
+back a parked one. The session is served through the connection's link (websocket/link.py) by
+its driver (session/driver.py). When the connection ends, a resumable session whose
 client dropped is parked for `limits.resume_window_s`; any other is over.
 """
 
@@ -35,18 +35,12 @@ from voxserve.server.session.input import Wire
 from voxserve.server.session.parking import ParkedSessions, parkable
 from voxserve.server.session.slot import chosen_model, count_refusal
 from voxserve.server.session.stream_protocol import encode_event, parse_text_message
+from voxserve.server.websocket.close_codes import CLOSE_POLICY, CLOSE_TRY_AGAIN, TRY_AGAIN
 from voxserve.server.websocket.fastpath import FastPath, fast_path_of
-from voxserve.server.websocket.link import CLOSE_POLICY, SessionLink
+from voxserve.server.websocket.link import SessionLink
 
 log = logging.getLogger(__name__)
 
-CLOSE_TRY_AGAIN = 1013  # overloaded or not ready: retry later
-TRY_AGAIN = (
-    ErrorCode.OVERLOADED,
-    ErrorCode.NOT_READY,
-    ErrorCode.QUOTA_EXCEEDED,
-    ErrorCode.SHUTTING_DOWN,
-)
 WEBSOCKET = Wire("ws", in_band_end=True, stalls=True, tasks="voxserve")
 
 

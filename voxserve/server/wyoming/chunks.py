@@ -2,10 +2,10 @@
 
 Chunks are append-only: a client shows them one after the other, and nothing can take
 back text already sent. So a partial contributes only the words two successive partials
-of its segment agree on (`stable_delta`), past what was sent; a segment's final adds the
-rest of that segment. The chunks joined are `text`. Segments come out in order: the
-partials of a later segment (VAD goes on while a final is decoded) wait until the earlier
-final is in.
+of its segment agree on (server/session/partials.py `stable_delta`), past what was sent; a
+segment's final adds the rest of that segment. The chunks joined are `text`. Segments come
+out in order: the partials of a later segment (VAD goes on while a final is decoded) wait
+until the earlier final is in.
 
 A final that disagrees with words already sent (the decoder changed its mind after they
 looked stable) cannot retract them: the chunks keep the sent words and go on with the
@@ -19,7 +19,7 @@ session's VAD may cut a long request in two) are joined with one space.
 
 from __future__ import annotations
 
-from voxserve.server.realtime_api.events import stable_delta
+from voxserve.server.session.partials import stable_delta
 
 
 class TranscriptChunks:

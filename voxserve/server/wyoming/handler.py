@@ -2,7 +2,7 @@
 
 ASR: `transcribe` (optional: model name, language), `audio-start`, `audio-chunk`s,
 `audio-stop` -> `transcript-start`, `transcript-chunk`s while the audio comes, then
-`transcript` and `transcript-stop` (Wyoming >= 1.7 streaming; wyoming_stt.py runs the
+`transcript` and `transcript-stop` (Wyoming >= 1.7 streaming; wyoming/stt.py runs the
 request as a live session). Audio at a rate a session does not take is recognised whole
 at `audio-stop` (as an upload is) and answered by `transcript` alone.
 
@@ -30,7 +30,7 @@ connection silent for `limits.idle_timeout_s` (`idle_timeout`) or open for
 `error`. Wyoming carries no key: the caller is `anonymous` for quotas (`quotas.anonymous`),
 each request is a session of it, and its audio is charged per chunk (over quota the
 request ends with `quota_exceeded`). Wyoming has its own share of the server
-(wyoming_seats.py): a connection over its caps gets `wyoming_limit` and is closed before
+(wyoming/seats.py): a connection over its caps gets `wyoming_limit` and is closed before
 any event is read; a request over its share of sessions is refused with `wyoming_limit`.
 
 Audio formats are checked once per request (wyoming_recording's `check_format`) before any
@@ -98,7 +98,7 @@ class WyomingHandler(AsyncEventHandler):
         self._asr: WyomingSlot | None = None  # a whole-recognition request's slot
         self._stream: StreamedTranscription | None = None  # a streamed request's session
         self._speech = WyomingSpeech(runtime, self.write_event)
-        self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming_wake.py)
+        self._wake = WyomingWake(runtime, self.write_event)  # `detect` flow (wyoming/wake.py)
         self._audio_open = False  # an audio-start was sent and its audio-stop not yet
         self._failed = False  # a transcription ended by its error; its audio-stop not yet in
         bind_session(self.trace_id)

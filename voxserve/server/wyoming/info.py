@@ -51,7 +51,7 @@ def server_info(engines: Engines) -> Info:
                 description="voxserve speech recognition",
                 version=__version__,
                 models=[asr_model],
-                supports_transcript_streaming=True,  # wyoming_stt.py
+                supports_transcript_streaming=True,  # wyoming/stt.py
                 requires_external_vad=True,
             )
         ],

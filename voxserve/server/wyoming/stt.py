@@ -26,7 +26,7 @@ segment, `transcript` is the whole request's audio recognised in one go (as befo
 streaming; the chunks stay a preview, and the audio is joined and resampled in the
 decode pool); one segment (most commands) keeps its final.
 
-The request holds a place in Wyoming's share (wyoming_seats.py) from its admission until
+The request holds a place in Wyoming's share (wyoming/seats.py) from its admission until
 its session is closed.
 """
 

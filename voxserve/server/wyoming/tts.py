@@ -1,5 +1,5 @@
 """Wyoming TTS on one connection: `synthesize`, and the streaming `synthesize-start`,
-`synthesize-chunk`s, `synthesize-stop` (wyoming_handler.py says the protocol).
+`synthesize-chunk`s, `synthesize-stop` (wyoming/handler.py says the protocol).
 
 Each request is a session of the anonymous caller while it speaks, in Wyoming's share
 (wyoming_seats' `open_wyoming`: admitted, counted, released once). Events go out through

@@ -13,7 +13,7 @@ its chunk) on the client's clock: ms from `audio-start`, shifted by the client's
 count from 0 at its stream's start, so both agree there).
 
 Each stream has its own state (engines/micro_wakeword.py: one interpreter per word per
-stream) and holds a session slot, in Wyoming's share (wyoming_seats.py), from `audio-start`
+stream) and holds a session slot, in Wyoming's share (wyoming/seats.py), from `audio-start`
 to `audio-stop`. Its audio is not charged to the audio quota: a satellite streams all day
 for a service that costs ~2% of a core per stream (docs/benchmarks.md);
 `limits.max_session_s` still bounds the connection.

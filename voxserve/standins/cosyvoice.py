@@ -22,9 +22,10 @@ UNKNOWN with the exception in its details, the FastAPI one drops the connection,
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -38,12 +39,18 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from voxserve.audio.wav import read_wav
-from voxserve.bench.servers import free_port
 from voxserve.engines.cosyvoice_proto import cosyvoice_pb2, cosyvoice_pb2_grpc
 
 CHUNK_S = 0.1
 MODES = ("dies", "stalls", "gated", "overloaded", "fails")
 STALL_LIMIT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class Standin:
@@ -55,7 +62,7 @@ class Standin:
         self.requests: list[dict[str, Any]] = []
         self.ended = 0  # streams that sent their last chunk
         self.release = threading.Event()
-        self.port = free_port()
+        self.port = _free_port()  # chosen now: a test names the URL before `start`
 
     def record(self, fields: dict[str, Any]) -> str:
         """Keep the request's fields; its behaviour (module docstring)."""
@@ -106,6 +113,24 @@ class GrpcStandin(Standin, cosyvoice_pb2_grpc.CosyVoiceServicer):  # type: ignor
                 self.wait_release()
             yield cosyvoice_pb2.Response(tts_audio=self.tone(index))
         self.ended += 1
+
+
+def sft_client(target: str) -> Callable[[str], Iterator[bytes]]:
+    """A client of the gRPC runtime at `target` (host:port): a text's `sft` request (the
+    speaker "中文女"), its audio chunks as they come. The bench times the stand-in with it
+    directly, beside voxserve relaying the same requests."""
+    channel = grpc.insecure_channel(target)
+    stub_class: Any = cosyvoice_pb2_grpc.CosyVoiceStub  # generated
+    stub: Any = stub_class(channel)
+
+    def speak(text: str) -> Iterator[bytes]:
+        request = cosyvoice_pb2.Request()
+        request.sft_request.spk_id = "中文女"
+        request.sft_request.tts_text = text
+        for response in stub.Inference(request):
+            yield bytes(response.tts_audio)
+
+    return speak
 
 
 ROUTES = {
