@@ -1,4 +1,4 @@
-"""Every HTTP answer names its request with `x-request-id` (server/request_id.py): what the
+"""Every HTTP answer names its request with `x-request-id` (server/session/request_id.py): what the
 official `openai` SDK reads as a response's `request_id` and an error's, on every route,
 on errors, on the guards' refusals and Starlette's own 404, and on a WebSocket handshake;
 the same id as `X-Voxserve-Trace-Id`, the one the logs carry. Real server (fake engines),

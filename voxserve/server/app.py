@@ -30,7 +30,7 @@ from voxserve.server.http import memory as http_memory
 from voxserve.server.http.guards import BodyTimeout, OriginGuard
 from voxserve.server.realtime import client_secrets as realtime_client_secrets
 from voxserve.server.realtime import stream as realtime_stream
-from voxserve.server.request_id import REQUEST_ID_HEADER, TRACE_HEADER, RequestId
+from voxserve.server.session.request_id import REQUEST_ID_HEADER, TRACE_HEADER, RequestId
 from voxserve.server.transports import Transports
 from voxserve.server.webrtc.calls import CallService
 from voxserve.server.ws import stream as ws_stream

@@ -50,7 +50,6 @@ from voxserve.server.realtime_api.session import (
     initial_wire,
     installed_of,
 )
-from voxserve.server.request_id import trace_id_of
 from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached
 from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
@@ -58,6 +57,7 @@ from voxserve.server.session.driver import SessionDriver
 from voxserve.server.session.events import internal_error, refusal_event
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
+from voxserve.server.session.request_id import trace_id_of
 from voxserve.server.session.slot import chosen_model, count_refusal
 from voxserve.server.websocket.close_codes import (
     CLOSE_INTERNAL,
@@ -171,7 +171,7 @@ class RealtimeConnection:
         present = installed_of(
             runtime.engines, runtime.settings.vad, runtime.settings.tts.openai_voices
         )
-        # The session's trace id is the handshake's x-request-id (server/request_id.py).
+        # The session's trace id is the handshake's x-request-id (server/session/request_id.py).
         trace_id = trace_id_of(self.ws.scope)
         wire = initial_wire(present, model=self.model, kind=kind, beta=self.beta, trace_id=trace_id)
         if session is not None:

@@ -17,10 +17,10 @@ from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.server.request_id import TRACE_HEADER as TRACE_HEADER
-from voxserve.server.request_id import trace_id_of
 from voxserve.server.session.errors import error_response
 from voxserve.server.session.json_input import DEFAULT_MAX_DEPTH, decode_json
+from voxserve.server.session.request_id import TRACE_HEADER as TRACE_HEADER
+from voxserve.server.session.request_id import trace_id_of
 
 log = logging.getLogger("voxserve.server.http.audio")
 """One logger for all the /v1 audio routes (the name they had as one module)."""
