@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -71,3 +75,34 @@ async def test_a_tts_session_refuses_audio_and_counts_it() -> None:
     ended = session.ended_event()
     assert (ended.received, ended.rejected, ended.duplicates) == (0, 2, 0)
     session.release()
+
+
+async def test_a_finished_listener_is_freed_without_a_gc_pass() -> None:
+    """The listener's parts (pipeline/turns/listen_state.py) are handed the stream per call
+    and never hold it: once an asr session has run and is dropped, its listener goes by
+    reference counting, not at the next full GC pass (soaks with session churn grew RSS)."""
+    session = _session()
+    pcm = memoryview(tone(440, 0.02).astype("<i2").tobytes())
+    silence = memoryview(bytes(640))
+
+    async def drain(outbox: Outbox) -> None:
+        while await outbox.next() is not None:
+            pass
+
+    drained = asyncio.create_task(drain(session.outbox))
+    ran = asyncio.create_task(session.run())
+    seq = 0
+    for frame in [pcm] * 40 + [silence] * 60 + [pcm] * 40:  # a turn, and one cut at the end
+        await session.feed_audio(seq, frame)
+        seq += 1
+    await session.end_input()
+    await asyncio.wait_for(ran, 20)
+    await drained
+    assert session.ended_event().segments == 2  # partials, finals, pauses all ran
+    listener = weakref.ref(session.listener) if session.listener else None
+    gc.disable()
+    try:
+        del session, ran
+        assert listener is not None and listener() is None
+    finally:
+        gc.enable()

@@ -109,7 +109,7 @@ class Turns:
             while True:
                 while len(listener.ring) >= listener.batch_samples or listener._holder:  # noqa: ASYNC110
                     await asyncio.sleep(0.002)
-                spec = listener._spec
+                spec = listener.speculation.spec
                 if spec is None or spec.task.done() or not self.instant:
                     break
                 await asyncio.wait([spec.task])  # "instant" ASR: back before more audio
@@ -125,7 +125,7 @@ class Turns:
 
     async def decoded(self) -> None:
         """The decode started at the pause, back now (`instant` False: late)."""
-        spec = self.session.listener._spec if self.session.listener else None
+        spec = self.session.listener.speculation.spec if self.session.listener else None
         if spec is not None:
             await asyncio.wait([spec.task])
         self.instant = True

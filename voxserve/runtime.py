@@ -40,7 +40,7 @@ from voxserve.pipeline.generations import (
     close_when_idle,
     until_idle,
 )
-from voxserve.pipeline.model_table import ModelTable
+from voxserve.pipeline.models.table import ModelTable
 from voxserve.pipeline.recognition.audio_budget import DecodedAudioBudget
 from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
 from voxserve.pipeline.scheduling.flow import FlowMonitor

@@ -23,7 +23,7 @@ from voxserve.observe.metrics import Metrics
 from voxserve.observe.tracing import TurnTracer
 from voxserve.pipeline.fallback import FallbackPhrase
 from voxserve.pipeline.generations import Lease
-from voxserve.pipeline.model_table import ModelTable
+from voxserve.pipeline.models.table import ModelTable
 from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
 from voxserve.pipeline.scheduling.flow import FlowMonitor
 from voxserve.pipeline.scheduling.memory_guard import MemoryGuard

@@ -1,11 +1,5 @@
-"""One live stream: its identity, its mode's parts wired together, and their lifetime.
-
-asr:       audio -> AudioInput -> Listener (VAD, partials, finals)
-tts:       text  -> TextInput -> Replies (Speaker)
-assistant: audio -> AudioInput -> Listener -> Replies (responder, Speaker), with barge-in
-conversation (assistant with StreamConfig.conversation, the Realtime API):
-           audio -> AudioInput -> Listener -> Responses (items, responses on request,
-           tools; responder, Speaker)
+"""One live stream: its identity, its mode's parts (wired by pipeline/wiring.py: asr,
+tts, assistant, conversation), and their lifetime.
 
 The session driver (server/session/driver.py) calls feed_audio (or, on the WebSocket's fast
 path, can_take_audio_now / take_audio_now / audio_wanted_in) / feed_text / end_input / mark /
@@ -24,10 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
 
-from voxserve.audio.dedup import SeqDedup
-from voxserve.engines.micro_wakeword import wake_names
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
 from voxserve.events import (
     AUTO_LANGUAGE,
@@ -43,34 +34,19 @@ from voxserve.events import (
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.conversation.input import apply_input_update, check_input_update
 from voxserve.pipeline.conversation.responses import Responses
-from voxserve.pipeline.generations import Lease
+from voxserve.pipeline.conversation.session_update import (
+    apply_on,
+    check_output_update,
+    model_lease,
+)
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.scheduling.credit import CreditWindow
-from voxserve.pipeline.synthesis.speaker import Speaker
-from voxserve.pipeline.turns.audio_input import AudioInput, pooled_ring
-from voxserve.pipeline.turns.listener import Listener, server_detection
-from voxserve.pipeline.turns.replies import Replies
-from voxserve.pipeline.turns.text_input import TextInput
-from voxserve.pipeline.turns.wake_gate import WakeGate
-from voxserve.types import FRAME_MS, FRAME_SAMPLES, SUPPORTED_OUTPUT_RATES
+from voxserve.pipeline.turns.listen_state import server_detection
+from voxserve.pipeline.turns.listener import Listener
+from voxserve.pipeline.wiring import CanTake, wire
+from voxserve.types import FRAME_MS, FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
-
-
-class _CanTake(Protocol):
-    def __call__(self, size: int, ahead: int = 0) -> bool: ...
-
-
-def _no_room(size: int, ahead: int = 0) -> bool:
-    return False
-
-
-def _none_wanted() -> int:
-    return 0
-
-
-def _take_none(frames: list[tuple[int, memoryview]], now: float) -> None:
-    raise VoxError(ErrorCode.WRONG_MODE, "tts sessions take text, not audio")
 
 
 class Session:
@@ -78,7 +54,7 @@ class Session:
 
     # The fast path's calls (server/websocket/link.py), bound in __init__ to the audio input's
     # methods, so a frame costs no call through the session (tts sessions: none taken).
-    can_take_audio_now: _CanTake
+    can_take_audio_now: CanTake
     """Whether `take_audio_now` may have a frame of `size` bytes after `ahead` bytes of
     frames before it in the same call (AudioInput.can_take_now)."""
     take_audio_now: Callable[[list[tuple[int, memoryview]], float], None]
@@ -104,7 +80,6 @@ class Session:
         self.language = engines.session_language(config.language)
         voice, _ = engines.voice(config.voice)
         self.voice = voice.id
-        gate = wake_gate(ctx, config)  # checked before anything is acquired
         self.output_sample_rate = config.output_sample_rate or settings.tts.output_sample_rate
         self.input_config = config  # what the input side applied last (apply_input_update)
         self.started_at = time.monotonic()
@@ -114,94 +89,28 @@ class Session:
         # `audio_wanted_in()`. Called before and after input closes or drains.
         self.release_input: Callable[[], None] | None = None
         self._refused = 0  # tts mode: audio frames refused (audio modes count in `audio`)
-        self.speaker = Speaker(
+        parts = wire(
             ctx,
+            config,
             outbox,
+            session_id=self.id,
+            trace_id=self.trace_id,
+            language=self.language,
             voice=self.voice,
-            speed=config.speed,
-            sample_rate=self.output_sample_rate,
+            output_sample_rate=self.output_sample_rate,
             cache_scope=cache_scope,
-        )
-        emit_turn = (
-            partial(ctx.tracer.emit, trace_id=self.trace_id, session_id=self.id, mode=config.mode)
-            if ctx.tracer is not None
-            else None
-        )
-        self.replies: Replies | None = None
-        self.responses: Responses | None = None
-        conversation = config.conversation if config.mode == "assistant" else None
-        if conversation is not None:
-            self.responses = Responses(
-                ctx,
-                outbox,
-                self.speaker,
-                self.id,
-                conversation,
-                voice=self.voice,
-                sample_rate=self.output_sample_rate,
-                emit_turn=emit_turn,
-            )
-        elif config.mode != "asr":
-            self.replies = Replies(ctx, outbox, self.speaker, emit_turn)
-        self.listener: Listener | None = None
-        self.audio: AudioInput | None = None
-        self.text: TextInput | None = None
-        self._input: AudioInput | TextInput
-        if config.mode == "tts":
-            assert self.replies is not None
-            self._input = self.text = TextInput(
-                outbox, self.replies, max_chars=settings.limits.max_text_chars
-            )
-            self.dedup = SeqDedup()  # nothing to deduplicate: session.ended's zeros
-            self.can_take_audio_now = _no_room
-            self.take_audio_now = _take_none
-            self.audio_wanted_in = _none_wanted
-        else:
-            buffer, ring = pooled_ring(ctx, self.trace_id)
-            replies, responses = self.replies, self.responses
-            self.listener = Listener(
-                ctx,
-                ring,
-                outbox,
-                language=self.language,
-                partials=settings.asr.partials if config.partials is None else config.partials,
-                partial_interval_ms=config.chunk_ms or settings.asr.partial_interval_ms,
-                on_speech_start=(
-                    responses.speech_started
-                    if responses is not None
-                    else replies.barge_in
-                    if replies is not None
-                    else None
-                ),
-                on_final=(
-                    responses.user_final
-                    if responses is not None
-                    else replies.start
-                    if replies is not None
-                    else None
-                ),
-                conversation=config.conversation,
-                session_id=self.id,
-                wake_gate=gate,
-                turn_detection=config.turn_detection,
-            )
-            if replies is not None:
-                replies.listener = self.listener
-                self.listener.on_speculate = replies.speculate
-                self.listener.on_resume = replies.withdraw
-            if responses is not None:
-                responses.listener = self.listener
-                self.listener.on_commit = responses.user_committed
-                self.listener.on_failed = responses.user_failed
-                self.listener.last_item_id = responses.conversation.last_id
-            self.listener.turn_done = emit_turn
-            self._input = self.audio = AudioInput(
-                ctx, config.sample_rate, buffer, ring, self.listener, outbox
-            )
-            self.dedup = self.audio.dedup
-            self.can_take_audio_now = self.audio.can_take_now
-            self.take_audio_now = self.audio.take_now
-            self.audio_wanted_in = self.audio.wanted_in
+        )  # an unknown wake word is refused here, before anything is acquired
+        self.speaker = parts.speaker
+        self.replies = parts.replies
+        self.responses = parts.responses
+        self.listener = parts.listener
+        self.audio = parts.audio
+        self.text = parts.text
+        self._input = parts.input
+        self.dedup = parts.dedup
+        self.can_take_audio_now = parts.can_take_now
+        self.take_audio_now = parts.take_now
+        self.audio_wanted_in = parts.wanted_in
         # Audio modes: how many VAD batches of audio may wait in the ring before the
         # receiver stops reading (TCP pushes back); shrinks under stage pressure.
         self.credit: CreditWindow | None = self.audio.credit if self.audio else None
@@ -407,58 +316,20 @@ class Session:
 
     async def update(self, config: StreamConfig) -> None:
         """`session.update`: the new config applied, then SessionUpdated; or a VoxError
-        (not fatal) and nothing changed. Output side here: the voice (checked as at
-        session.start), the output rate (from the next response on), the response
-        defaults, whether the session responds, turn detection's create_response and
+        (not fatal) and nothing changed. Output side (conversation/session_update.py): the
+        voice, the output rate (from the next response on), the response defaults,
+        whether the session responds, turn detection's create_response and
         interrupt_response; the input side is `apply_input_update`'s."""
         responses = self._conversation("session.update")
-        conversation = config.conversation
-        if config.mode != self.config.mode or conversation is None:
-            raise VoxError(
-                ErrorCode.INVALID_PARAMETER, "session.update cannot change the session's kind"
-            )
-        voice = self.ctx.engines.voice(config.voice)[0].id  # UNKNOWN_VOICE, not fatal
-        defaults = conversation.response
-        if defaults.voice is not None:
-            self.ctx.engines.voice(defaults.voice)
-        rate = config.output_sample_rate or self.ctx.settings.tts.output_sample_rate
-        if rate not in SUPPORTED_OUTPUT_RATES:
-            raise VoxError(
-                ErrorCode.UNSUPPORTED_SAMPLE_RATE, f"output sample rate {rate} is not supported"
-            )
-        self._update_input(config, await self._model_lease(config))
+        voice, rate = check_output_update(self.ctx, self.config, config)
+        lease = await model_lease(self.ctx, self.config, config)
+        apply_on(self.ctx.lease, lease, partial(self.apply_input_update, config))
         self.config = config
         self.voice = responses.voice = voice
         self.output_sample_rate = responses.sample_rate = rate
-        responses.config = conversation
+        assert config.conversation is not None  # check_output_update refuses others
+        responses.config = config.conversation
         await self.outbox.event(SessionUpdated())
-
-    async def _model_lease(self, config: StreamConfig) -> Lease | None:
-        """A lease with the ASR model `config` names, when it names another (loaded first:
-        `unknown_model`, `model_unavailable`, not fatal); None when it is unchanged."""
-        if config.model == self.config.model:
-            return None
-        models = self.ctx.models
-        if models is None:
-            raise VoxError(ErrorCode.INVALID_PARAMETER, "this session cannot change its model")
-        return await models.lease(asr=config.model)
-
-    def _update_input(self, config: StreamConfig, lease: Lease | None) -> None:
-        """`apply_input_update` on the engines of `lease` (the model chosen now) when there
-        is one: the session's lease takes it over from the next decode on. A refusal puts
-        the session back on the engines it had, nothing changed."""
-        if lease is None:
-            self.apply_input_update(config)  # refuses (raises) before it changes anything
-            return
-        current = self.ctx.lease
-        before = current.generation.lease()  # the way back, should the update be refused
-        current.take_over(lease)
-        try:
-            self.apply_input_update(config)
-        except BaseException:
-            current.take_over(before)
-            raise
-        before.release()
 
     # -- running ------------------------------------------------------------------------
 
@@ -519,14 +390,3 @@ class Session:
             interrupted=self.speaker.interrupted,
             duration_ms=int((time.monotonic() - self.started_at) * 1000),
         )
-
-
-def wake_gate(ctx: SessionContext, config: StreamConfig) -> WakeGate | None:
-    """The gate of a session that asked for a `wake_word` (its name checked: an unknown one
-    is `unknown_wake_word`, listing the enabled ones), else None."""
-    if config.wake_word is None:
-        return None
-    engine = ctx.engines.wake
-    (name,) = wake_names(engine, [config.wake_word])
-    assert engine is not None  # wake_names refuses a server without wake words
-    return WakeGate(engine.new_stream([name]), ctx.settings.wake.command_window_s)

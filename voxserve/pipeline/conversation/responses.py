@@ -168,7 +168,7 @@ class Responses:
         detection = self.config.turn_detection
         if not (self.config.responds and detection and detection.create_response and text):
             return
-        asked = self._asked  # set before this final: Listener._commit resolves it first
+        asked = self._asked  # set before this final: turns/commits.commit resolves it first
         if asked is not None and asked.done() and asked.result() == segment:
             return  # the client's response.create answers this turn already
         if detection.interrupt_response:

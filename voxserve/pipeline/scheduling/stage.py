@@ -139,7 +139,7 @@ class EngineStage:
     @property
     def bulk_short(self) -> bool:
         """Bulk callers wait while bulk holds less than its share: live work took the
-        slots. Best-effort live work (partials) stands aside then (listener.py)."""
+        slots. Best-effort live work (partials) stands aside then (turns/partials.py)."""
         return self.bulk_waiting > 0 and self.bulk_held < self.bulk_slots
 
     def slots_for(self, bulk: bool) -> int:

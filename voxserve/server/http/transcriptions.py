@@ -21,7 +21,7 @@ from voxserve.engines.base import asr_tasks
 from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.generations import Lease
-from voxserve.pipeline.model_table import ModelEntry
+from voxserve.pipeline.models.names import ModelEntry
 from voxserve.pipeline.recognition.bulk import RecognitionContext, join_results, transcribe_windows
 from voxserve.pipeline.recognition.upload_audio import (
     DecodedUpload,

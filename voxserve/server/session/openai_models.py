@@ -9,12 +9,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from voxserve.engines.loaded import Engines
-from voxserve.pipeline.model_table import (
-    OPENAI_ASR_MODELS,
-    OPENAI_TTS_MODELS,
-    ModelEntry,
-    ModelTable,
-)
+from voxserve.pipeline.models.names import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS, ModelEntry
+from voxserve.pipeline.models.table import ModelTable
 from voxserve.runtime import Runtime
 
 __all__ = ["OPENAI_ASR_MODELS", "OPENAI_TTS_MODELS", "models_response"]
