@@ -17,9 +17,6 @@ _PATH = re.compile(
     r"(?<![\w/.-])\w[\w./-]*\.py\b"  # a module: name.py, dir/name.py
     r"|(?<![\w/.-])\w[\w.-]*(?:/[\w.-]+)*/(?=[`\s,)])"  # a package: dir/, dir/sub/
 )
-# The pipeline's rows are rewritten after the pipeline split lands (issue 38); until then
-# they are not checked.
-PENDING = ("| `pipeline/",)
 
 
 def _known() -> tuple[set[str], set[str]]:
@@ -32,8 +29,6 @@ def missing_paths(text: str) -> list[str]:
     paths, names = _known()
     missing = []
     for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith(PENDING):
-            continue
         first = line.split(" | ")[0] if line.startswith("| `") else ""
         base: str | None = None
         for token in _PATH.findall(line):
