@@ -170,6 +170,17 @@ def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess
 
 
 @contextmanager
+def serving(env: dict[str, str], log: Path, *flags: str) -> Iterator[str]:
+    """`start_serve`, ready: its base URL (http://127.0.0.1:PORT); stopped after."""
+    proc, port = start_serve(env, log, *flags)
+    try:
+        wait_ready(proc, port, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
 def http_standin(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
     """`handler` served on a free loopback port in a thread (a stand-in remote engine): its
     OpenAI-style base URL (`.../v1`), the server shut down after."""
