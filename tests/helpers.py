@@ -156,6 +156,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
         proc.wait()
 
 
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill `proc` if it still runs (what a failed test leaves behind) and wait for it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
     """`voxserve serve` on a free loopback port (gRPC and Wyoming off, `flags` after), its
     output in `log`: the process and its port (then `wait_ready`, `stop_process`)."""
