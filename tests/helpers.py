@@ -134,6 +134,26 @@ def tts_calls_after_disconnect(base_url: str, stage: Any, body: dict[str, Any]) 
     return settled, stage.calls
 
 
+class PeakConcurrency:
+    """Work that lasts `seconds` and counts the callers inside it at once: `peak` is the
+    most there ever were (what a concurrency bound is checked by). Returns 1."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.active = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.active -= 1
+        return 1
+
+
 class ErrorRecords(logging.Handler):
     """Error records of any logger while installed (asyncio's "never retrieved", grpc's
     "raised in core", aiortc's tasks): hostile tests assert there are none."""

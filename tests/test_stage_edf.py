@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.helpers import PeakConcurrency
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage, deadline_in
 
@@ -92,22 +93,11 @@ async def test_no_starvation_a_queued_deadline_eventually_comes_first() -> None:
 async def test_concurrency_bound_holds_under_edf() -> None:
     executor = ThreadPoolExecutor(8)
     stage = EngineStage("asr", concurrency=3, timeout_s=5.0, executor=executor)
-    active = peak = 0
-    lock = threading.Lock()
-
-    def work() -> None:
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.005)
-        with lock:
-            active -= 1
-
+    work = PeakConcurrency(0.005)
     await asyncio.gather(
         *(stage.run(work, deadline=deadline_in((i * 7919 % 13) / 10)) for i in range(40))
     )
-    assert peak == 3 and stage.running == 0 and stage.waiting == 0
+    assert work.peak == 3 and stage.running == 0 and stage.waiting == 0
     executor.shutdown()
 
 
