@@ -22,9 +22,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +34,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-HOST = "127.0.0.1"
+from voxserve.bench.servers import HOST, free_port, running, wait_until
+
 FRAME_SAMPLES = 320  # 20 ms at 16 kHz
 MARK_EVERY_S = 0.5
 LOAD_CONFIG = """
@@ -51,13 +49,6 @@ default_voice = "load"
 [limits]
 max_sessions = 5000
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def pinned(core: int) -> list[str]:
@@ -80,28 +71,10 @@ def spawn_server(core: int, log: Path) -> Iterator[Server]:
     command = [*pinned(core), sys.executable, "-m", "voxserve", "serve", "--config", str(config)]
     command += ["--port", str(http_port), "--grpc-port", str(grpc_port), "--wyoming-port", "0"]
     command += ["--log-level", "warning"]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{HOST}:{http_port}/readyz", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        else:
-            raise TimeoutError("server not ready in 60 s")
+    readyz = f"http://{HOST}:{http_port}/readyz"
+    with running(command, log, None) as proc:
+        wait_until(lambda: httpx.get(readyz, timeout=1).status_code == 200, proc, log, 60)
         yield Server(proc.pid, http_port, grpc_port)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def cpu_seconds(pid: int) -> float:

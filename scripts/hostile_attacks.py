@@ -23,9 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -39,19 +36,14 @@ from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient
 from wyoming.wake import Detect
 
+from scripts.ready_server import ready_server
 from tests.hostile.test_uploads import flac_says, silence
 from tests.hostile.watch import Watch, watched
+from voxserve.bench.servers import free_port
 
 KEY = "hostile-bench-key"
 COMMAND_WAV = (Path(__file__).resolve().parent.parent / "tests/fixtures/command.wav").read_bytes()
 PROMPT = ("turn on the kitchen lights " * 21)[:540]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def bombs() -> list[tuple[str, bytes]]:
@@ -234,23 +226,9 @@ def main() -> None:
         VOXSERVE_API_KEYS=KEY,
         VOXSERVE_WYOMING__ZEROCONF="false",
     )
-    serve = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
-    serve += ["--grpc-port", "0", "--wyoming-port", str(wyoming_port), "--log-level", "error"]
-    server = subprocess.Popen(serve, env=env, cwd=args.root)
-    http = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{http}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        asyncio.run(run(http, server.pid, wyoming_port, args.only))
-    finally:
-        server.kill()
-        server.wait()
+    flags = ("--wyoming-port", str(wyoming_port), "--log-level", "error")
+    with ready_server(args.root, port, env, *flags) as server:
+        asyncio.run(run(f"http://127.0.0.1:{port}", server.pid, wyoming_port, args.only))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,16 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from scripts.ready_server import ready_server
+from voxserve.bench.servers import free_port
+
 TEXT = ",".join(["1,234,567,890"] * 300)[:3500]
 WATCHDOG_BYTES = 3_000_000_000
 PCM_BYTES_PER_S = 24_000 * 2  # response_format pcm: 24 kHz 16-bit mono
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def rss_of(pid: int) -> int:
@@ -55,26 +49,13 @@ def main() -> None:
     port = free_port()
     cache = tempfile.mkdtemp(prefix="voxserve-hostile-")
     env = dict(os.environ, PYTHONPATH=args.root, XDG_CACHE_HOME=cache)
-    serve = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
-    serve += ["--grpc-port", "0", "--wyoming-port", "0", "--log-level", "warning"]
-    server = subprocess.Popen(serve, env=env, cwd=args.root)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+    flags = ("--wyoming-port", "0", "--log-level", "warning")
+    with ready_server(args.root, port, env, *flags) as server:
         warm = {"input": "Warm up, please.", "voice": "joe"}
         httpx.post(f"{url}/v1/audio/speech", json=warm, timeout=60)
         time.sleep(1)
         print(measure(server, url, args.read_s), flush=True)
-    finally:
-        server.kill()
-        server.wait()
 
 
 def measure(server: subprocess.Popen[bytes], url: str, read_s: float) -> str:

@@ -134,6 +134,26 @@ def tts_calls_after_disconnect(base_url: str, stage: Any, body: dict[str, Any]) 
     return settled, stage.calls
 
 
+class PeakConcurrency:
+    """Work that lasts `seconds` and counts the callers inside it at once: `peak` is the
+    most there ever were (what a concurrency bound is checked by). Returns 1."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.active = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.active -= 1
+        return 1
+
+
 class ErrorRecords(logging.Handler):
     """Error records of any logger while installed (asyncio's "never retrieved", grpc's
     "raised in core", aiortc's tasks): hostile tests assert there are none."""
@@ -156,6 +176,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
         proc.wait()
 
 
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill `proc` if it still runs (what a failed test leaves behind) and wait for it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
     """`voxserve serve` on a free loopback port (gRPC and Wyoming off, `flags` after), its
     output in `log`: the process and its port (then `wait_ready`, `stop_process`)."""
@@ -167,6 +194,17 @@ def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     return proc, port
+
+
+@contextmanager
+def serving(env: dict[str, str], log: Path, *flags: str) -> Iterator[str]:
+    """`start_serve`, ready: its base URL (http://127.0.0.1:PORT); stopped after."""
+    proc, port = start_serve(env, log, *flags)
+    try:
+        wait_ready(proc, port, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import jiwer
 import numpy as np
 import pytest
 
+from tests.helpers import reap, wait_ready
 from voxserve.audio.wav import read_wav
 from voxserve.cli.admin_http import url_host
 from voxserve.config import ConfigError, load_settings
@@ -367,17 +368,7 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
         )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    ready = True
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        assert ready, err_path.read_text()
+        wait_ready(proc, port, err_path, timeout_s=90)
         assert httpx.get(f"{base}/healthz", timeout=2).status_code == 200
         # gRPC health turns SERVING as the runtime finishes loading, a moment after /readyz.
         serving_by = time.monotonic() + 5
@@ -391,9 +382,7 @@ def test_serve_becomes_ready_and_stops_cleanly(tmp_path: Path, stop_signal: int)
         assert browser.gone(name), "no zeroconf goodbye at shutdown"
     finally:
         browser.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
     stdout = out_path.read_text()
     assert stdout.splitlines()[0] == (
@@ -437,9 +426,7 @@ def test_serve_stopped_while_its_models_load_exits_at_once(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, err_path.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 class WyomingBrowser:

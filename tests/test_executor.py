@@ -62,6 +62,16 @@ class Gate:
         return value
 
 
+def grow_to(executor: AdaptiveExecutor, workers: int) -> None:
+    """`workers` tasks running at once (so that many workers), then all let finish."""
+    gate = Gate()
+    futures = [executor.submit(gate.task) for _ in range(workers)]
+    wait_until(lambda: gate.running == workers)
+    gate.open.set()
+    for future in futures:
+        future.result(WAIT)
+
+
 def test_runs_tasks_passes_arguments_by_reference_and_propagates_errors(
     make: Callable[..., AdaptiveExecutor],
 ) -> None:
@@ -125,12 +135,7 @@ def test_shrinks_one_worker_per_interval_down_to_min(
 ) -> None:
     interval = 0.15
     executor = make(min_workers=1, max_workers=4, idle_release_s=interval)
-    gate = Gate()
-    futures = [executor.submit(gate.task) for _ in range(4)]
-    wait_until(lambda: gate.running == 4)
-    gate.open.set()
-    for future in futures:
-        future.result(WAIT)
+    grow_to(executor, 4)
     load_ended = time.monotonic()
 
     changes: list[tuple[float, int]] = []  # (time, workers) whenever the count changed
@@ -155,12 +160,7 @@ def test_shrinks_one_worker_per_interval_down_to_min(
 
 def test_steady_light_load_lets_extra_workers_go(make: Callable[..., AdaptiveExecutor]) -> None:
     executor = make(min_workers=1, max_workers=3, idle_release_s=0.1)
-    gate = Gate()
-    futures = [executor.submit(gate.task) for _ in range(3)]
-    wait_until(lambda: gate.running == 3)
-    gate.open.set()
-    for future in futures:
-        future.result(WAIT)
+    grow_to(executor, 3)
     deadline = time.monotonic() + 2.0
     while executor.stats.workers > 1 and time.monotonic() < deadline:
         executor.submit(time.sleep, 0.001).result(WAIT)  # one task at a time, never queued
@@ -169,12 +169,7 @@ def test_steady_light_load_lets_extra_workers_go(make: Callable[..., AdaptiveExe
 
 def test_infinite_interval_never_releases(make: Callable[..., AdaptiveExecutor]) -> None:
     executor = make(min_workers=0, max_workers=2, idle_release_s=math.inf)
-    gate = Gate()
-    futures = [executor.submit(gate.task) for _ in range(2)]
-    wait_until(lambda: gate.running == 2)
-    gate.open.set()
-    for future in futures:
-        future.result(WAIT)
+    grow_to(executor, 2)
     time.sleep(0.05)
     assert executor.stats.workers == 2
 

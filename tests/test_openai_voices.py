@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeVad
+from tests.helpers import reap, wait_ready
 from tests.test_cli import assert_one_error_line, clean_env, run_cli
 from voxserve.audio.wav import read_wav
 from voxserve.config import CacheConfig, TtsConfig, load_settings
@@ -192,20 +192,11 @@ def test_serve_with_a_table_speaks_the_voices_it_names(tmp_path: Path) -> None:
         )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(proc, port, err_path, timeout_s=90)
         with openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0) as client:
             assert spoken(client, "alloy")[0] == "espeak-en", err_path.read_text()
             assert spoken(client, "nova")[0] == "joe"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0, err_path.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)

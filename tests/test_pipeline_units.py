@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeVad
+from tests.helpers import PeakConcurrency
 from voxserve.config import VadConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
@@ -131,22 +132,9 @@ def test_audio_frame_header() -> None:
 async def test_stage_limits_concurrency_and_names_its_errors() -> None:
     executor = AdaptiveExecutor(min_workers=1, max_workers=8, idle_release_s=30)
     stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
-    active = 0
-    peak = 0
-    lock = threading.Lock()
-
-    def work() -> int:
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.05)
-        with lock:
-            active -= 1
-        return 1
-
+    work = PeakConcurrency(0.05)
     results = await asyncio.gather(*(stage.run(work) for _ in range(8)))
-    assert results == [1] * 8 and peak == 2
+    assert results == [1] * 8 and work.peak == 2
 
     def boom() -> None:
         raise RuntimeError("model exploded")

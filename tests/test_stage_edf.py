@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.helpers import PeakConcurrency
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage, deadline_in
 
@@ -21,11 +23,25 @@ async def _occupy(stage: EngineStage, gate: threading.Event) -> asyncio.Task[boo
     return tasks[0]
 
 
-async def test_waiters_are_admitted_earliest_deadline_first() -> None:
-    executor = ThreadPoolExecutor(4)
-    stage = EngineStage("asr", concurrency=1, timeout_s=5.0, executor=executor)
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(8)
+    yield pool
+    pool.shutdown()
+
+
+async def _held(
+    kind: str, executor: ThreadPoolExecutor
+) -> tuple[EngineStage, threading.Event, asyncio.Task[bool]]:
+    """A stage of one slot, held by work that lasts until `gate` is set: the stage, the
+    gate and that work."""
+    stage = EngineStage(kind, concurrency=1, timeout_s=5.0, executor=executor)
     gate = threading.Event()
-    blocker = await _occupy(stage, gate)
+    return stage, gate, await _occupy(stage, gate)
+
+
+async def test_waiters_are_admitted_earliest_deadline_first(executor: ThreadPoolExecutor) -> None:
+    stage, gate, blocker = await _held("asr", executor)
     order: list[str] = []
 
     def work(name: str) -> None:
@@ -46,14 +62,12 @@ async def test_waiters_are_admitted_earliest_deadline_first() -> None:
     await asyncio.gather(blocker, *waiting)
     assert order == ["first-chunk", "final", "partial", "prewarm", "default"]
     assert stage.waiting == 0 and stage.running == 0
-    executor.shutdown()
 
 
-async def test_equal_deadlines_break_ties_by_priority_then_arrival() -> None:
-    executor = ThreadPoolExecutor(2)
-    stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor)
-    gate = threading.Event()
-    blocker = await _occupy(stage, gate)
+async def test_equal_deadlines_break_ties_by_priority_then_arrival(
+    executor: ThreadPoolExecutor,
+) -> None:
+    stage, gate, blocker = await _held("tts", executor)
     order: list[str] = []
     due = deadline_in(1.0)
     names = [("bulk", PRIORITY_BULK), ("a", 0), ("b", 0)]
@@ -65,13 +79,13 @@ async def test_equal_deadlines_break_ties_by_priority_then_arrival() -> None:
     gate.set()
     await asyncio.gather(blocker, *waiting)
     assert order == ["a", "b", "bulk"]
-    executor.shutdown()
 
 
-async def test_no_starvation_a_queued_deadline_eventually_comes_first() -> None:
+async def test_no_starvation_a_queued_deadline_eventually_comes_first(
+    executor: ThreadPoolExecutor,
+) -> None:
     """A loose-deadline item waits while tighter work keeps arriving, but every arrival's
     deadline is later than now, so once the old deadline is the earliest it runs."""
-    executor = ThreadPoolExecutor(2)
     stage = EngineStage("asr", concurrency=1, timeout_s=5.0, executor=executor)
     order: list[str] = []
 
@@ -86,36 +100,21 @@ async def test_no_starvation_a_queued_deadline_eventually_comes_first() -> None:
         await asyncio.sleep(0.005)
     await asyncio.gather(loose, *stream)
     assert order.index("loose") < 20  # ran long before the flood ended
-    executor.shutdown()
 
 
-async def test_concurrency_bound_holds_under_edf() -> None:
-    executor = ThreadPoolExecutor(8)
+async def test_concurrency_bound_holds_under_edf(executor: ThreadPoolExecutor) -> None:
     stage = EngineStage("asr", concurrency=3, timeout_s=5.0, executor=executor)
-    active = peak = 0
-    lock = threading.Lock()
-
-    def work() -> None:
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.005)
-        with lock:
-            active -= 1
-
+    work = PeakConcurrency(0.005)
     await asyncio.gather(
         *(stage.run(work, deadline=deadline_in((i * 7919 % 13) / 10)) for i in range(40))
     )
-    assert peak == 3 and stage.running == 0 and stage.waiting == 0
-    executor.shutdown()
+    assert work.peak == 3 and stage.running == 0 and stage.waiting == 0
 
 
-async def test_withdrawn_waiters_never_run_and_free_their_place() -> None:
-    executor = ThreadPoolExecutor(2)
-    stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor)
-    gate = threading.Event()
-    blocker = await _occupy(stage, gate)
+async def test_withdrawn_waiters_never_run_and_free_their_place(
+    executor: ThreadPoolExecutor,
+) -> None:
+    stage, gate, blocker = await _held("tts", executor)
     ran: list[str] = []
     cancelled = asyncio.ensure_future(stage.run(ran.append, "cancelled", deadline=deadline_in(0)))
     timed_out = asyncio.ensure_future(
@@ -136,14 +135,10 @@ async def test_withdrawn_waiters_never_run_and_free_their_place() -> None:
     await stage.run(ran.append, "again")
     await stage.run(ran.append, "again")
     assert ran == ["kept", "again", "again"]
-    executor.shutdown()
 
 
-async def test_a_slot_handed_to_a_cancelled_waiter_passes_on() -> None:
-    executor = ThreadPoolExecutor(2)
-    stage = EngineStage("asr", concurrency=1, timeout_s=5.0, executor=executor)
-    gate = threading.Event()
-    blocker = await _occupy(stage, gate)
+async def test_a_slot_handed_to_a_cancelled_waiter_passes_on(executor: ThreadPoolExecutor) -> None:
+    stage, gate, blocker = await _held("asr", executor)
     ran: list[str] = []
     first = asyncio.ensure_future(stage.run(ran.append, "first", deadline=deadline_in(0.1)))
     second = asyncio.ensure_future(stage.run(ran.append, "second", deadline=deadline_in(0.2)))
@@ -157,10 +152,9 @@ async def test_a_slot_handed_to_a_cancelled_waiter_passes_on() -> None:
     gate.set()
     await blocker
     assert stage.running == 0 and stage.waiting == 0
-    executor.shutdown()
 
 
-async def test_vad_batch_sizes_are_exported_per_engine() -> None:
+async def test_vad_batch_sizes_are_exported_per_engine(executor: ThreadPoolExecutor) -> None:
     import numpy as np
 
     from tests.fakes import FakeVad
@@ -168,7 +162,6 @@ async def test_vad_batch_sizes_are_exported_per_engine() -> None:
     from voxserve.pipeline.scheduling.vad_batch import VadBatcher
 
     metrics = Metrics()
-    executor = ThreadPoolExecutor(2)
     stage = EngineStage("vad", concurrency=1, timeout_s=2.0, executor=executor)
     batcher = VadBatcher(FakeVad(), stage, max_wait_ms=20, max_batch=64)
     batcher.on_batch = metrics.observe_batch
@@ -177,4 +170,3 @@ async def test_vad_batch_sizes_are_exported_per_engine() -> None:
     count = metrics.registry.get_sample_value("voxserve_engine_batch_size_count", {"engine": "vad"})
     total = metrics.registry.get_sample_value("voxserve_engine_batch_size_sum", {"engine": "vad"})
     assert (count, total) == (1.0, 5.0)
-    executor.shutdown()

@@ -719,14 +719,20 @@ class ConfigError(ValueError):
     pass
 
 
+def read_text_file(file: Path, what: str) -> str:
+    """A settings file's text (`what`: "config file", "API keys file"), or a ConfigError
+    naming it: unreadable (the OS's reason) or not UTF-8."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {file}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {file} is not UTF-8 text") from exc
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {file} is not UTF-8 text") from exc
+    text = read_text_file(file, "config file")
     try:
         if file.suffix == ".json":
             data = json.loads(text)

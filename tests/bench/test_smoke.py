@@ -4,26 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.conftest import LiveServer
 from voxserve.bench.__main__ import main
-from voxserve.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def load_server() -> Iterator[LiveServer]:
-    settings = load_settings(
-        ROOT / "bench" / "load-engines.toml", port=free_port(), log_level="warning"
-    )
-    live = start_server(settings)
-    yield live
-    stop_server(live)
 
 
 def test_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
+from tests.conftest import LiveServer
 from voxserve.bench import frame_lag
 from voxserve.bench.__main__ import main
 from voxserve.bench.program import Utterance, build, scripts
 from voxserve.bench.records import Raw
 from voxserve.bench.webrtc_stream import WebRtcTurns
-from voxserve.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,17 +98,7 @@ def test_a_cancelled_reply_without_sound_is_not_waited_for() -> None:
     assert not turns.unheard
 
 
-# --- a short real run -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def load_server() -> Iterator[LiveServer]:
-    settings = load_settings(
-        ROOT / "bench" / "load-engines.toml", port=free_port(), log_level="warning"
-    )
-    live = start_server(settings)
-    yield live
-    stop_server(live)
+# --- a short real run (load_server: tests/bench/conftest.py) --------------------------------
 
 
 def test_webrtc_calls_against_realtime_sessions_smoke(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeVad, silence
-from tests.helpers import fixture_audio, fixture_texts, wait_ready, wer
+from tests.helpers import fixture_audio, fixture_texts, stop_process, wait_ready, wer
 from tests.test_cli import clean_env
 from tests.wsclient import collect, of_type, send_audio, start
 from voxserve.audio.resample import resample
@@ -63,12 +62,7 @@ def launch(tmp: Path, name: str, port: int, env: dict[str, str], *args: str) -> 
         wait_ready(proc, port, log, timeout_s=120)
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=15)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from tests.engines.conftest import FIXTURE_TEXTS, FIXTURES, load_fixture, normalise, wer
 from tests.fakes import silence
-from tests.helpers import wait_ready
+from tests.helpers import serving
 from tests.test_cli import assert_one_error_line, clean_env, free_port, run_cli
 from tests.wsclient import of_type, run_asr
 from voxserve.engines.whisper_asr import WhisperAsr
@@ -110,16 +109,12 @@ def test_translate_spanish_to_english(base: WhisperAsr) -> None:
 # --- a real server configured by environment JSON ------------------------------------------
 
 
-SERVE = (sys.executable, "-m", "voxserve", "serve")
-
-
 @pytest.fixture(scope="module")
 def server(
     cache_home: Path, base: WhisperAsr, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """`voxserve serve` with VOXSERVE_ENGINES__ASR choosing `base` (joined already by `base`,
     so the server reuses the cache dir's file)."""
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = clean_env(
         VOXSERVE_ENGINES__ASR=BASE_ASR,
@@ -128,29 +123,8 @@ def server(
         XDG_CACHE_HOME=str(cache_home),
         PYTHONPATH=os.pathsep.join(sys.path),
     )
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *SERVE,
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-                "--grpc-port",
-                "0",
-                "--wyoming-port",
-                "0",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        wait_ready(proc, port, log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with serving(env, log, "--workers", "1") as url:
+        yield url
 
 
 def test_models_show_the_chosen_model(server: str) -> None:

@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.conftest import free_port
 from tests.fakes import silence, tone
-from tests.helpers import wait_ready
+from tests.helpers import reap, wait_ready
 from tests.transports.grpc_client import audio_requests, stub
 from tests.transports.grpc_client import collect as grpc_collect
 from tests.wsclient import collect, of_type, send_audio, start
@@ -55,9 +55,7 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int, 
         wait_ready(proc, port, log)
         yield proc, port, grpc_port, log
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 async def _mid_utterance(ws: ClientConnection) -> None:

@@ -18,6 +18,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.conftest import free_port
+from tests.helpers import wait_ready
 from voxserve.server.workers import fork_safe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,13 +103,7 @@ def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path:
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(proc, port, tmp_path / "server.log")
         while len(children_of(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         workers = children_of(proc.pid)

@@ -9,8 +9,6 @@ tests/engines/test_whisper_multilingual.py), never particular English words."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -22,34 +20,19 @@ from tests.conftest import start_server, stop_server
 from tests.engines.conftest import FIXTURES, load_fixture
 from tests.engines.test_whisper_multilingual import SPANISH, assert_english_not_spanish
 from tests.fakes import silence
-from tests.helpers import wait_ready
+from tests.helpers import serving
 from tests.test_cli import clean_env, free_port
 from tests.wsclient import of_type, run_asr
 from voxserve.config import load_settings
-
-SERVE = (sys.executable, "-m", "voxserve", "serve", "--workers", "1")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`voxserve serve` as installed, with no VOXSERVE_* setting (its own cache dir)."""
-    port = free_port()
     home = tmp_path_factory.mktemp("default-serve")
-    log = home / "serve.log"
     env = clean_env(XDG_CACHE_HOME=str(home / "cache"))
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*SERVE, "--port", str(port), "--grpc-port", "0", "--wyoming-port", "0"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        wait_ready(proc, port, log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with serving(env, home / "serve.log", "--workers", "1") as url:
+        yield url
 
 
 @pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks translations so

@@ -5,10 +5,8 @@ registered-name errors, and (checked with an audit hook on `open`) no file is op
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-import wave
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, stop_server
 from tests.transports.conftest import start_fake_server
+from voxserve.audio.wav import write_wav
 
 HOSTILE = [
     "../../etc/passwd",
@@ -65,13 +64,7 @@ def server() -> Iterator[LiveServer]:
 
 
 def wav_bytes() -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16_000)
-        out.writeframes(np.zeros(1600, dtype="<i2").tobytes())
-    return buffer.getvalue()
+    return write_wav(np.zeros(1600, dtype="<i2"), 16_000)
 
 
 @pytest.mark.usefixtures("no_file_opened")

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import grpc
+import msgspec
 import pytest
 from google.protobuf.message import DecodeError
 
@@ -159,6 +160,22 @@ def test_every_event_type_maps() -> None:
     no_message = ev.Credit(window=4, acked_seq=None)
     assert grpc_events.encode_event(no_message, pb.ConverseResponse) is None
     assert grpc_events.encode_audio(b"\1\2", 3).audio.reply == 3
+
+
+def test_session_ended_counters_come_through_clamped_to_unsigned() -> None:
+    """Every counter field of voxserve.v1's SessionEnded carries the event's value, a
+    negative one as 0 (the proto's fields are unsigned)."""
+    ended = next(e for e, _ in SAMPLES if isinstance(e, ev.SessionEnded))
+    ended = msgspec.structs.replace(ended, dropped=-1)
+    response = grpc_events.encode_event(ended, pb.ConverseResponse)
+    assert response is not None
+    sent = response.ended
+    counters = [f.name for f in sent.DESCRIPTOR.fields if f.type != f.TYPE_STRING]
+    assert len(counters) == 12
+    for name in counters:
+        assert getattr(sent, name) == max(0, getattr(ended, name)), name
+    assert sent.dropped == 0 and sent.received == ended.received > 0
+    assert (sent.session_id, sent.trace_id, sent.reason) == ("s", "t", "completed")
 
 
 def test_random_bytes_never_raise_anything_but_vox_errors() -> None:

@@ -9,7 +9,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,16 @@ from voxserve.bench.servers import realtime_url, spawn_echo
 from voxserve.bench.step import Plan, Step, run_step
 from voxserve.bench.target import SENTENCES, Target, audio_program, target
 from voxserve.bench.verdict import budget_problems, knee
+from voxserve.bench.workers import Job
+
+
+def _run_against(
+    tgt: Target, args: argparse.Namespace, plan: Plan, job: Job[Any], specs: Sequence[Any]
+) -> Step:
+    """One step against the target (its CPU sampled), as --procs and --quiet say."""
+    return run_step(
+        plan, job, specs, server_pid=tgt.pid, inline=args.procs == 0, progress=not args.quiet
+    )
 
 
 def ramp_seconds(args: argparse.Namespace) -> float:
@@ -98,14 +108,7 @@ def stream_step(
     eprint(f"bench: {label}: {streams} {mode} streams for {args.duration:g} s against {where}")
     batches_before = engine_batches.read(tgt.http)
     lag_before = frame_lag.read(tgt.http) if mode == "webrtc" else None
-    step = run_step(
-        plan,
-        loadgen.run,
-        specs,
-        server_pid=tgt.pid,
-        inline=args.procs == 0,
-        progress=not args.quiet,
-    )
+    step = _run_against(tgt, args, plan, loadgen.run, specs)
     step.record["per_server_core"] = per_server_core(step.record)
     step.record["engine_batches"] = engine_batches.during(
         batches_before, engine_batches.read(tgt.http)
@@ -412,14 +415,7 @@ def cmd_tts(args: argparse.Namespace) -> int:
         }
         plan = Plan(f"{args.rate:g} req/s", expected, args.duration, 0.0, args.drain, params)
         eprint(f"bench: {args.rate:g} speech requests/s for {args.duration:g} s against {tgt.http}")
-        step = run_step(
-            plan,
-            http_tts.run,
-            specs,
-            server_pid=tgt.pid,
-            inline=args.procs == 0,
-            progress=not args.quiet,
-        )
+        step = _run_against(tgt, args, plan, http_tts.run, specs)
         step.record["error_rate"] = round(
             step.raw.failed_streams / max(1, step.raw.counts["requests"]), 4
         )

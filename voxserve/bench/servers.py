@@ -70,9 +70,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def _wait(
+def wait_until(
     ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout_s: float
 ) -> None:
+    """Poll `ready` (an OSError or HTTP error counts as not yet) until it holds; a
+    RuntimeError with the log's tail if `proc` exits first, TimeoutError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -99,9 +101,9 @@ def spawn_voxserve(
     # Only the WebSocket/HTTP port is measured; other transports stay off unless the run's
     # --server-env turns them on (their default ports would clash between spawned servers).
     env = {"VOXSERVE_GRPC_PORT": "0", "VOXSERVE_WYOMING_PORT": "0", **(env or {})}
-    with _running(cmd, log, env) as proc:
+    with running(cmd, log, env) as proc:
         base = f"http://{HOST}:{port}"
-        _wait(
+        wait_until(
             lambda: httpx.get(f"{base}/readyz", timeout=1).status_code == 200, proc, log, timeout_s
         )
         yield Spawned(f"ws://{HOST}:{port}/v1/stream", proc.pid)
@@ -116,8 +118,8 @@ def spawn_tcp(cmd: list[str], port: int, log: Path, timeout_s: float = 90) -> It
         socket.create_connection((HOST, port), timeout=1).close()
         return True
 
-    with _running(cmd, log, None) as proc:
-        _wait(accepts, proc, log, timeout_s)
+    with running(cmd, log, None) as proc:
+        wait_until(accepts, proc, log, timeout_s)
         yield proc.pid
 
 
@@ -126,20 +128,22 @@ def spawn_echo(log: Path, timeout_s: float = 30, *, loop: str = "asyncio") -> It
     """The baseline echo server on a free port, on asyncio's own loop or uvloop."""
     port = free_port()
     cmd = [sys.executable, "-m", "voxserve.bench.echo_server", "--port", str(port), "--loop", loop]
-    with _running(cmd, log, None) as proc:
+    with running(cmd, log, None) as proc:
 
         def ready() -> bool:
             with socket.create_connection((HOST, port), timeout=1):
                 return True
 
-        _wait(ready, proc, log, timeout_s)
+        wait_until(ready, proc, log, timeout_s)
         yield Spawned(f"ws://{HOST}:{port}/v1/stream", proc.pid)
 
 
 @contextlib.contextmanager
-def _running(
+def running(
     cmd: list[str], log: Path, env: Mapping[str, str] | None
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """`cmd` with its output appended to `log`, `env` over this process's; stopped on exit
+    (SIGINT, then SIGKILL after 10 s)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(

@@ -1,5 +1,6 @@
-"""The admin HTTP client the `cache` and `stats` commands share: URL from the flags or the
-server's own settings, the admin key as a bearer token, errors as one CLI line."""
+"""The admin HTTP client the commands that talk to a running server share (`cache`, `stats`,
+`engines reload`, `models --url`): its flags, URL from them or the server's own settings,
+the admin key as a bearer token, errors as one CLI line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ if TYPE_CHECKING:
     import httpx
 
     from voxserve.config import Settings
+
+
+ADMIN_KEY_HELP = "admin key (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)"
+
+
+def add_server_flags(
+    parser: argparse.ArgumentParser, url_help: str, key_help: str = ADMIN_KEY_HELP
+) -> None:
+    """`--url` and `--admin-key`, what `admin_client` reads."""
+    parser.add_argument("--url", help=url_help)
+    parser.add_argument("--admin-key", help=key_help)
 
 
 def url_host(host: str) -> str:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voxserve.cli.admin_http import admin_client, call
+from voxserve.cli.admin_http import add_server_flags, admin_client, call
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
@@ -49,13 +49,7 @@ def add_cache_parser(commands: Subparsers, common: argparse.ArgumentParser) -> N
     def action(name: str, help_text: str, *, offline: bool) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
         sub.set_defaults(handler=cmd_cache)
-        sub.add_argument(
-            "--url", help="server to talk to (default: http://HOST:PORT from the config)"
-        )
-        sub.add_argument(
-            "--admin-key",
-            help="admin key (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)",
-        )
+        add_server_flags(sub, "server to talk to (default: http://HOST:PORT from the config)")
         if offline:
             sub.add_argument(
                 "--cache-dir",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from voxserve.cli.admin_http import add_server_flags
 from voxserve.cli.engines_report import cmd_engines
 from voxserve.cli.errors import EXIT_OK
 
@@ -27,10 +28,7 @@ def add_engines_arguments(engines: argparse.ArgumentParser) -> None:
         metavar="KINDS",
         help="reload only these kinds, comma-separated: vad,asr,tts,responder (default all)",
     )
-    engines.add_argument("--url", help="server to reload (default: http://HOST:PORT of the config)")
-    engines.add_argument(
-        "--admin-key", help="admin key (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)"
-    )
+    add_server_flags(engines, "server to reload (default: http://HOST:PORT of the config)")
 
 
 def cmd_engines_action(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.admin_http import add_server_flags
 from voxserve.cli.errors import EXIT_FAILURE, EXIT_OK, PROG, CliError
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ def add_models_parser(commands: Subparsers, common: argparse.ArgumentParser) -> 
     def action(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
         sub.set_defaults(handler=cmd_models)
-        sub.add_argument("--url", help="work on a running server's models instead (admin key)")
-        sub.add_argument(
-            "--admin-key",
-            help="admin key with --url (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)",
+        add_server_flags(
+            sub,
+            "work on a running server's models instead (admin key)",
+            "admin key with --url (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)",
         )
         return sub
 

@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from voxserve.cli.admin_http import add_server_flags
 from voxserve.cli.errors import EXIT_OK
 
 if TYPE_CHECKING:
@@ -23,10 +24,7 @@ def add_stats_parser(commands: Subparsers, common: argparse.ArgumentParser) -> N
         "latency of each stage over its last latencies (GET /debug/stats, admin key).",
     )
     stats.set_defaults(handler=cmd_stats)
-    stats.add_argument("--url", help="server to ask (default: http://HOST:PORT from the config)")
-    stats.add_argument(
-        "--admin-key", help="admin key (default: VOXSERVE_ADMIN_KEY; prefer it, flags show in ps)"
-    )
+    add_server_flags(stats, "server to ask (default: http://HOST:PORT from the config)")
     stats.add_argument("--json", action="store_true", help="print the JSON answer")
 
 

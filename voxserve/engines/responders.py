@@ -18,8 +18,10 @@ from voxserve import __version__
 from voxserve.text import sentence_pieces
 from voxserve.types import EngineInfo
 
-_PACKAGE = "voxserve"
-_LICENSE = "Apache-2.0"
+
+def _info(name: str, model: str = "") -> EngineInfo:
+    """A responder built into voxserve (its package, version and licence)."""
+    return EngineInfo("responder", name, "voxserve", __version__, "Apache-2.0", model)
 
 
 class EchoResponder:
@@ -30,13 +32,7 @@ class EchoResponder:
     info: EngineInfo
 
     def __init__(self) -> None:
-        self.info = EngineInfo(
-            kind="responder",
-            name="echo",
-            package=_PACKAGE,
-            version=__version__,
-            license=_LICENSE,
-        )
+        self.info = _info("echo")
 
     async def respond(
         self, text: str, history: Sequence[tuple[str, str]]
@@ -250,14 +246,7 @@ class RulesResponder:
         self.rules: tuple[Rule, ...] = (*custom, *(BUILTIN_RULES if builtin_rules else ()))
         self.fallback = fallback
         self._now = now or datetime.now
-        self.info = EngineInfo(
-            kind="responder",
-            name="rules",
-            package=_PACKAGE,
-            version=__version__,
-            license=_LICENSE,
-            model="builtin" if not custom else f"builtin+{len(custom)}",
-        )
+        self.info = _info("rules", "builtin" if not custom else f"builtin+{len(custom)}")
 
     def reply(self, text: str) -> str:
         """The whole reply for one utterance ("" for empty text)."""

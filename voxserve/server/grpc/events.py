@@ -186,22 +186,19 @@ def _error(m: pb.Error, e: ErrorEvent) -> None:
         m.reply = e.reply
 
 
+# session.ended's counters, the same names in both (tests/transports/test_grpc_codec.py).
+_ENDED_COUNTERS = (
+    "received", "duplicates", "accepted", "processed", "dropped", "rejected", "gaps",
+    "reordered", "segments", "replies", "interrupted", "duration_ms",
+)  # fmt: skip
+
+
 def _ended(m: pb.SessionEnded, e: SessionEnded) -> None:
     m.session_id = e.session_id
     m.trace_id = e.trace_id
     m.reason = e.reason
-    m.received = max(0, e.received)
-    m.duplicates = max(0, e.duplicates)
-    m.accepted = max(0, e.accepted)
-    m.processed = max(0, e.processed)
-    m.dropped = max(0, e.dropped)
-    m.rejected = max(0, e.rejected)
-    m.gaps = max(0, e.gaps)
-    m.reordered = max(0, e.reordered)
-    m.segments = max(0, e.segments)
-    m.replies = max(0, e.replies)
-    m.interrupted = max(0, e.interrupted)
-    m.duration_ms = max(0, e.duration_ms)
+    for name in _ENDED_COUNTERS:  # the proto's fields are unsigned
+        setattr(m, name, max(0, getattr(e, name)))
 
 
 def _ms(value: object) -> int:

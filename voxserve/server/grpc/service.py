@@ -21,6 +21,7 @@ import grpc
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import check_rate
+from voxserve.engines.loaded import Engines
 from voxserve.errors import VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.streams import aclose
@@ -163,12 +164,7 @@ class VoxserveServicer:
     async def ListVoices(
         self, request: pb.ListVoicesRequest | Undecodable, context: Context
     ) -> pb.ListVoicesResponse:
-        await self._decoded(request, context)
-        await self._count_request(context)
-        try:
-            engines = self.runtime.engines
-        except VoxError as exc:
-            await self._fail(context, exc)
+        engines = await self._engines_for(request, context)
         voices = [
             pb.Voice(
                 id=v.id,
@@ -184,12 +180,7 @@ class VoxserveServicer:
     async def ListEngines(
         self, request: pb.ListEnginesRequest | Undecodable, context: Context
     ) -> pb.ListEnginesResponse:
-        await self._decoded(request, context)
-        await self._count_request(context)
-        try:
-            engines = self.runtime.engines
-        except VoxError as exc:
-            await self._fail(context, exc)
+        engines = await self._engines_for(request, context)
         infos = [
             engines.vad.info,
             engines.asr.info,
@@ -217,6 +208,16 @@ class VoxserveServicer:
             )
         )
         return pb.ListEnginesResponse(engines=listed, models=list(models))
+
+    async def _engines_for(self, request: M | Undecodable, context: Context) -> Engines:
+        """A listing call's engines: the request decoded and counted against the caller's
+        quota, or the call ended (`invalid_message`, over the rate, `not_ready`)."""
+        await self._decoded(request, context)
+        await self._count_request(context)
+        try:
+            return self.runtime.engines
+        except VoxError as exc:
+            await self._fail(context, exc)
 
     async def _decoded(self, request: M | Undecodable, context: Context) -> M:
         """A unary request, or the call ended with INVALID_ARGUMENT `invalid_message`."""

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from voxserve.cache.key import SHARED_SCOPE
-from voxserve.config import ConfigError, Settings
+from voxserve.config import ConfigError, Settings, read_text_file
 from voxserve.errors import ErrorCode, VoxError, quoted
 
 HASH_PREFIX = "sha256:"
@@ -72,12 +72,7 @@ def parse_key(entry: str) -> bytes:
 
 def read_keys_file(path: Path) -> list[str]:
     """One key a line (plain or ``sha256:<hex>``); blank lines and ``#`` comments skipped."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read API keys file {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"API keys file {path} is not UTF-8 text") from exc
+    text = read_text_file(path, "API keys file")
     lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
 
