@@ -1,13 +1,24 @@
 """A stand-in for an OpenAI-compatible chat-completions server (`POST /v1/chat/completions`,
-streamed as server-sent events), built from OpenAI's published API: chunks of
+streamed as server-sent events), built from OpenAI's published streaming API: chunks of
 `chat.completion.chunk` objects whose `choices[0].delta` carries `content` or `tool_calls`
 (per call an `index`, on its first chunk an `id`, `type` and the function's `name`, then the
-`arguments` in pieces), a `finish_reason` of `stop` or `tool_calls`, then `data: [DONE]`.
+`arguments` in pieces), a `finish_reason` of `stop` or `tool_calls`; with
+`stream_options.include_usage` a last chunk with no choices and `usage` {prompt_tokens,
+completion_tokens, total_tokens, prompt_tokens_details.cached_tokens}; then `data: [DONE]`.
 
-It plays the LLM behind voxserve's `openai` responder where a test needs tool calls: a request
-that offers a tool it knows calls that tool (once per user turn); a request whose last message is
-a tool's output, or that offers no tool, gets `ANSWER`. `reuse_ids` gives every call the same id,
-as some local servers do."""
+It plays the LLM behind voxserve's `openai` responder. What it answers is scripted by the
+conversation it is sent, as a local LLM server might:
+- the last message a tool's output: ANSWER, unless the last user message asks for a loop
+  ("again"): then the same tool once more, as a model that keeps calling tools;
+- a request that offers a tool it knows (`get_weather`): a call of that tool with
+  WEATHER_ARGUMENTS, under a fresh id (`call_1`, `call_2`, ...), or with `reuse_ids` always
+  REUSED_ID (some local servers number calls per request, so every call has that id);
+- anything else: GREETING.
+Its usage reports the same token counts whatever it was sent. `requests` holds every body it
+was sent and `call_ids` every id it gave a call, in order.
+
+`chat_fixtures()` makes a test module's module-scoped `chat_standin` and `tool_server` (a real
+server on the real engines, its `openai` responder at the stand-in)."""
 
 from __future__ import annotations
 
@@ -23,23 +34,22 @@ from tests.conftest import LiveServer, free_port, start_server, stop_server
 from voxserve.config import EngineSpec, load_settings
 
 WEATHER_ARGUMENTS = {"city": "Paris"}
+TOOLS = {"get_weather": WEATHER_ARGUMENTS}  # the tools it knows, and what it calls them with
+ANSWER = "It is sunny in Paris."
+GREETING = "Hello there, how can I help?"
+REUSED_ID = "call_0"
+PROMPT_TOKENS = 123
+CACHED_TOKENS = 64
+COMPLETION_TOKENS = 9
 
 
 class ChatStandin:
-    """The stand-in in a thread; `requests` holds every body it was sent, in order."""
+    """The stand-in in a thread, from `start()` (or `with`) to `stop()`."""
 
-    ANSWER = "It is sunny in Paris."
-
-    def __init__(
-        self,
-        arguments: dict[str, dict[str, Any]] | None = None,
-        *,
-        reuse_ids: bool = False,
-    ) -> None:
-        self.arguments = arguments or {"get_weather": WEATHER_ARGUMENTS}
+    def __init__(self, *, reuse_ids: bool = False) -> None:
         self.reuse_ids = reuse_ids
         self.requests: list[dict[str, Any]] = []
-        self._calls = 0
+        self.call_ids: list[str] = []
         self._lock = threading.Lock()
         standin = self
 
@@ -81,52 +91,77 @@ class ChatStandin:
         self.server.shutdown()
         self.server.server_close()
 
-    def tool_messages(self, request: int = -1) -> list[dict[str, Any]]:
-        return [m for m in self.requests[request]["messages"] if m.get("role") == "tool"]
+    def __enter__(self) -> ChatStandin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def chunks(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         messages = body.get("messages", [])
-        offered = [t["function"]["name"] for t in body.get("tools", [])]
-        known = [name for name in offered if name in self.arguments]
-        if not known or (messages and messages[-1].get("role") == "tool"):
-            words = self.ANSWER.split(" ")
-            pieces = [w + " " for w in words[:-1]] + words[-1:]
-            return [
-                _chunk({"role": "assistant", "content": ""}),
-                *(_chunk({"content": piece}) for piece in pieces),
-                _chunk({}, "stop"),
-            ]
-        self._calls += 1
-        call_id = "call_1" if self.reuse_ids else f"call_{self._calls}"
-        arguments = json.dumps(self.arguments[known[0]])
-        head = {"index": 0, "id": call_id, "type": "function"}
+        users = [str(m.get("content") or "") for m in messages if m.get("role") == "user"]
+        answered = bool(messages) and messages[-1].get("role") == "tool"
+        known = [t["function"]["name"] for t in body.get("tools", [])]
+        known = [name for name in known if name in TOOLS]
+        if answered and not (users and "again" in users[-1]):
+            out = _said(ANSWER)
+        elif known:
+            out = self._call(known[0])
+        else:
+            out = _said(GREETING)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": COMPLETION_TOKENS,
+                "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+                "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+            }
+            out.append({**_chunk(None), "choices": [], "usage": usage})
+        return out
+
+    def _call(self, name: str) -> list[dict[str, Any]]:
+        call_id = REUSED_ID if self.reuse_ids else f"call_{len(self.call_ids) + 1}"
+        self.call_ids.append(call_id)
+        arguments = json.dumps(TOOLS[name])
         half = len(arguments) // 2
+        call = {"index": 0, "id": call_id, "type": "function"}
+        function = {"name": name, "arguments": ""}
         return [
-            _chunk(
-                {
-                    "role": "assistant",
-                    "tool_calls": [{**head, "function": {"name": known[0], "arguments": ""}}],
-                }
+            _chunk({"role": "assistant", "tool_calls": [{**call, "function": function}]}),
+            *(
+                _chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                for piece in (arguments[:half], arguments[half:])
             ),
-            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]}),
-            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
             _chunk({}, "tool_calls"),
         ]
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    return {
+def _said(text: str) -> list[dict[str, Any]]:
+    """`text` word by word, as a model streams it."""
+    words = text.split(" ")
+    pieces = [w + " " for w in words[:-1]] + words[-1:]
+    return [
+        _chunk({"role": "assistant", "content": ""}),
+        *(_chunk({"content": piece}) for piece in pieces),
+        _chunk({}, "stop"),
+    ]
+
+
+def _chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
         "id": "chatcmpl-standin",
         "object": "chat.completion.chunk",
         "created": 0,
         "model": "standin",
-        "choices": [choice],
     }
+    if delta is not None:
+        chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return chunk
 
 
 def responder_server(standin: ChatStandin, **settings: Any) -> LiveServer:
-    """A real server on the real engines, its `openai` responder at the stand-in."""
+    """A real server on the real engines (`settings` over the defaults), its `openai`
+    responder at the stand-in."""
     loaded = load_settings(port=free_port(), log_level="warning", **settings)
     options = {"base_url": standin.base_url, "trust_env": False, "timeout_s": 10.0}
     engines = loaded.engines.model_copy(
@@ -135,16 +170,20 @@ def responder_server(standin: ChatStandin, **settings: Any) -> LiveServer:
     return start_server(loaded.model_copy(update={"engines": engines}))
 
 
-@pytest.fixture(scope="module")
-def chat_standin() -> Iterator[ChatStandin]:
-    standin = ChatStandin().start()
-    yield standin
-    standin.stop()
+def chat_fixtures(*, reuse_ids: bool = False, **settings: Any) -> tuple[Any, Any]:
+    """A module's fixtures: `chat_standin, tool_server = chat_fixtures(...)` at its top level
+    gives it a stand-in (`reuse_ids`) and a server (`settings`, as `responder_server`),
+    both module-scoped."""
 
+    @pytest.fixture(scope="module", name="chat_standin")
+    def standin_fixture() -> Iterator[ChatStandin]:
+        with ChatStandin(reuse_ids=reuse_ids) as standin:
+            yield standin
 
-@pytest.fixture(scope="module")
-def tool_server(chat_standin: ChatStandin) -> Iterator[LiveServer]:
-    """Real engines, the `openai` responder at the chat-completions stand-in."""
-    live = responder_server(chat_standin)
-    yield live
-    stop_server(live)
+    @pytest.fixture(scope="module", name="tool_server")
+    def server_fixture(chat_standin: ChatStandin) -> Iterator[LiveServer]:
+        live = responder_server(chat_standin, **settings)
+        yield live
+        stop_server(live)
+
+    return standin_fixture, server_fixture

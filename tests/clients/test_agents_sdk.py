@@ -10,11 +10,11 @@ import json
 from agents import function_tool
 from agents.realtime import AssistantMessageItem, RealtimeAgent, RealtimeItem, RealtimeRunner
 
-from tests.chat_standin import WEATHER_ARGUMENTS, ChatStandin, chat_standin, tool_server
+from tests.chat_standin import ANSWER, WEATHER_ARGUMENTS, ChatStandin, chat_fixtures
 from tests.clients.audio import chunks, question_pcm, rms
 from tests.conftest import LiveServer
 
-__all__ = ["chat_standin", "tool_server"]  # fixtures
+chat_standin, tool_server = chat_fixtures()
 
 SKY = '{"sky": "sunny"}'
 
@@ -60,7 +60,7 @@ async def test_a_spoken_turn_calls_the_function_tool_then_answers_aloud(
     assert [t["function"]["name"] for t in first["tools"]] == ["get_weather"], first
     outputs = [m for m in second["messages"] if m.get("role") == "tool"]
     assert [json.loads(m["content"]) for m in outputs] == [json.loads(SKY)], second
-    assert ChatStandin.ANSWER in said(history), history
+    assert ANSWER in said(history), history
 
 
 def said(history: list[RealtimeItem]) -> str:

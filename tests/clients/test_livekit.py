@@ -20,12 +20,12 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, function_tool, llm, utils
 from livekit.plugins import openai as lk_openai
 
-from tests.chat_standin import WEATHER_ARGUMENTS, ChatStandin, chat_standin, tool_server
+from tests.chat_standin import ANSWER, GREETING, WEATHER_ARGUMENTS, ChatStandin, chat_fixtures
 from tests.clients.audio import chunks, question_pcm, question_text, rms
 from tests.conftest import LiveServer
 from tests.helpers import wer
 
-__all__ = ["chat_standin", "tool_server"]  # fixtures
+chat_standin, tool_server = chat_fixtures()
 
 RATE = 24_000
 
@@ -127,7 +127,7 @@ async def test_realtime_session_generate_reply(tool_server: LiveServer, http: No
     finally:
         await session.aclose()
     assert generation.user_initiated
-    assert calls == [] and text == ChatStandin.ANSWER, (calls, text)
+    assert calls == [] and text == GREETING, (calls, text)  # no tool, no output to answer
 
 
 class WeatherAgent(Agent):
@@ -146,7 +146,7 @@ async def test_agent_session_run_with_a_tool(
     result.expect.next_event().is_function_call(name="get_weather", arguments=WEATHER_ARGUMENTS)
     result.expect.next_event().is_function_call_output()
     said = result.expect.next_event().is_message(role="assistant").event().item
-    assert said.text_content == ChatStandin.ANSWER, said
+    assert said.text_content == ANSWER, said
     result.expect.no_more_events()
     outputs = [m for m in chat_standin.requests[-1]["messages"] if m.get("role") == "tool"]
     assert json.loads(outputs[-1]["content"]) == {"sky": "sunny", "city": "Paris"}, outputs

@@ -7,10 +7,8 @@ session. pipecat runs without a transport (tests/clients/pipecat_harness.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
@@ -34,10 +32,10 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService
 from pipecat.services.openai.tts import OpenAITTSService
 
-from tests.chat_standin import WEATHER_ARGUMENTS, ChatStandin, responder_server
+from tests.chat_standin import REUSED_ID, WEATHER_ARGUMENTS, ChatStandin, chat_fixtures
 from tests.clients.audio import question_pcm, question_text, rms
 from tests.clients.pipecat_harness import Collector, running, speak
-from tests.conftest import LiveServer, stop_server
+from tests.conftest import LiveServer
 from tests.helpers import wer
 
 RATE = 24_000
@@ -48,20 +46,8 @@ WEATHER = FunctionSchema(
     required=["city"],
 )
 
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[ChatStandin]:
-    """A stand-in that gives every tool call the same id, as some local servers do."""
-    chat = ChatStandin(reuse_ids=True).start()
-    yield chat
-    chat.stop()
-
-
-@pytest.fixture(scope="module")
-def server(standin: ChatStandin) -> Iterator[LiveServer]:
-    live = responder_server(standin)
-    yield live
-    stop_server(live)
+# a stand-in that gives every tool call the same id, as some local servers do
+chat_standin, tool_server = chat_fixtures(reuse_ids=True)
 
 
 def no_errors(frames: list[Frame]) -> None:
@@ -74,7 +60,7 @@ def audio_after(frames: list[Frame], index: int) -> bytes:
 
 
 async def test_realtime_llm_answers_a_greeting_and_a_spoken_turn_through_the_tool(
-    server: LiveServer, standin: ChatStandin
+    tool_server: LiveServer, chat_standin: ChatStandin
 ) -> None:
     asked: list[dict[str, Any]] = []
 
@@ -83,14 +69,14 @@ async def test_realtime_llm_answers_a_greeting_and_a_spoken_turn_through_the_too
         await params.result_callback({"sky": "sunny"})
 
     llm = OpenAIRealtimeLLMService(
-        api_key="x", base_url=f"ws://127.0.0.1:{server.settings.port}/v1/realtime"
+        api_key="x", base_url=f"ws://127.0.0.1:{tool_server.settings.port}/v1/realtime"
     )
     llm.register_function("get_weather", get_weather)
     context = LLMContext(
         [{"role": "system", "content": "Answer briefly."}], tools=ToolsSchema([WEATHER])
     )
     pair = LLMContextAggregatorPair(context)
-    before = len(standin.requests)
+    before = len(chat_standin.requests)
 
     def answered(turns: int) -> Any:
         def check(frames: list[Frame]) -> bool:
@@ -113,10 +99,11 @@ async def test_realtime_llm_answers_a_greeting_and_a_spoken_turn_through_the_too
     no_errors(sink.frames)
     # Each turn: one call, its one result, then the answer spoken (the stand-in reused the id).
     assert asked == [WEATHER_ARGUMENTS, WEATHER_ARGUMENTS], asked
+    assert chat_standin.call_ids[-2:] == [REUSED_ID, REUSED_ID], chat_standin.call_ids
     assert len(sink.of(FunctionCallResultFrame)) == 2
     reply = audio_after(sink.frames, greeting_end)
     assert len(reply) > RATE and rms(reply) > 300, (len(reply), rms(reply))
-    spoken = [standin.requests[i] for i in range(before, len(standin.requests))]
+    spoken = [chat_standin.requests[i] for i in range(before, len(chat_standin.requests))]
     assert len(spoken) == 4, [len(r["messages"]) for r in spoken]  # call, answer, call, answer
     outputs = [m for m in spoken[-1]["messages"] if m.get("role") == "tool"]
     assert [json.loads(m["content"]) for m in outputs] == [{"sky": "sunny"}] * 2, spoken[-1]
@@ -124,10 +111,10 @@ async def test_realtime_llm_answers_a_greeting_and_a_spoken_turn_through_the_too
     assert users and wer(question_text(), str(users[-1]["content"])) <= 0.2, users
 
 
-async def test_stt_service_transcribes_a_segment(server: LiveServer) -> None:
+async def test_stt_service_transcribes_a_segment(tool_server: LiveServer) -> None:
     stt = OpenAISTTService(
         api_key="x",
-        base_url=f"{server.http_url}/v1",
+        base_url=f"{tool_server.http_url}/v1",
         settings=OpenAISTTService.Settings(model="whisper-1"),
     )
     async with running(stt, rate=16_000) as (worker, sink):
@@ -140,8 +127,8 @@ async def test_stt_service_transcribes_a_segment(server: LiveServer) -> None:
     assert len(heard) == 1 and wer(question_text(), heard[0].text) <= 0.2, heard
 
 
-async def test_tts_service_speaks(server: LiveServer) -> None:
-    tts = OpenAITTSService(api_key="x", base_url=f"{server.http_url}/v1", voice="alloy")
+async def test_tts_service_speaks(tool_server: LiveServer) -> None:
+    tts = OpenAITTSService(api_key="x", base_url=f"{tool_server.http_url}/v1", voice="alloy")
     async with running(tts, rate=RATE) as (worker, sink):
         await worker.queue_frame(TTSSpeakFrame("It is sunny in Paris today."))
         await sink.until(lambda frames: bool(sink.of(TTSStoppedFrame)))
@@ -152,11 +139,11 @@ async def test_tts_service_speaks(server: LiveServer) -> None:
 
 
 async def test_realtime_stt_service_transcribes_over_a_transcription_session(
-    server: LiveServer,
+    tool_server: LiveServer,
 ) -> None:
     stt = OpenAIRealtimeSTTService(
         api_key="x",
-        base_url=f"ws://127.0.0.1:{server.settings.port}/v1/realtime",
+        base_url=f"ws://127.0.0.1:{tool_server.settings.port}/v1/realtime",
         settings=OpenAIRealtimeSTTService.Settings(model="whisper-1"),
     )
     async with running(stt, rate=RATE) as (worker, sink):

@@ -1,6 +1,6 @@
 """What agent frameworks read from a Realtime response, end to end with the official
 `openai` SDK's realtime client against a real server (real VAD, ASR and TTS) whose
-`openai` responder talks to a chat-completions stand-in (tests/realtime/chat_standin.py):
+`openai` responder talks to the chat-completions stand-in (tests/chat_standin.py):
 
 - `response.metadata` echoed on response.created and response.done (LiveKit's
   generate_reply matches its `client_event_id` there), refused when out of OpenAI's bounds;
@@ -16,14 +16,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.realtime import chat_standin as standin
+from tests import chat_standin as standin
+from tests.conftest import LiveServer
 from tests.realtime.helpers import GA
 from tests.realtime.test_realtime_sdk import (
     MODEL,
@@ -37,28 +35,14 @@ from tests.realtime.test_realtime_sdk import (
     until,
     update,
 )
-from voxserve.config import EngineSpec, load_settings
 
 MAX_CALLS = 3
 
 
-@pytest.fixture(scope="module")
-def stand_in() -> Iterator[standin.ChatStandIn]:
-    with standin.ChatStandIn() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def server(stand_in: standin.ChatStandIn) -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    options = {"base_url": stand_in.base_url, "trust_env": False, "timeout_s": 10.0}
-    engines = settings.engines.model_copy(
-        update={"responder": EngineSpec(name="openai", options=options)}
-    )
-    realtime = settings.realtime.model_copy(update={"max_tool_calls_per_turn": MAX_CALLS})
-    live = start_server(settings.model_copy(update={"engines": engines, "realtime": realtime}))
-    yield live
-    stop_server(live)
+# a model that reuses one call id, as some local servers do
+chat_standin, tool_server = standin.chat_fixtures(
+    reuse_ids=True, realtime={"max_tool_calls_per_turn": MAX_CALLS}
+)
 
 
 async def say(conn: AsyncRealtimeConnection, text: str) -> None:
@@ -75,10 +59,10 @@ async def answer(conn: AsyncRealtimeConnection, call_id: str, output: str) -> No
 
 
 async def test_metadata_and_the_voice_name_are_echoed_and_usage_counted(
-    server: LiveServer,
+    tool_server: LiveServer,
 ) -> None:
     metadata = {"client_event_id": "evt_gen_1", "topic": "g" * 512}
-    async with sdk(server, "x").realtime.connect(model=MODEL) as conn:
+    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         await update(conn, seen, {"type": "realtime", "audio": {"output": {"voice": "alloy"}}})
@@ -131,10 +115,10 @@ async def test_metadata_and_the_voice_name_are_echoed_and_usage_counted(
 
 
 async def test_a_model_that_reuses_a_call_id_gets_each_output_after_its_own_call(
-    server: LiveServer, stand_in: standin.ChatStandIn
+    tool_server: LiveServer, chat_standin: standin.ChatStandin
 ) -> None:
-    stand_in.requests.clear()
-    async with sdk(server, "x").realtime.connect(model=MODEL) as conn:
+    chat_standin.requests.clear()
+    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         session = {"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER_TOOL]}
@@ -153,8 +137,8 @@ async def test_a_model_that_reuses_a_call_id_gets_each_output_after_its_own_call
     assert len(set(ids)) == 2 and standin.REUSED_ID not in ids  # the session's own ids
     texts = [e["text"] for e in of(seen, "response.output_text.done")]
     assert texts == [standin.ANSWER, standin.ANSWER]
-    assert len(stand_in.requests) == 4  # no call repeated, no loop
-    last = stand_in.requests[-1]["messages"]
+    assert len(chat_standin.requests) == 4  # no call repeated, no loop
+    last = chat_standin.requests[-1]["messages"]
     pairs = [
         (m["tool_calls"][0]["id"], last[i + 1]["tool_call_id"], last[i + 1]["content"])
         for i, m in enumerate(last)
@@ -168,9 +152,9 @@ async def test_a_model_that_reuses_a_call_id_gets_each_output_after_its_own_call
 
 
 async def test_a_model_that_keeps_calling_tools_is_stopped_at_the_turns_bound(
-    server: LiveServer,
+    tool_server: LiveServer,
 ) -> None:
-    async with sdk(server, "x").realtime.connect(model=MODEL) as conn:
+    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         session = {"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER_TOOL]}

@@ -1,6 +1,6 @@
 """/v1/realtime end to end with the official `openai` SDK's realtime client
 (`client.realtime.connect`), against a real server on the real embedded models (silero VAD,
-whisper, piper, the rules responder), and a local OpenAI-compatible chat-completions stub
+whisper, piper, the rules responder), and the chat-completions stand-in (tests/chat_standin.py)
 where a test needs tool calls.
 
 The SDK builds the URL from `base_url` ("http://host:port/v1" -> "ws://host:port/v1/realtime
@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -29,12 +27,13 @@ from pydantic import SecretStr
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from tests.chat_standin import ANSWER, ChatStandin, chat_fixtures
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import silence
 from tests.helpers import fixture_audio, fixture_texts, sessions_ended, wer
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
-from voxserve.config import EngineSpec, load_settings
+from voxserve.config import load_settings
 
 KEY = "realtime-test-key"
 MODEL = "gpt-realtime"
@@ -54,76 +53,7 @@ def rt_server() -> Iterator[LiveServer]:
     stop_server(live)
 
 
-class StubLlm:
-    """A chat-completions stub in a thread: the first request of a conversation calls the
-    `get_weather` tool, a request that holds the tool's output gets a sentence."""
-
-    ANSWER = "It is sunny in Paris."
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                stub.requests.append(body)
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.end_headers()
-                for chunk in stub.chunks(body):
-                    self.wfile.write(f"data: {chunk}\n\n".encode())
-                self.wfile.write(b"data: [DONE]\n\n")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def chunks(self, body: dict[str, Any]) -> list[str]:
-        def choice(delta: dict[str, Any], finish: str | None = None) -> str:
-            return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-
-        if any(m.get("role") == "tool" for m in body.get("messages", [])):
-            return [choice({"role": "assistant", "content": self.ANSWER}), choice({}, "stop")]
-        call = {"index": 0, "id": "call_w1", "type": "function"}
-        return [
-            choice(
-                {
-                    "role": "assistant",
-                    "tool_calls": [{**call, "function": {"name": "get_weather", "arguments": ""}}],
-                }
-            ),
-            choice({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-            choice({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-            choice({}, "tool_calls"),
-        ]
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[StubLlm]:
-    stub = StubLlm()
-    stub.thread.start()
-    yield stub
-    stub.server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tool_server(llm: StubLlm) -> Iterator[LiveServer]:
-    """Real engines, the `openai` responder at the stub."""
-    settings = load_settings(port=free_port(), log_level="warning")
-    options = {"base_url": llm.base_url, "trust_env": False, "timeout_s": 10.0}
-    engines = settings.engines.model_copy(
-        update={"responder": EngineSpec(name="openai", options=options)}
-    )
-    live = start_server(settings.model_copy(update={"engines": engines}))
-    yield live
-    stop_server(live)
+chat_standin, tool_server = chat_fixtures()  # the `openai` responder at a stand-in
 
 
 @pytest.fixture
@@ -385,7 +315,7 @@ WEATHER_TOOL = {
 }
 
 
-async def test_tool_call_round_trip(tool_server: LiveServer, llm: StubLlm) -> None:
+async def test_tool_call_round_trip(tool_server: LiveServer, chat_standin: ChatStandin) -> None:
     async with sdk(tool_server).realtime.connect(model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
@@ -418,15 +348,15 @@ async def test_tool_call_round_trip(tool_server: LiveServer, llm: StubLlm) -> No
     said = of(seen, "response.output_audio_transcript.done") or of(
         seen, "response.output_text.done"
     )
-    assert said and StubLlm.ANSWER in str(said[-1].get("transcript") or said[-1]["text"]), said
-    assert len(llm.requests) == 2
-    tools = llm.requests[0]["tools"]
+    assert said and ANSWER in str(said[-1].get("transcript") or said[-1]["text"]), said
+    assert len(chat_standin.requests) == 2
+    tools = chat_standin.requests[0]["tools"]
     assert tools[0]["function"]["name"] == "get_weather", tools
-    messages = llm.requests[1]["messages"]
+    messages = chat_standin.requests[1]["messages"]
     tool_message = [m for m in messages if m.get("role") == "tool"]
     assert tool_message and tool_message[0]["content"] == '{"sky": "sunny"}', messages
     # the client saw the session's call id; the model reads its own back
-    assert tool_message[0]["tool_call_id"] == "call_w1" != call["call_id"]
+    assert tool_message[0]["tool_call_id"] == chat_standin.call_ids[0] != call["call_id"]
     asked = [m for m in messages if m.get("tool_calls")]
     assert asked and asked[0]["tool_calls"][0]["function"]["name"] == "get_weather", messages
 
