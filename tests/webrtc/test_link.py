@@ -24,7 +24,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from tests.fakes import FakeTts, fake_runtime, silence, tone
-from tests.helpers import eventually
+from tests.helpers import eventually, settings_with
 from tests.webrtc.media import rms
 from voxserve.config import Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
@@ -147,8 +147,7 @@ class Call:
 
 
 def settings(**limits: Any) -> Settings:
-    base = load_settings(log_level="warning")
-    return base.model_copy(update={"limits": base.limits.model_copy(update=limits)})
+    return settings_with(load_settings(log_level="warning"), limits=limits)
 
 
 async def channel_pair() -> tuple[
