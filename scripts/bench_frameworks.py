@@ -23,8 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -74,6 +75,21 @@ async def first_audio(speech: asyncio.Task[float], heard: asyncio.Future[float])
         return await heard - end
 
 
+async def timed_turn(
+    send: Callable[[bytes], Awaitable[None]],
+    read: Callable[[asyncio.Future[float]], Coroutine[Any, Any, None]],
+    rate: int = 24_000,
+) -> float:
+    """One turn: the question paced out through `send` at `rate` while `read` sets the future
+    it is handed at the first reply audio; end of speech -> that instant."""
+    heard: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    reader = asyncio.create_task(read(heard))
+    try:
+        return await first_audio(asyncio.create_task(paced(send, question_pcm(rate), rate)), heard)
+    finally:
+        reader.cancel()
+
+
 async def stream_turn(port: int) -> float:
     from websockets.asyncio.client import connect
 
@@ -87,21 +103,13 @@ async def stream_turn(port: int) -> float:
             await ws.send(seq.to_bytes(4, "big") + piece)
             seq += 1
 
-        heard: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-
-        async def read() -> None:
+        async def read(heard: asyncio.Future[float]) -> None:
             async for message in ws:
                 if isinstance(message, bytes):
                     heard.set_result(time.monotonic())
                     return
 
-        reader = asyncio.create_task(read())
-        try:
-            return await first_audio(
-                asyncio.create_task(paced(send, question_pcm(16_000), 16_000)), heard
-            )
-        finally:
-            reader.cancel()
+        return await timed_turn(send, read, 16_000)
 
 
 async def sdk_turn(port: int) -> float:
@@ -113,21 +121,13 @@ async def sdk_turn(port: int) -> float:
         async def send(piece: bytes) -> None:
             await conn.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
 
-        heard: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-
-        async def read() -> None:
+        async def read(heard: asyncio.Future[float]) -> None:
             async for event in conn:
                 if event.type in ("response.output_audio.delta", "response.audio.delta"):
                     heard.set_result(time.monotonic())
                     return
 
-        reader = asyncio.create_task(read())
-        try:
-            return await first_audio(
-                asyncio.create_task(paced(send, question_pcm(), 24_000)), heard
-            )
-        finally:
-            reader.cancel()
+        return await timed_turn(send, read)
 
 
 async def agents_turn(port: int) -> float:
@@ -137,20 +137,14 @@ async def agents_turn(port: int) -> float:
     url = f"ws://127.0.0.1:{port}/v1/realtime?model=gpt-realtime"
     session = await runner.run(model_config={"url": url, "api_key": "x"})
     async with session:
-        heard: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
-        async def read() -> None:
+        async def read(heard: asyncio.Future[float]) -> None:
             async for event in session:
                 if event.type == "audio":
                     heard.set_result(time.monotonic())
                     return
 
-        reader = asyncio.create_task(read())
-        try:
-            speech = asyncio.create_task(paced(session.send_audio, question_pcm(), 24_000))
-            return await first_audio(speech, heard)
-        finally:
-            reader.cancel()
+        return await timed_turn(session.send_audio, read)
 
 
 async def pipecat_turn(port: int) -> float:
@@ -165,9 +159,8 @@ async def pipecat_turn(port: int) -> float:
     pair = LLMContextAggregatorPair(LLMContext([{"role": "system", "content": "Be brief."}]))
     sink = Collector()
     async with running(pair.user(), llm, sink, pair.assistant()) as (worker, _):
-        heard: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
-        async def read() -> None:
+        async def read(heard: asyncio.Future[float]) -> None:
             await sink.until(lambda frames: bool(sink.of(OutputAudioRawFrame)), limit_s=60)
             heard.set_result(time.monotonic())
 
@@ -176,13 +169,7 @@ async def pipecat_turn(port: int) -> float:
             await worker.queue_frame(frame)
 
         await asyncio.sleep(0.5)  # the service connects on the pipeline's start
-        reader = asyncio.create_task(read())
-        try:
-            return await first_audio(
-                asyncio.create_task(paced(send, question_pcm(), 24_000)), heard
-            )
-        finally:
-            reader.cancel()
+        return await timed_turn(send, read)
 
 
 async def livekit_turn(port: int) -> float:

@@ -191,3 +191,13 @@ def fake_server() -> Iterator[LiveServer]:
     live = start_server(settings, fake_runtime(settings, asr=FakeAsr(delay_s=0.02)))
     yield live
     stop_server(live)
+
+
+def start_fake_server_in(tmp: Path, **overrides: object) -> LiveServer:
+    """A real server on fake engines (tests.fakes), on a free port, with `overrides` of the
+    settings and its TTS cache off (its directory under `tmp`); stop it with stop_server."""
+    from voxserve.config import CacheConfig
+
+    cache = CacheConfig(dir=tmp, enabled=False)
+    settings = load_settings(port=free_port(), log_level="warning", cache=cache, **overrides)
+    return start_server(settings, fake_runtime(settings))

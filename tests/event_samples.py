@@ -8,22 +8,23 @@ from typing import Any
 
 from voxserve import events as ev
 
+ASSISTANT_STARTED = ev.SessionStarted(
+    session_id="9f1c00aa11bb22cc",
+    trace_id="call-42",
+    mode="assistant",
+    sample_rate=16000,
+    encoding="pcm_s16le",
+    language="en",
+    voice="joe",
+    output_sample_rate=24000,
+    frame_ms=20,
+    credit_window=8,
+    resumable=False,
+    turn_detection=ev.TurnDetectionInfo(type="semantic_vad", eagerness="auto"),
+)
 SAMPLES: list[tuple[ev.ServerEvent, dict[str, Any]]] = [
     (
-        ev.SessionStarted(
-            session_id="9f1c00aa11bb22cc",
-            trace_id="call-42",
-            mode="assistant",
-            sample_rate=16000,
-            encoding="pcm_s16le",
-            language="en",
-            voice="joe",
-            output_sample_rate=24000,
-            frame_ms=20,
-            credit_window=8,
-            resumable=False,
-            turn_detection=ev.TurnDetectionInfo(type="semantic_vad", eagerness="auto"),
-        ),
+        ASSISTANT_STARTED,
         {
             "type": "session.started",
             "session_id": "9f1c00aa11bb22cc",

@@ -23,8 +23,19 @@ import jiwer
 import numpy as np
 
 from voxserve.audio.wav import read_wav
+from voxserve.config import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def settings_with(settings: Settings, **changes: Any) -> Settings:
+    """A copy of `settings`: a dict given for a section updates those of its fields
+    (`limits={"idle_timeout_s": 1.0}`), any other value replaces the field."""
+    update = {
+        name: getattr(settings, name).model_copy(update=value) if isinstance(value, dict) else value
+        for name, value in changes.items()
+    }
+    return settings.model_copy(update=update)
 
 
 def fixture_texts() -> dict[str, str]:

@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, FakeTts, FakeVad, SlowResponder, fake_runtime, silence, tone
+from tests.helpers import settings_with
 from tests.wsclient import as_read, collect, frame_message, of_type, run_asr, send_audio, start
 from voxserve.config import load_settings
 from voxserve.events import StreamConfig
@@ -386,9 +387,10 @@ async def test_session_logs_carry_trace_ids_and_no_content(fake_server: LiveServ
 
 
 async def test_idle_clients_and_endless_sessions_are_ended_with_their_codes() -> None:
-    base = load_settings(port=free_port(), log_level="warning")
-    limits = base.limits.model_copy(update={"idle_timeout_s": 1.0, "max_session_s": 2.0})
-    settings = base.model_copy(update={"limits": limits})
+    settings = settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        limits={"idle_timeout_s": 1.0, "max_session_s": 2.0},
+    )
     live = start_server(settings, fake_runtime(settings))
     try:
         async with connect(live.ws_url) as ws:  # silent after the start

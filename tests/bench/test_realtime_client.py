@@ -20,7 +20,12 @@ from voxserve.bench.audio_client import AudioStream
 from voxserve.bench.loadgen import StepSpec, make_stream
 from voxserve.bench.program import Script, build, frame_bytes, pcm_at
 from voxserve.bench.realtime_bench import comparison, markdown
-from voxserve.bench.realtime_client import RealtimeStream, frames_b64, session_update
+from voxserve.bench.realtime_client import (
+    RealtimeStream,
+    StreamPlan,
+    frames_b64,
+    session_update,
+)
 from voxserve.bench.realtime_turns import RealtimeTurns, b64_size
 from voxserve.bench.records import Raw
 from voxserve.bench.servers import realtime_url
@@ -195,17 +200,16 @@ class Recorder:
 @pytest.mark.parametrize("piece_ms", [20, 40])
 def test_produce_paces_pieces_and_times_the_end_of_speech(piece_ms: int) -> None:
     raw = Raw()
-    stream = RealtimeStream(
-        "ws://unused", raw, script=Script(PROGRAM), end_at=0.0, drain_s=1.0,
-        hangover_s=0.1, piece_ms=piece_ms,
-    )  # fmt: skip
     ws = Recorder()
 
-    async def play() -> None:
-        stream.end_at = time.monotonic() + 0.8  # 40 frames: the first clip
+    async def play() -> RealtimeStream:
+        end_at = time.monotonic() + 0.8  # 40 frames: the first clip
+        plan = StreamPlan(Script(PROGRAM), end_at, drain_s=1.0, hangover_s=0.1)
+        stream = RealtimeStream("ws://unused", raw, plan, piece_ms=piece_ms)
         await stream.produce(ws)  # type: ignore[arg-type]
+        return stream
 
-    asyncio.run(play())
+    stream = asyncio.run(play())
     per = piece_ms // 20
     tail = 20  # ceil((0.1 + 0.3) / 0.02) frames of silence
     assert raw.counts["frames_sent"] == len(ws.sent) * per >= 40 + tail
@@ -221,7 +225,7 @@ def test_produce_paces_pieces_and_times_the_end_of_speech(piece_ms: int) -> None
     # real-time pace: piece i leaves when its last frame is complete, 20 ms per frame
     span = ws.sent[-1][0] - ws.sent[0][0]
     assert span == pytest.approx((len(ws.sent) - 1) * piece_ms / 1000, abs=0.05)
-    assert len(stream.lateness) == len(ws.sent)
+    assert len(stream.plan.lateness) == len(ws.sent)
 
 
 def step(transport: str, streams: int, turns: list[float], cpu: float) -> Step:
@@ -288,8 +292,8 @@ def test_make_stream_builds_either_client_with_the_key() -> None:
     assert isinstance(realtime, RealtimeStream)
     assert realtime.url == "ws://127.0.0.1:9/v1/realtime?model=m+1"
     assert realtime.headers == {"Authorization": "Bearer k1"} and realtime.piece_frames == 2
-    assert realtime.script.shift == PROGRAM.clip_starts[1]
-    assert realtime.update["session"]["audio"]["output"]["voice"] == "alloy"
+    assert realtime.plan.script.shift == PROGRAM.clip_starts[1]
+    assert realtime.plan.session_update()["session"]["audio"]["output"]["voice"] == "alloy"
     stream = make_stream(dataclasses.replace(spec, mode="assistant"), 0, Raw(), 0.0)
     assert isinstance(stream, AudioStream) and stream.rate == 24000
     assert stream.headers == {"Authorization": "Bearer k1"}

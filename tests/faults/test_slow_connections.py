@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
-from tests.helpers import wait_ready
+from tests.helpers import settings_with, wait_ready
 from voxserve.config import load_settings
 from voxserve.server.http.protocol import default_max_connections
 
@@ -34,16 +34,15 @@ STALL_S = 1.5
 
 @pytest.fixture(scope="module")
 def slow_server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    limits = settings.limits.model_copy(
-        update={
-            "http_header_timeout_s": HEADER_S,
-            "http_body_timeout_s": BODY_S,
-            "stalled_client_s": STALL_S,
-        }
-    )
-    settings = settings.model_copy(
-        update={"limits": limits, "cache": settings.cache.model_copy(update={"enabled": False})}
+    limits = {
+        "http_header_timeout_s": HEADER_S,
+        "http_body_timeout_s": BODY_S,
+        "stalled_client_s": STALL_S,
+    }
+    settings = settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        limits=limits,
+        cache={"enabled": False},
     )
     live = start_server(settings, fake_runtime(settings, tts=FakeTts(seconds_per_word=0.2)))
     yield live

@@ -27,7 +27,7 @@ from websockets.frames import Frame, Opcode
 
 from tests.conftest import LiveServer, free_port
 from tests.fakes import FakeTts, fake_runtime, silence, tone
-from tests.helpers import eventually
+from tests.helpers import eventually, settings_with
 from tests.wsclient import frame_message
 from voxserve.config import Settings, load_settings
 from voxserve.server.serve import uvicorn_config
@@ -109,14 +109,12 @@ class RawWs:
 
 
 def _settings(stall_s: float) -> Settings:
-    settings = load_settings(port=free_port(), log_level="warning")
-    return settings.model_copy(
-        update={
-            "limits": settings.limits.model_copy(update={"stalled_client_s": stall_s}),
-            "cache": settings.cache.model_copy(update={"enabled": False}),
-            "grpc_port": 0,
-            "wyoming_port": 0,
-        }
+    return settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        limits={"stalled_client_s": stall_s},
+        cache={"enabled": False},
+        grpc_port=0,
+        wyoming_port=0,
     )
 
 

@@ -24,12 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import fake_runtime
+from tests.conftest import LiveServer, start_fake_server_in, stop_server
 from tests.hostile.watch import watched
 from tests.hub_standin import HubStandin
 from tests.models.model_repos import add_whisper_repo
-from voxserve.config import CacheConfig, load_settings
 from voxserve.engines.model_store import check_name
 from voxserve.server.http.model_pulls import MAX_RUNNING, MAX_WAITING
 
@@ -57,13 +55,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandin]:
 
 
 def _start(tmp: Path, admin_key: str | None) -> LiveServer:
-    settings = load_settings(
-        port=free_port(),
-        log_level="warning",
-        admin_key=SecretStr(admin_key) if admin_key else None,
-        cache=CacheConfig(dir=tmp, enabled=False),
-    )
-    return start_server(settings, fake_runtime(settings))
+    return start_fake_server_in(tmp, admin_key=SecretStr(admin_key) if admin_key else None)
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,10 @@ from pydantic import SecretStr
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import fake_runtime
+from tests.conftest import LiveServer, free_port, start_fake_server_in, stop_server
 from tests.helpers import stop_process, wait_ready
 from tests.hostile.watch import watched
-from voxserve.config import CacheConfig, RealtimeConfig, load_settings
+from voxserve.config import RealtimeConfig
 from voxserve.server.realtime_api.secrets import FILE_NAME, ClientSecrets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +42,9 @@ MODEL = "gpt-realtime"
 
 
 def start(tmp: Path, secrets_dir: Path | None = None) -> LiveServer:
-    settings = load_settings(
-        port=free_port(),
-        log_level="warning",
+    return start_fake_server_in(
+        tmp,
         api_keys=[SecretStr(FLOODER), SecretStr(VICTIM), SecretStr(OTHER)],
-        cache=CacheConfig(dir=tmp, enabled=False),
         realtime=RealtimeConfig(
             max_client_secrets=40,
             max_client_secrets_per_key=PER_KEY,
@@ -55,7 +52,6 @@ def start(tmp: Path, secrets_dir: Path | None = None) -> LiveServer:
             secrets_dir=secrets_dir,
         ),
     )
-    return start_server(settings, fake_runtime(settings))
 
 
 @pytest.fixture(scope="module")

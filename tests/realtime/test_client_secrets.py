@@ -20,9 +20,8 @@ from openai import AsyncOpenAI
 from pydantic import SecretStr
 from websockets.asyncio.client import connect
 
-from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import fake_runtime
-from voxserve.config import CacheConfig, RealtimeConfig, load_settings
+from tests.conftest import LiveServer, start_fake_server_in, stop_server
+from voxserve.config import RealtimeConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.realtime_api.secrets import (
     TOMBSTONE_S,
@@ -42,14 +41,7 @@ SESSION: dict[str, Any] = {
 
 
 def start(tmp: Path, **realtime: int) -> LiveServer:
-    settings = load_settings(
-        port=free_port(),
-        log_level="warning",
-        api_keys=[SecretStr(KEY)],
-        cache=CacheConfig(dir=tmp, enabled=False),
-        realtime=RealtimeConfig(**realtime),
-    )
-    return start_server(settings, fake_runtime(settings))
+    return start_fake_server_in(tmp, api_keys=[SecretStr(KEY)], realtime=RealtimeConfig(**realtime))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from tests.event_samples import SAMPLES
+from tests.event_samples import ASSISTANT_STARTED, SAMPLES
 from tests.fakes import FakeAsr, FakeTts, FakeVad
 from tests.realtime.helpers import CONVERSATION_SAMPLES, checked, codec, event
 from voxserve import events as ev
@@ -29,22 +29,19 @@ from voxserve.server.session.auth import ANONYMOUS
 from voxserve.server.session.partials import stable_delta, stable_prefix
 from voxserve.server.session.quotas import Quotas
 
-SID = "9f1c00aa11bb22cc"
+STARTED = ASSISTANT_STARTED  # session.created: the encoder reads only its session id
+SID = STARTED.session_id
 USER = ev.speech_item_id(SID, 1)
 REPLY = ev.reply_item_id(SID, 1)
-STARTED = ev.SessionStarted(
-    session_id=SID,
-    trace_id="t-1",
-    mode="assistant",
-    sample_rate=24000,
-    encoding="pcm_s16le",
-    language="en",
-    voice="joe",
-    output_sample_rate=24000,
-    frame_ms=20,
-    credit_window=8,
-    resumable=False,
-)
+# How a spoken response closes, in order (after its last audio delta).
+AUDIO_REPLY_END = [
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
 AUDIO = (np.arange(480) * 50 % 20000).astype("<i2").tobytes()
 
 
@@ -129,12 +126,7 @@ def test_a_spoken_question_answered_with_audio_ga() -> None:
         "response.output_audio.delta",
         "response.output_audio_transcript.delta",
         "response.output_audio.delta",
-        "response.output_audio.done",
-        "response.output_audio_transcript.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "conversation.item.done",
-        "response.done",
+        *AUDIO_REPLY_END,
     ]
     assert len({e["event_id"] for e in events}) == len(events)
     by_type = {e["type"]: e for e in events}
@@ -300,15 +292,7 @@ def test_barge_in_cuts_the_item_and_cancels_the_response() -> None:
         ev.ResponseDone(reply=1, status="cancelled", reason="turn_detected", output=(cut,)),
     ]
     events = run(encoder, script)
-    assert types(events)[-7:] == [
-        "input_audio_buffer.speech_started",
-        "response.output_audio.done",
-        "response.output_audio_transcript.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "conversation.item.done",
-        "response.done",
-    ]
+    assert types(events)[-7:] == ["input_audio_buffer.speech_started", *AUDIO_REPLY_END]
     transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
     assert transcript["transcript"] == "It is"
     item_done = next(e for e in events if e["type"] == "response.output_item.done")

@@ -20,7 +20,7 @@ from websockets.frames import Opcode
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
 from tests.faults.test_slow_readers import RawWs
-from tests.helpers import eventually
+from tests.helpers import eventually, settings_with
 from voxserve.config import load_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,11 +30,11 @@ IDLE_S = 5.0  # past the stall test's bound, so its client is ended as stalled
 
 @pytest.fixture(scope="module")
 def stall_server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    update = {"stalled_client_s": STALL_S, "idle_timeout_s": IDLE_S}
-    limits = settings.limits.model_copy(update=update)
-    cache = settings.cache.model_copy(update={"enabled": False})
-    settings = settings.model_copy(update={"limits": limits, "cache": cache})
+    settings = settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        limits={"stalled_client_s": STALL_S, "idle_timeout_s": IDLE_S},
+        cache={"enabled": False},
+    )
     live = start_server(settings, fake_runtime(settings, tts=FakeTts(seconds_per_word=0.2)))
     yield live
     stop_server(live)

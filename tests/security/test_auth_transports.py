@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime
+from tests.helpers import settings_with
 from tests.transports.grpc_client import error_code, stub
 from voxserve.config import load_settings
 from voxserve.v1 import voxserve_pb2 as pb
@@ -28,14 +29,11 @@ OTHER_ORIGIN = "https://app.example"
 
 @pytest.fixture(scope="module")
 def keyed_server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    limits = settings.limits.model_copy(update={"handshake_timeout_s": 0.5})
-    settings = settings.model_copy(
-        update={
-            "api_keys": [SecretStr(KEY)],
-            "cors_allowed_origins": [OTHER_ORIGIN],
-            "limits": limits,
-        }
+    settings = settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        api_keys=[SecretStr(KEY)],
+        cors_allowed_origins=[OTHER_ORIGIN],
+        limits={"handshake_timeout_s": 0.5},
     )
     live = start_server(settings, fake_runtime(settings), grpc_port=free_port())
     yield live

@@ -18,6 +18,7 @@ from wyoming.ping import Ping, Pong
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import fake_runtime, silence
+from tests.helpers import settings_with
 from tests.transports.grpc_client import error_code, stub
 from voxserve.config import load_settings
 from voxserve.v1 import voxserve_pb2 as pb
@@ -28,11 +29,10 @@ LIFETIME_S = 1.2
 
 @pytest.fixture(scope="module")
 def limited_server() -> Iterator[LiveServer]:
-    settings = load_settings(port=free_port(), log_level="warning")
-    limits = settings.limits.model_copy(
-        update={"idle_timeout_s": IDLE_S, "max_session_s": LIFETIME_S}
+    settings = settings_with(
+        load_settings(port=free_port(), log_level="warning"),
+        limits={"idle_timeout_s": IDLE_S, "max_session_s": LIFETIME_S},
     )
-    settings = settings.model_copy(update={"limits": limits})
     live = start_server(
         settings, fake_runtime(settings), grpc_port=free_port(), wyoming_port=free_port()
     )

@@ -9,14 +9,13 @@ import pytest
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, fake_runtime
+from tests.helpers import settings_with
 from voxserve.config import load_settings
 
 
 def start_fake_server(engines: dict[str, Any] | None = None, **limits: int) -> LiveServer:
     """Fake engines (`engines` replaces some, as fake_runtime takes them), optional limits."""
-    settings = load_settings(port=free_port(), log_level="warning")
-    if limits:
-        settings = settings.model_copy(update={"limits": settings.limits.model_copy(update=limits)})
+    settings = settings_with(load_settings(port=free_port(), log_level="warning"), limits=limits)
     runtime = fake_runtime(settings, **{"asr": FakeAsr(delay_s=0.02), **(engines or {})})
     return start_server(settings, runtime, grpc_port=free_port(), wyoming_port=free_port())
 

@@ -262,16 +262,10 @@ async def test_bad_offers_and_keys(server: LiveServer) -> None:
 
 async def test_full_port_range_refuses_the_call(server: LiveServer) -> None:
     held: list[socket.socket] = []
+    ports = PortRange(PORT_MIN, PORT_MAX)  # every free port of the server's range, held here
     try:
         for address in get_host_addresses(use_ipv4=True, use_ipv6=True):
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            for port in range(PORT_MIN, PORT_MAX + 1):
-                sock = socket.socket(family, socket.SOCK_DGRAM)
-                try:
-                    sock.bind((address, port))
-                except OSError:
-                    sock.close()
-                    continue
+            while (sock := ports.bind(address)) is not None:
                 held.append(sock)
         async with caller() as peer:
             response = await post_offer(server, await peer.offer())

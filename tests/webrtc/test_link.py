@@ -24,7 +24,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from tests.fakes import FakeTts, fake_runtime, silence, tone
-from tests.helpers import eventually
+from tests.helpers import eventually, settings_with
 from tests.webrtc.media import rms
 from voxserve.config import Settings, load_settings
 from voxserve.errors import ErrorCode, VoxError
@@ -147,8 +147,7 @@ class Call:
 
 
 def settings(**limits: Any) -> Settings:
-    base = load_settings(log_level="warning")
-    return base.model_copy(update={"limits": base.limits.model_copy(update=limits)})
+    return settings_with(load_settings(log_level="warning"), limits=limits)
 
 
 async def channel_pair() -> tuple[
@@ -180,16 +179,26 @@ async def call(runtime: Runtime) -> AsyncIterator[Call]:
     c = Call(link, driver, client, audio, track)
     client.on("message", lambda text: c.events.append(json.loads(text)))
     driver.start()
+    async with running(link, driver, caller, server):
+        yield c
+
+
+@asynccontextmanager
+async def running(
+    link: WebRtcLink, driver: SessionDriver, *peers: RTCPeerConnection
+) -> AsyncIterator[None]:
+    """`link.run()` for the block; then hang up and wait for it, close the driver (started)
+    and the peers."""
     task = asyncio.get_running_loop().create_task(link.run())
     try:
-        yield c
+        yield
     finally:
         link.hang_up()
         await asyncio.wait_for(task, 5)
         driver.close()
         await driver.wait_closed()
-        await caller.close()
-        await server.close()
+        for peer in peers:
+            await peer.close()
 
 
 def checked(events: list[dict[str, Any]]) -> None:
@@ -508,19 +517,11 @@ async def test_messages_sent_as_the_channel_opens_are_not_lost() -> None:
     link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=early)
     update("second")
     await asyncio.sleep(0.1)  # arrives before run()
-    task = asyncio.get_running_loop().create_task(link.run())
-    try:
+    async with running(link, driver, caller, server):
         await eventually(lambda: len([e for e in events if e["type"] == "session.updated"]) == 2)
         assert events[0]["type"] == "session.created"
         said = [e["session"]["instructions"] for e in events if e["type"] == "session.updated"]
         assert said == ["first", "second"]
-    finally:
-        link.hang_up()
-        await asyncio.wait_for(task, 5)
-        driver.close()
-        await driver.wait_closed()
-        await caller.close()
-        await server.close()
 
 
 async def test_messages_the_call_could_not_hold_are_told() -> None:
@@ -534,8 +535,7 @@ async def test_messages_the_call_could_not_hold_are_told() -> None:
     driver.start()
     held = [json.dumps({"type": "input_audio_buffer.clear"})] * 3
     link = WebRtcLink(driver, wire, channel, None, StandInTrack(), runtime, pending=held, dropped=6)
-    task = asyncio.get_running_loop().create_task(link.run())
-    try:
+    async with running(link, driver, caller, server):
         await eventually(lambda: any(e["type"] == "error" for e in events))
         error = next(e for e in events if e["type"] == "error")
         assert error["error"]["code"] == "overloaded"
@@ -543,10 +543,3 @@ async def test_messages_the_call_could_not_hold_are_told() -> None:
         await eventually(
             lambda: len([e for e in events if e["type"] == "input_audio_buffer.cleared"]) == 3
         )
-    finally:
-        link.hang_up()
-        await asyncio.wait_for(task, 5)
-        driver.close()
-        await driver.wait_closed()
-        await caller.close()
-        await server.close()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from voxserve.bench.audio_client import AudioStream
 from voxserve.bench.program import Program, scripts
-from voxserve.bench.realtime_client import RealtimeStream
+from voxserve.bench.realtime_client import RealtimeStream, StreamPlan
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import start_offsets
 from voxserve.bench.servers import http_base, realtime_url
@@ -106,36 +106,34 @@ def make_stream(
     )
 
 
-def _turn_stream_args(
-    spec: StepSpec, index: int, raw: Raw, end_at: float, mode: str
-) -> dict[str, Any]:
-    """What a Realtime session and a WebRTC call are both given: the stream's script (its
-    audio program's), its clock and drain, the key and the session's settings."""
+def _stream_plan(spec: StepSpec, index: int, raw: Raw, end_at: float, mode: str) -> StreamPlan:
+    """A Realtime session's or a WebRTC call's plan: the stream's script (its audio
+    program's), its clock and drain, the key and the session's settings."""
     if spec.program is None:
         raise ValueError(f"mode {mode} needs an audio program")
     (script,) = scripts(spec.program, [index])
-    return {
-        "script": script,
-        "end_at": end_at,
-        "drain_s": spec.drain_s,
-        "hangover_s": spec.hangover_s,
-        "lateness": raw.lateness,
-        "api_key": spec.api_key,
-        "transcription_model": spec.transcription_model,
-        "voice": spec.session.get("voice"),
-    }
+    return StreamPlan(
+        script,
+        end_at,
+        spec.drain_s,
+        hangover_s=spec.hangover_s,
+        lateness=raw.lateness,
+        api_key=spec.api_key,
+        transcription_model=spec.transcription_model,
+        voice=spec.session.get("voice"),
+    )
 
 
 def _realtime_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> RealtimeStream:
-    args = _turn_stream_args(spec, index, raw, end_at, "realtime")
-    return RealtimeStream(realtime_url(spec.url, spec.model), raw, piece_ms=spec.piece_ms, **args)
+    plan = _stream_plan(spec, index, raw, end_at, "realtime")
+    return RealtimeStream(realtime_url(spec.url, spec.model), raw, plan, piece_ms=spec.piece_ms)
 
 
 def _webrtc_stream(spec: StepSpec, index: int, raw: Raw, end_at: float) -> WebRtcStream:
     from voxserve.bench.webrtc_stream import WebRtcStream  # aiortc: only for calls
 
-    args = _turn_stream_args(spec, index, raw, end_at, "webrtc")
-    return WebRtcStream(http_base(spec.url), raw, loss=spec.loss, seed=spec.seed + index, **args)
+    plan = _stream_plan(spec, index, raw, end_at, "webrtc")
+    return WebRtcStream(http_base(spec.url), raw, plan, loss=spec.loss, seed=spec.seed + index)
 
 
 async def _at(when: float, work: Coroutine[Any, Any, None]) -> None:

@@ -20,6 +20,7 @@ import json
 import math
 import time
 from array import array
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -73,37 +74,42 @@ def session_update(transcription_model: str, voice: str | None) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What a Realtime session and a WebRTC call are both given: the stream's script, the
+    instant (time.monotonic()) its audio stops for the tail of silence, the drain, the key
+    and the session's settings."""
+
+    script: Script
+    end_at: float
+    drain_s: float
+    hangover_s: float = 0.5
+    lateness: array[float] = field(default_factory=lambda: array("d"))  # each frame's, s
+    api_key: str | None = None
+    transcription_model: str = "whisper-1"
+    voice: str | None = None
+
+    def session_update(self) -> dict[str, Any]:
+        return session_update(self.transcription_model, self.voice)
+
+    def audio_frames(self, clock: FrameClock) -> tuple[int, int]:
+        """(frames of script, and with the tail of silence) of a stream on `clock`."""
+        frames = self.script.whole(clock.frames_before(self.end_at))
+        return frames, frames + math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
+
+
 class RealtimeStream(RecordedStream):
     """One session. `run()` never raises: every failure ends up in `raw.errors`."""
 
-    def __init__(
-        self,
-        url: str,
-        raw: Raw,
-        *,
-        script: Script,
-        end_at: float,
-        drain_s: float,
-        hangover_s: float = 0.5,
-        lateness: array[float] | None = None,
-        api_key: str | None = None,
-        piece_ms: int = 20,
-        transcription_model: str = "whisper-1",
-        voice: str | None = None,
-    ) -> None:
+    def __init__(self, url: str, raw: Raw, plan: StreamPlan, *, piece_ms: int = 20) -> None:
         if piece_ms % 20 or piece_ms <= 0:
             raise ValueError(f"piece_ms must be a multiple of 20, not {piece_ms}")
         super().__init__(raw)
         self.url = url
-        self.script = script
-        self.end_at = end_at
-        self.drain_s = drain_s
-        self.hangover_s = hangover_s
-        self.lateness = lateness if lateness is not None else array("d")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.plan = plan
+        self.headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else None
         self.piece_frames = piece_ms // 20
-        self.update = session_update(transcription_model, voice)
-        self.turns = RealtimeTurns(raw, script, hangover_s=hangover_s, output_rate=RATE)
+        self.turns = RealtimeTurns(raw, plan.script, hangover_s=plan.hangover_s, output_rate=RATE)
         self.closing = False
         self.produced = False
         self.settled = asyncio.Event()
@@ -135,7 +141,9 @@ class RealtimeStream(RecordedStream):
                 self._check_settled()
                 settled = asyncio.create_task(self.settled.wait())
                 await asyncio.wait(
-                    {receiver, settled}, timeout=self.drain_s, return_when=asyncio.FIRST_COMPLETED
+                    {receiver, settled},
+                    timeout=self.plan.drain_s,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
                 settled.cancel()
                 await asyncio.gather(settled, return_exceptions=True)
@@ -170,7 +178,7 @@ class RealtimeStream(RecordedStream):
                 self.raw.counts["refused"] += 1
                 self.error(error_code(first.get("error"), str(first.get("type"))))
                 return False
-            await ws.send(json.dumps(self.update))
+            await ws.send(json.dumps(self.plan.session_update()))
             while (event := json.loads(await ws.recv())).get("type") != "session.updated":
                 if event.get("type") == "error":
                     self.error("session.update:" + error_code(event.get("error"), "error"))
@@ -182,27 +190,27 @@ class RealtimeStream(RecordedStream):
     async def produce(self, ws: ClientConnection) -> None:
         """The script until end_at, then the tail of silence, in pieces of piece_frames
         frames, each sent when its last frame is complete (frame k is due at base + 20k)."""
-        b64 = frames_b64(self.script.program)
+        script = self.plan.script
+        b64 = frames_b64(script.program)
         silent = base64.b64encode(bytes(frame_bytes(RATE))).decode()
         clock = FrameClock(time.monotonic())
-        frames = self.script.whole(clock.frames_before(self.end_at))
-        tail = math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
-        total = math.ceil((frames + tail) / self.piece_frames) * self.piece_frames
+        frames, with_tail = self.plan.audio_frames(clock)
+        total = math.ceil(with_tail / self.piece_frames) * self.piece_frames
         piece: list[str] = []
         firsts: list[int] = []
         lasts: list[int] = []
         for k in range(total):
             if k < frames:
-                piece.append(b64[self.script.position(k)])
-                if (u := self.script.speech_first(k)) is not None:
+                piece.append(b64[script.position(k)])
+                if (u := script.speech_first(k)) is not None:
                     firsts.append(u)
-                if (u := self.script.speech_last(k)) is not None:
+                if (u := script.speech_last(k)) is not None:
                     lasts.append(u)
             else:
                 piece.append(silent)
             if len(piece) < self.piece_frames:
                 continue
-            now = await paced(clock, k, self.lateness)
+            now = await paced(clock, k, self.plan.lateness)
             await ws.send(APPEND % "".join(piece))
             for u in firsts:
                 self.turns.first_sent[u] = now

@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
-from array import array
 from collections import deque
 from typing import Any
 
 import httpx
 
-from voxserve.bench.audio_client import TAIL_S
 from voxserve.bench.program import Script, pcm_at
-from voxserve.bench.realtime_client import session_update
+from voxserve.bench.realtime_client import StreamPlan
 from voxserve.bench.realtime_turns import RealtimeTurns, error_code
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import FRAME_S, FrameClock
@@ -83,41 +80,23 @@ class WebRtcStream:
     """One call. `run()` never raises: every failure ends up in `raw.errors`."""
 
     def __init__(
-        self,
-        base_url: str,
-        raw: Raw,
-        *,
-        script: Script,
-        end_at: float,
-        drain_s: float,
-        hangover_s: float = 0.5,
-        lateness: array[float] | None = None,
-        api_key: str | None = None,
-        transcription_model: str = "whisper-1",
-        voice: str | None = None,
-        loss: float = 0.0,
-        seed: int = 0,
+        self, base_url: str, raw: Raw, plan: StreamPlan, *, loss: float = 0.0, seed: int = 0
     ) -> None:
         self.base_url = base_url
         self.raw = raw
-        self.script = script
-        self.end_at = end_at
-        self.drain_s = drain_s
-        self.hangover_s = hangover_s
-        self.lateness = lateness if lateness is not None else array("d")
-        self.api_key = api_key
-        self.update = session_update(transcription_model, voice)
+        self.plan = plan
+        self.update = plan.session_update()
         self.update["session"]["audio"]["input"].pop("format")  # the track is the format
         self.update["session"]["audio"]["output"].pop("format")
         self.loss = loss
         self.seed = seed
-        self.turns = WebRtcTurns(raw, script, hangover_s=hangover_s)
+        self.turns = WebRtcTurns(raw, plan.script, hangover_s=plan.hangover_s)
         self.failed = False
         self.limit: int | None = None  # frames of script, set at the first frame
         self.total: int | None = None  # and with the tail of silence
         self.produced = asyncio.Event()
         self.settled = asyncio.Event()
-        self.pcm = pcm48(script)
+        self.pcm = pcm48(plan.script)
 
     def error(self, code: str) -> None:
         self.raw.errors[code] += 1
@@ -131,7 +110,7 @@ class WebRtcStream:
             loss=self.loss,
             seed=self.seed,
             on_frame=self._sent,
-            lateness=self.lateness,
+            lateness=self.plan.lateness,
             on_event=self._event,
             on_sound=self._sound,
         )
@@ -156,7 +135,7 @@ class WebRtcStream:
 
     async def _run(self, caller: Any) -> None:
         began = time.monotonic()
-        await caller.call(self.base_url, self.api_key, timeout_s=HANDSHAKE_S)
+        await caller.call(self.base_url, self.plan.api_key, timeout_s=HANDSHAKE_S)
         await caller.wait_for("session.created", timeout_s=HANDSHAKE_S)
         await caller.send(self.update)
         updated = await caller.until(
@@ -170,7 +149,7 @@ class WebRtcStream:
         await self.produced.wait()
         self._check_settled()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.drain_s):
+            async with asyncio.timeout(self.plan.drain_s):
                 await self.settled.wait()
         if not self.settled.is_set():
             self._drain_timeout()
@@ -188,18 +167,17 @@ class WebRtcStream:
         """Frame k of the track: the script until end_at, then silence (None)."""
         if self.limit is None:
             clock = FrameClock(time.monotonic() - k * FRAME_S)
-            self.limit = self.script.whole(clock.frames_before(self.end_at))
-            self.total = self.limit + math.ceil((self.hangover_s + TAIL_S) / FRAME_S)
+            self.limit, self.total = self.plan.audio_frames(clock)
         if k >= self.limit:
             return None
-        p = self.script.position(k)
+        p = self.plan.script.position(k)
         return self.pcm[p * FRAME_BYTES : (p + 1) * FRAME_BYTES]
 
     def _sent(self, k: int, now: float) -> None:
         if self.limit is not None and k < self.limit:
-            if (u := self.script.speech_first(k)) is not None:
+            if (u := self.plan.script.speech_first(k)) is not None:
                 self.turns.first_sent[u] = now
-            if (u := self.script.speech_last(k)) is not None:
+            if (u := self.plan.script.speech_last(k)) is not None:
                 self.turns.last_sent[u] = now
         self.raw.counts["frames_sent"] += 1
         if self.total is not None and k + 1 >= self.total and not self.produced.is_set():

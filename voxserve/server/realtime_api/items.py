@@ -47,22 +47,18 @@ def create_item(data: Obj) -> CreateItem:
     kind = f.choice(item, "type", path, ("message", "function_call", "function_call_output"))
     item_id = f.an_id(item, "id", path)
     previous = f.an_id(data, "previous_item_id", "")
-    if kind == "function_call":
+    if kind in ("function_call", "function_call_output"):
+        call = kind == "function_call"  # else the call's output
         return CreateItem(
-            "function_call",
+            "function_call" if call else "function_call_output",
             item_id,
             previous,
             call_id=f.an_id(item, "call_id", path, required=True),
-            name=f.string(item, "name", path, required=True, limit=f.MAX_ID),
-            arguments=f.string(item, "arguments", path, limit=MAX_TEXT) or "",
-        )
-    if kind == "function_call_output":
-        return CreateItem(
-            "function_call_output",
-            item_id,
-            previous,
-            call_id=f.an_id(item, "call_id", path, required=True),
-            output=f.string(item, "output", path, required=True, limit=MAX_TEXT) or "",
+            name=f.string(item, "name", path, required=True, limit=f.MAX_ID) if call else None,
+            arguments=(f.string(item, "arguments", path, limit=MAX_TEXT) or "") if call else "",
+            output=(f.string(item, "output", path, required=True, limit=MAX_TEXT) or "")
+            if not call
+            else "",
         )
     if kind is None:
         raise f.invalid("item.type is required")

@@ -80,6 +80,11 @@ class TokenBucket:
             self.tokens = min(self.capacity, self.tokens + elapsed * self.rate)
         self.updated = now
 
+    def level(self, now: float) -> tuple[float, float, float]:
+        """(capacity, tokens now, seconds until full), read without taking any."""
+        self._refill(now)
+        return self.capacity, self.tokens, (self.capacity - self.tokens) / self.rate
+
     def take(self, amount: float, now: float) -> float:
         """0.0 when `amount` was taken; otherwise the seconds until it could be (nothing
         taken)."""
@@ -205,21 +210,15 @@ class Quotas:
         request rate, read without taking any (the Realtime API's rate_limits.updated);
         None when no request rate applies."""
         state = self._state(principal)
-        if state is None or state.requests is None:
-            return None
-        bucket = state.requests
-        bucket._refill(self.clock())
-        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
+        bucket = None if state is None else state.requests
+        return None if bucket is None else bucket.level(self.clock())
 
     def audio_left(self, principal: str) -> tuple[float, float, float] | None:
         """(seconds a minute, seconds left now, seconds until the minute is full again) of
         the principal's audio quota, read without taking any; None when none applies."""
         state = self._state(principal)
-        if state is None or state.audio is None:
-            return None
-        bucket = state.audio
-        bucket._refill(self.clock())
-        return bucket.capacity, bucket.tokens, (bucket.capacity - bucket.tokens) / bucket.rate
+        bucket = None if state is None else state.audio
+        return None if bucket is None else bucket.level(self.clock())
 
     def sessions(self, principal: str) -> int:
         state = self._principals.get(principal)
