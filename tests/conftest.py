@@ -24,7 +24,13 @@ from voxserve.server.serve import uvicorn_config
 # latency, deadlines, pacing or CPU shares, which a second worker's load would distort. A
 # whole directory or file, by its path under tests/.
 SERIAL = (
-    "bench/",
+    # the bench's short real runs (latency bounds, frames at a real-time pace), the pacing
+    # of a Realtime client's pieces to 5 ms, a process's CPU share over 0.1 s; the rest of
+    # tests/bench is arithmetic on recorded runs and runs beside a neighbour
+    "bench/test_smoke.py",
+    "bench/test_webrtc_bench.py",
+    "bench/test_realtime_client.py",
+    "bench/test_procstat.py",
     "cache/test_cache_server.py",  # TTS saturation by timing (it failed beside a neighbour)
     "faults/test_clock_faults.py",
     "flow/",
