@@ -22,10 +22,17 @@ from voxserve.server.serve import uvicorn_config
 
 # The suite runs on two pytest-xdist workers (scripts/test.sh), then these alone: they judge
 # latency, deadlines, pacing or CPU shares, which a second worker's load would distort. A
-# whole directory or file, by its path under tests/.
+# whole directory, a file or a test (file::name), by its path under tests/.
 SERIAL = (
-    "bench/",
-    "cache/test_cache_server.py",  # TTS saturation by timing (it failed beside a neighbour)
+    # the bench's short real runs (latency bounds, frames at a real-time pace), the pacing
+    # of a Realtime client's pieces to 5 ms, a process's CPU share over 0.1 s; the rest of
+    # tests/bench is arithmetic on recorded runs and runs beside a neighbour
+    "bench/test_smoke.py",
+    "bench/test_webrtc_bench.py",
+    "bench/test_realtime_client.py",
+    "bench/test_procstat.py",
+    # TTS saturation by timing (it failed beside a neighbour)
+    "cache/test_cache_server.py::test_saturated_tts_answers_from_the_cache",
     "faults/test_clock_faults.py",
     "flow/",
     # 7 slow decodes beside speech and a short transcription, judged against their usual time
@@ -50,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = Path(__file__).parent
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
-        if path.startswith(SERIAL):
+        if f"{path}::{item.nodeid.split('::', 1)[-1]}".startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
             continue
         group = next((d for d in ONE_WORKER if path.startswith(d)), path)

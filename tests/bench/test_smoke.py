@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,8 +89,16 @@ def test_realtime_vs_stream_smoke(load_server: LiveServer, tmp_path: Path) -> No
         # the load engines: from the end of speech, the 500 ms hangover and a little
         assert 400 < step["latency_ms"]["turn"]["p50"] < 3000
         assert 400 < step["latency_ms"]["vad_end"]["p50"] < 3000
-    # the same audio at the same pace (a frame or two less after Realtime's longer handshake)
-    assert abs(realtime["counts"]["frames_sent"] - stream["counts"]["frames_sent"]) <= 10
+
+    # The same audio at the same pace: each stream sends from its handshake's end to the
+    # step's end, so a handshake's length comes off its frames. Counted back in, the two
+    # transports sent the same; raw counts differed by whatever the handshakes took on a
+    # loaded machine (Realtime's has one more round trip), which failed `<= 10` frames.
+    def paced(step: dict[str, Any]) -> float:
+        connect = step["latency_ms"]["connect"]
+        return step["counts"]["frames_sent"] + connect["mean"] * step["counts"]["sessions"] / 20
+
+    assert abs(paced(realtime) - paced(stream)) <= 10, (stream, realtime)
     assert realtime["counts"]["committed"] == realtime["counts"]["segments"] >= 2
     (row,) = summary["comparison"]
     assert row["streams"] == 2 and row["realtime"]["turn_count"] >= 2

@@ -1,9 +1,9 @@
 """Clock jumps. The server reads `time.monotonic()` for the dedup window (session), the
-idle and lifetime watch (session_driver), stage deadlines (stage) and quotas; a monotonic clock
-only jumps forward in practice (a VM resumed, a suspended host), but a test clock can go
-both ways. A jump shorter than the session limits must change nothing a client can see
-beyond the dedup bookkeeping; quotas are covered on a virtual clock in
-tests/security/test_quotas_units.py."""
+idle and lifetime watch (server/session), stage deadlines (pipeline/scheduling/stage) and
+quotas; a monotonic clock only jumps forward in practice (a VM resumed, a suspended host),
+but a test clock can go both ways. A jump shorter than the session limits must change
+nothing a client can see beyond the dedup bookkeeping; quotas are covered on a virtual clock
+in tests/security/test_quotas_units.py."""
 
 from __future__ import annotations
 

@@ -33,11 +33,16 @@ BROWSER_ARGS = [
 def open_page(
     live_server: LiveServer, mic_wav: Path, *, allow_mic: bool = True
 ) -> Iterator[tuple[Page, list[str]]]:
-    """Chromium with the fake microphone playing `mic_wav` once, on the page, ready to Start;
-    yields the page and the console errors seen so far (a live list)."""
+    """Chromium with the fake microphone playing `mic_wav` over and over, on the page, ready
+    to Start; yields the page and the console errors seen so far (a live list).
+
+    Over and over: the fake capture starts with getUserMedia, before the call or the
+    WebSocket is up, and what it plays meanwhile is lost. Played once (`%noloop`), a setup
+    longer than the file's leading 0.5 s of silence (a loaded machine: ICE, DTLS) cut
+    "What" off the only utterance; looped, a whole one always follows the setup."""
     from playwright.sync_api import sync_playwright
 
-    args = [*BROWSER_ARGS, f"--use-file-for-fake-audio-capture={mic_wav}%noloop"]
+    args = [*BROWSER_ARGS, f"--use-file-for-fake-audio-capture={mic_wav}"]
     # Grant the microphone without a prompt, or refuse it as a user clicking "Block" would.
     args.append("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
     errors: list[str] = []

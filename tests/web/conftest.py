@@ -41,8 +41,9 @@ def chromium() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What the fake microphone says: 0.5 s of silence, "What time is it?", 2 s of silence
-    (16 kHz mono PCM16, which Chromium's fake capture reads and resamples itself)."""
+    """What the fake microphone says, again and again (tests/web/browser.py): 0.5 s of
+    silence, "What time is it?", 2 s of silence (16 kHz mono PCM16, which Chromium's fake
+    capture reads and resamples itself)."""
     rate = 16_000
     speech = fixture_audio("command.wav")
     samples = np.concatenate(

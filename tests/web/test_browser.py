@@ -64,7 +64,7 @@ def test_speak_to_the_page_in_chromium(
             """() => {
                 const t = document.getElementById("transcript").textContent.toLowerCase();
                 const app = document.getElementById("app");
-                return t.includes("time") && Number(app.dataset.replyPlayedMs) > 0;
+                return t.includes("what time is it") && Number(app.dataset.replyPlayedMs) > 0;
             }""",
             timeout=30_000,
         )

@@ -50,7 +50,7 @@ def test_talk_to_the_page_over_webrtc(
             """() => {
                 const t = document.getElementById("transcript").textContent.toLowerCase();
                 const app = document.getElementById("app");
-                return t.includes("time") && Number(app.dataset.replyPlayedMs) >= 200;
+                return t.includes("what time is it") && Number(app.dataset.replyPlayedMs) >= 200;
             }""",
             timeout=30_000,
         )

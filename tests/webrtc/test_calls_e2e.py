@@ -173,8 +173,9 @@ async def test_ten_percent_loss_still_transcribes_and_is_counted(call_server: Li
 # --- four calls beside two WebSocket sessions --------------------------------------------------
 
 
-async def websocket_session(live: LiveServer, name: str) -> str:
-    """A /v1/realtime transcription session through the SDK, audio at real time."""
+async def websocket_session(live: LiveServer, name: str, hold: asyncio.Event) -> str:
+    """A /v1/realtime transcription session through the SDK, audio at real time; open after
+    its transcript until `hold` is set."""
     client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     pcm = resample(
         np.concatenate([fixture_audio(name), np.zeros(16_000, np.int16)]), 16_000, 24_000
@@ -190,11 +191,14 @@ async def websocket_session(live: LiveServer, name: str) -> str:
             while True:
                 event = json.loads(await conn.recv_bytes())
                 if event["type"] == TRANSCRIPT:
-                    return str(event["transcript"])
+                    break
+        await asyncio.wait_for(hold.wait(), 30)
+        return str(event["transcript"])
 
 
-async def call(live: LiveServer, name: str, *, sdk: bool) -> str:
-    """A call that listens; through the SDK's calls.create / hangup, or raw multipart."""
+async def call(live: LiveServer, name: str, *, sdk: bool, hold: asyncio.Event) -> str:
+    """A call that listens; through the SDK's calls.create / hangup, or raw multipart. Hung
+    up after its transcript once `hold` is set (its track sends silence meanwhile)."""
     caller = WebRtcCaller(clip_source(speech48(name)))
     client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     try:
@@ -206,6 +210,7 @@ async def call(live: LiveServer, name: str, *, sdk: bool) -> str:
         else:
             await caller.call(live.http_url, KEY, session=LISTEN_ONLY)
         final = await caller.wait_for(TRANSCRIPT, timeout_s=40)
+        await asyncio.wait_for(hold.wait(), 30)
         if sdk:
             assert caller.call_id
             await client.realtime.calls.hangup(caller.call_id)
@@ -222,17 +227,23 @@ async def test_four_calls_beside_two_websocket_sessions(call_server: LiveServer)
     sockets = ["lights.wav", "command.wav"]
     udp_before = udp_sockets()
     seen: list[float] = []
+    # Each session stays open after its transcript until all six have been live at once:
+    # on a loaded machine one call's setup (ICE, DTLS) outlasted another's whole clip, and
+    # "all six at once" was left to chance.
+    all_live = asyncio.Event()
 
     async def peak() -> None:
         while True:
             seen.append(active(call_server, "webrtc") + active(call_server, "realtime"))
-            await asyncio.sleep(0.2)
+            if seen[-1] == 6:
+                all_live.set()
+            await asyncio.sleep(0.05)
 
     watcher = asyncio.create_task(peak())
     try:
         results = await asyncio.gather(
-            *(call(call_server, n, sdk=i % 2 == 1) for i, n in enumerate(calls)),
-            *(websocket_session(call_server, n) for n in sockets),
+            *(call(call_server, n, sdk=i % 2 == 1, hold=all_live) for i, n in enumerate(calls)),
+            *(websocket_session(call_server, n, all_live) for n in sockets),
         )
     finally:
         watcher.cancel()
