@@ -64,13 +64,15 @@ class Encodings:
         return cls(ctx, cache, keys, name)
 
     def cached(self) -> EncodedReply | None:
-        """The kept encoding, counted as a cache hit (first audio `hit`); None otherwise."""
+        """The kept encoding, counted as a cache hit (first audio `hit`, work class bulk:
+        a one-shot request); None otherwise."""
         started = time.perf_counter()
         for key in self._keys:
             found = self._cache.lookup_variant(key, self.name)
             if found is not None:
                 entry, data = found
-                self._ctx.metrics.observe_first_audio("hit", time.perf_counter() - started)
+                elapsed = time.perf_counter() - started
+                self._ctx.metrics.observe_first_audio("hit", elapsed, "bulk")  # HTTP only
                 return EncodedReply(data, len(entry.pcm) // 2)
         return None
 
