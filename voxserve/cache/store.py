@@ -146,7 +146,7 @@ class SqliteStore:
         kept: list[Entry] = []
         dropped: list[str] = []
         total = corrupt = expired = over = 0
-        variants = self._variants()
+        variants, stale = self._variants()  # stale: damaged, or of other PCM than the entry's
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY last_access DESC")
         for key, voice, text_norm, rate, pcm, nbytes, crc, created, expires in rows:
             if not isinstance(pcm, bytes) or len(pcm) != nbytes or checksum(pcm) != crc:
@@ -156,6 +156,7 @@ class SqliteStore:
             else:
                 found = variants.pop(key, {})
                 made = {name: data for name, (data, of) in found.items() if of == crc}
+                stale += [(key, name) for name in found if name not in made]
                 entry = Entry(key, voice, text_norm, rate, pcm, created, expires)
                 if made:
                     entry = replace(entry, variants=MappingProxyType(made))
@@ -169,19 +170,25 @@ class SqliteStore:
         orphans = tuple(variants)  # variants of no entry kept (deleted by an older server)
         if dropped or orphans:
             self.apply([Delete(tuple(dropped) + orphans)])
+        if stale:
+            self.db.executemany("DELETE FROM variants WHERE key=? AND name=?", stale)
         if corrupt:
             log.warning("tts cache rows failed their checksum; deleted", extra={"rows": corrupt})
         kept.reverse()
         return LoadReport(tuple(kept), total, corrupt, expired, over)
 
-    def _variants(self) -> dict[str, dict[str, tuple[bytes, int]]]:
-        """Every intact variant row: entry key -> name -> (data, crc32 of its PCM)."""
+    def _variants(self) -> tuple[dict[str, dict[str, tuple[bytes, int]]], list[tuple[str, str]]]:
+        """Every intact variant row (entry key -> name -> (data, crc32 of its PCM)), and
+        the (key, name) of every damaged one."""
         found: dict[str, dict[str, tuple[bytes, int]]] = {}
+        damaged: list[tuple[str, str]] = []
         rows = self.db.execute("SELECT key, name, data, checksum, pcm_checksum FROM variants")
         for key, name, data, crc, pcm_crc in rows:
             if isinstance(data, bytes) and checksum(data) == crc:
                 found.setdefault(key, {})[name] = (data, pcm_crc)
-        return found
+            else:
+                damaged.append((key, name))
+        return found, damaged
 
     def apply(self, ops: Sequence[Op]) -> None:
         """All of `ops`, in order, in one transaction: all happen or none."""
