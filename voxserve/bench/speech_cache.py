@@ -5,8 +5,9 @@ first hit after a restart costs beside a warm one.
 Per format, each of `--texts` sentences is asked once cold (a synthesis, or the cached PCM
 encoded again), then `--hits` times more, the texts in turn. With `--spawn` the server is
 then restarted on the same cache directory and every (format, text) is asked again: its
-first answer is a first hit after the restart (the run's very first request also pays
-whatever the process does on its first request), then `--hits` warm ones.
+first answer is a first hit after the restart (the run's very first one also pays what
+the server process does on its first speech request), then `--hits` warm ones. Each round
+first lists /v1/models, so the client's own first request is not counted.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def _round(url: str, args: argparse.Namespace, *, cold: bool) -> dict[str, dict[
     with openai.OpenAI(
         base_url=f"{url}/v1", api_key=args.api_key or "none", max_retries=0, timeout=120
     ) as client:
+        # The client's own first request (its connection, the SDK's first call) is not the
+        # server's: paid here, on a route that touches no speech.
+        client.models.list()
         for fmt in args.formats:
             first = [_speak(client, text, fmt, args.voice, headers) for text in texts]
             hits = [

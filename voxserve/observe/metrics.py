@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from voxserve.audio.ring import SampleRing
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+FIRST_AUDIO_SOURCES = ("hit", "miss", "joined")
+WORK_CLASSES = ("live", "bulk")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
 # Most calls find a free slot (microseconds); a loaded stage queues for up to its timeout.
 QUEUE_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -239,6 +241,11 @@ class Metrics:
         self._batch_children: dict[str, Histogram] = {}
         self._stage_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
         self._first_audio_children: dict[tuple[str, str], Histogram] = {}
+        if enabled:  # made now, not by a first request (a child costs ~ms to make)
+            for source in FIRST_AUDIO_SOURCES:
+                for work_class in WORK_CLASSES:
+                    child = self.first_audio.labels(source, work_class)
+                    self._first_audio_children[(source, work_class)] = child
 
     def observe_tts_prediction(self, wait_s: float, first_audio_s: float) -> None:
         if self.enabled:
