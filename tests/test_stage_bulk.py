@@ -323,3 +323,36 @@ def test_bulk_slots_config_is_checked() -> None:
     assert EngineStage("asr", 1, 1.0, SteppedExecutor()).bulk_slots == 1
     assert EngineStage("asr", 4, 1.0, SteppedExecutor()).bulk_slots == 3
     assert deadline_in(0) <= time.monotonic()
+
+
+async def test_every_call_reports_its_class_time_and_wait_for_a_slot() -> None:
+    """on_call (the metrics) hears of each call: a bulk call that ran at once waited about
+    nothing, a live one queued behind it waited until it was done, and a call that timed
+    out queueing waited all of its time."""
+    executor = SteppedExecutor()
+    stage = EngineStage("tts", 1, 10.0, executor)
+    heard: list[tuple[str, str, float, float]] = []
+    stage.on_call = lambda *call: heard.append(call)
+    first = asyncio.create_task(stage.run(lambda: 1, priority=PRIORITY_BULK))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(stage.run(lambda: 2))
+    late = asyncio.create_task(stage.run(lambda: 3, timeout_s=0.05))
+    await asyncio.sleep(0.1)
+    executor.finish(first_task(executor))
+    assert await first == 1
+    await asyncio.sleep(0)
+    executor.finish(first_task(executor))
+    assert await second == 2
+    with pytest.raises(VoxError):
+        await late
+    by_result = {round(wait, 1): (name, work_class) for name, work_class, _, wait in heard}
+    assert len(heard) == 3 and all(name == "tts" for name, *_ in heard)
+    (bulk,) = [c for c in heard if c[1] == "bulk"]
+    assert bulk[3] < 0.01  # a free slot: no wait
+    live = sorted(c[3] for c in heard if c[1] == "live")
+    assert 0.05 <= live[0] < 0.5 and 0.09 <= live[1] < 0.5, (live, by_result)
+    assert all(total >= wait for _, _, total, wait in heard)
+
+
+def first_task(executor: SteppedExecutor) -> asyncio.Task[Any] | None:
+    return executor.running()[0]

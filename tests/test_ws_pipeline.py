@@ -308,8 +308,10 @@ async def test_metrics_show_sessions_frames_and_stage_latency(fake_server: LiveS
     async with httpx.AsyncClient() as client:
         body = (await client.get(f"{fake_server.http_url}/metrics")).text
     assert 'voxserve_sessions_total{mode="asr",transport="ws"}' in body
-    assert 'voxserve_stage_latency_seconds_count{stage="vad"}' in body
-    assert 'voxserve_stage_latency_seconds_count{stage="asr"}' in body
+    for stage in ("vad", "asr"):
+        labels = f'{{stage="{stage}",work_class="live"}}'
+        assert f"voxserve_stage_latency_seconds_count{labels}" in body
+        assert f"voxserve_stage_queue_wait_seconds_count{labels}" in body
     processed = [
         line
         for line in body.splitlines()

@@ -211,6 +211,6 @@ async def test_saturated_tts_answers_from_the_cache(tmp_path: Path) -> None:
             metrics = (await http.get("/metrics")).text
         assert "voxserve_tts_degraded 1.0" in metrics
         assert "voxserve_tts_fallbacks_total 1.0" in metrics
-        assert 'voxserve_tts_first_audio_seconds_count{source="hit"}' in metrics
+        assert 'voxserve_tts_first_audio_seconds_count{source="hit",work_class="live"}' in metrics
     finally:
         stop_server(live)

@@ -81,3 +81,19 @@ def test_dashboard_names_only_exported_metrics(exported: set[str]) -> None:
         assert expr.count("(") == expr.count(")"), expr
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_dashboard_shows_one_shot_tts() -> None:
+    """Operators of an OpenAI-style TTS service see its latency: one-shot (bulk) first
+    audio by source, and the TTS stage's bulk calls and queue wait."""
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    (panel,) = [p for p in dashboard["panels"] if p["title"].startswith("One-shot TTS")]
+    exprs = " ".join(t["expr"] for t in panel["targets"])
+    assert (
+        'voxserve_tts_first_audio_seconds_bucket{instance=~"$instance",work_class="bulk"}' in exprs
+    )
+    for name in (
+        "voxserve_stage_latency_seconds_bucket",
+        "voxserve_stage_queue_wait_seconds_bucket",
+    ):
+        assert f'{name}{{instance=~"$instance",stage="tts",work_class="bulk"}}' in exprs, name

@@ -81,16 +81,15 @@ def test_a_stream_moves_latency_histograms_and_frame_counters(server: LiveServer
     ):
         assert value(after, name) > value(before, name), name
     first_audio = sum(
-        value(after, "voxserve_tts_first_audio_seconds_count", source=s)
-        for s in ("hit", "miss", "joined")
-    ) - sum(
-        value(before, "voxserve_tts_first_audio_seconds_count", source=s)
+        value(after, "voxserve_tts_first_audio_seconds_count", source=s, work_class="live")
+        - value(before, "voxserve_tts_first_audio_seconds_count", source=s, work_class="live")
         for s in ("hit", "miss", "joined")
     )
     assert first_audio >= 1
     for stage in ("vad", "asr", "tts", "responder"):
         name = "voxserve_stage_latency_seconds_count"
-        assert value(after, name, stage=stage) > value(before, name, stage=stage), stage
+        labels = {"stage": stage, "work_class": "live"}
+        assert value(after, name, **labels) > value(before, name, **labels), stage
     frames = utterance().size // 320
     received = value(after, "voxserve_frames_total", outcome="received") - value(
         before, "voxserve_frames_total", outcome="received"

@@ -38,14 +38,15 @@ def test_profiler_summarises_a_sliding_window() -> None:
 
 def test_disabled_metrics_observe_nothing() -> None:
     metrics = Metrics(enabled=False)
-    metrics.observe_stage("asr", 0.1)
+    metrics.observe_stage("asr", "live", 0.1, 0.01)
     metrics.observe_turn(0.2)
     metrics.observe_first_audio("miss", 0.1)
     metrics.observe_frame_lag(0.03)
     text = generate_latest(metrics.registry).decode()
     assert "voxserve_turn_latency_seconds_count 0.0" in text
     assert "voxserve_webrtc_frame_lag_seconds_count 0.0" in text
-    assert 'voxserve_stage_latency_seconds_count{stage="asr"}' not in text
+    assert 'voxserve_stage_latency_seconds_count{stage="asr",work_class="live"}' not in text
+    assert "voxserve_stage_queue_wait_seconds_count{" not in text
     assert metrics.profiler.summary() == []
     on = Metrics()
     on.observe_turn(0.2)

@@ -69,6 +69,19 @@ class Encoder(Protocol):
         ...
 
 
+def variant_name(response_format: str, sample_rate: int) -> str | None:
+    """The TTS cache's name for this encoding of a reply (cache/entry.py variants): all
+    that changes its bytes but the PCM itself (format, container, encoder, bit rate,
+    options, rate). None for wav and pcm: framing the cached PCM is as cheap as a copy."""
+    codec = CODECS[response_format]
+    if codec.encoder is None:
+        return None
+    container = _CONTAINER_OPTIONS.get(codec.container or "", {})
+    options = ",".join(f"{k}={v}" for k, v in (*codec.options, *sorted(container.items())))
+    bit_rate = codec.bit_rate or "default"
+    return f"{response_format}/{codec.container}/{codec.encoder}/{bit_rate}/{options}/{sample_rate}"
+
+
 def open_encoder(response_format: str, sample_rate: int) -> Encoder:
     """An encoder for one response. `response_format` is a key of CODECS; `sample_rate`
     must be one the format takes (`CODECS[...].rates`)."""

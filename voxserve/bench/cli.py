@@ -360,6 +360,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     from voxserve.bench.tts_burst import add_tts_burst_parsers
 
     add_tts_burst_parsers(add)
+    from voxserve.bench.speech_cache import add_speech_cache_parser
+
+    add_speech_cache_parser(add)
 
 
 TRANSPORTS = ("stream", "realtime", "webrtc")

@@ -14,6 +14,7 @@ class ByteLru:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
+        self.encoded_bytes = 0  # the part of `bytes` that is entries' encoded variants
         self._entries: OrderedDict[str, Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -29,36 +30,42 @@ class ByteLru:
             self._entries.move_to_end(key)
         return entry
 
+    def peek(self, key: str) -> Entry | None:
+        """The entry, its place in the order unchanged; None if absent."""
+        return self._entries.get(key)
+
     def put(self, entry: Entry) -> list[Entry]:
         """Insert (or replace) as most recently used; returns what was evicted to fit, least
         recently used first. An entry larger than the whole bound is not kept."""
-        old = self._entries.pop(entry.key, None)
-        if old is not None:
-            self.bytes -= old.nbytes
+        self.pop(entry.key)
         if entry.nbytes > self.max_bytes:
             return []
         evicted: list[Entry] = []
         while self._entries and self.bytes + entry.nbytes > self.max_bytes:
-            _, victim = self._entries.popitem(last=False)
-            self.bytes -= victim.nbytes
-            evicted.append(victim)
-        self._entries[entry.key] = entry
-        self.bytes += entry.nbytes
+            evicted.append(self._remove(next(iter(self._entries))))
+        self._add(entry)
         return evicted
 
     def add_oldest(self, entry: Entry) -> bool:
         """Insert as least recently used if it fits (loading from disk under newer entries)."""
         if entry.key in self._entries or self.bytes + entry.nbytes > self.max_bytes:
             return False
-        self._entries[entry.key] = entry
+        self._add(entry)
         self._entries.move_to_end(entry.key, last=False)
-        self.bytes += entry.nbytes
         return True
 
     def pop(self, key: str) -> Entry | None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.bytes -= entry.nbytes
+        return self._remove(key) if key in self._entries else None
+
+    def _add(self, entry: Entry) -> None:
+        self._entries[entry.key] = entry
+        self.bytes += entry.nbytes
+        self.encoded_bytes += entry.nbytes - len(entry.pcm)
+
+    def _remove(self, key: str) -> Entry:
+        entry = self._entries.pop(key)
+        self.bytes -= entry.nbytes
+        self.encoded_bytes -= entry.nbytes - len(entry.pcm)
         return entry
 
     def remove_if(self, predicate: Callable[[Entry], bool]) -> list[Entry]:

@@ -9,9 +9,12 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     entries: int
-    bytes: int
+    bytes: int  # PCM and encodings
     max_bytes: int
-    hits: int
+    hits: int  # encoded hits included
+    encoded_hits: int  # hits served an encoding kept beside the PCM (mp3, opus, ...)
+    encoded_stored: int  # encodings kept beside their PCM
+    encoded_bytes: int  # bytes of those held now (part of `bytes`)
     misses: int
     coalesced: int  # requests that joined a synthesis already in progress
     hit_ratio: float  # hits / lookups

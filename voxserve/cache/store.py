@@ -4,6 +4,9 @@ sqlite gives what a home-made format would have to earn: a write that is torn by
 rolled back at the next open, never half-read. A crc32 per row is checked when the file is
 loaded, so a row damaged any other way (a bad disk, a hand edit) is deleted, not served; a
 file sqlite cannot read at all is replaced by an empty one (it is only a cache).
+An entry's encoded variants (mp3, opus, ...) are rows of `variants`, keyed by the entry's
+key and the variant's name, with the crc32 of the PCM they were made from: deleting an
+entry deletes them, and a variant whose PCM is not the entry's is never loaded.
 Not thread-safe: one thread at a time uses a store (the loader, then the writer thread).
 """
 
@@ -17,6 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from voxserve.cache.entry import Entry, checksum
@@ -34,6 +38,10 @@ CREATE TABLE IF NOT EXISTS entries (
     checksum INTEGER NOT NULL, created REAL NOT NULL, expires REAL NOT NULL,
     last_access REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS variants (
+    key TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL, checksum INTEGER NOT NULL,
+    pcm_checksum INTEGER NOT NULL, PRIMARY KEY (key, name)
+);
 """
 _COLUMNS = "key, voice, text_norm, sample_rate, pcm, nbytes, checksum, created, expires"
 
@@ -42,6 +50,16 @@ _COLUMNS = "key, voice, text_norm, sample_rate, pcm, nbytes, checksum, created, 
 class Put:
     entry: Entry
     last_access: float
+
+
+@dataclass(frozen=True, slots=True)
+class PutVariant:
+    """An encoding of an entry's PCM (`pcm_checksum`: that PCM's crc32)."""
+
+    key: str
+    name: str
+    data: bytes
+    pcm_checksum: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +80,7 @@ class Touch:
     last_access: dict[str, float]
 
 
-Op = Put | Delete | Invalidate | Touch
+Op = Put | PutVariant | Delete | Invalidate | Touch
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,25 +146,49 @@ class SqliteStore:
         kept: list[Entry] = []
         dropped: list[str] = []
         total = corrupt = expired = over = 0
+        variants, stale = self._variants()  # stale: damaged, or of other PCM than the entry's
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY last_access DESC")
         for key, voice, text_norm, rate, pcm, nbytes, crc, created, expires in rows:
             if not isinstance(pcm, bytes) or len(pcm) != nbytes or checksum(pcm) != crc:
                 corrupt += 1
             elif expires <= now:
                 expired += 1
-            elif total + nbytes > max_bytes:
-                over += 1
             else:
-                total += nbytes
-                kept.append(Entry(key, voice, text_norm, rate, pcm, created, expires))
-                continue
+                found = variants.pop(key, {})
+                made = {name: data for name, (data, of) in found.items() if of == crc}
+                stale += [(key, name) for name in found if name not in made]
+                entry = Entry(key, voice, text_norm, rate, pcm, created, expires)
+                if made:
+                    entry = replace(entry, variants=MappingProxyType(made))
+                if total + entry.nbytes > max_bytes:
+                    over += 1
+                else:
+                    total += entry.nbytes
+                    kept.append(entry)
+                    continue
             dropped.append(key)
-        if dropped:
-            self.apply([Delete(tuple(dropped))])
+        orphans = tuple(variants)  # variants of no entry kept (deleted by an older server)
+        if dropped or orphans:
+            self.apply([Delete(tuple(dropped) + orphans)])
+        if stale:
+            self.db.executemany("DELETE FROM variants WHERE key=? AND name=?", stale)
         if corrupt:
             log.warning("tts cache rows failed their checksum; deleted", extra={"rows": corrupt})
         kept.reverse()
         return LoadReport(tuple(kept), total, corrupt, expired, over)
+
+    def _variants(self) -> tuple[dict[str, dict[str, tuple[bytes, int]]], list[tuple[str, str]]]:
+        """Every intact variant row (entry key -> name -> (data, crc32 of its PCM)), and
+        the (key, name) of every damaged one."""
+        found: dict[str, dict[str, tuple[bytes, int]]] = {}
+        damaged: list[tuple[str, str]] = []
+        rows = self.db.execute("SELECT key, name, data, checksum, pcm_checksum FROM variants")
+        for key, name, data, crc, pcm_crc in rows:
+            if isinstance(data, bytes) and checksum(data) == crc:
+                found.setdefault(key, {})[name] = (data, pcm_crc)
+            else:
+                damaged.append((key, name))
+        return found, damaged
 
     def apply(self, ops: Sequence[Op]) -> None:
         """All of `ops`, in order, in one transaction: all happen or none."""
@@ -172,14 +214,21 @@ class SqliteStore:
         """Run one op; True when it may have freed many pages."""
         if isinstance(op, Put):
             e = op.entry
-            row = (e.key, e.voice, e.text_norm, e.sample_rate, e.pcm, e.nbytes, checksum(e.pcm))
+            row = (e.key, e.voice, e.text_norm, e.sample_rate, e.pcm, len(e.pcm), checksum(e.pcm))
             db.execute(
                 f"INSERT OR REPLACE INTO entries ({_COLUMNS}, last_access) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*row, e.created, e.expires, op.last_access),
             )
+            db.execute("DELETE FROM variants WHERE key=?", (e.key,))  # a new PCM: none yet
+        elif isinstance(op, PutVariant):
+            db.execute(
+                "INSERT OR REPLACE INTO variants VALUES (?, ?, ?, ?, ?)",
+                (op.key, op.name, op.data, checksum(op.data), op.pcm_checksum),
+            )
         elif isinstance(op, Delete):
             db.executemany("DELETE FROM entries WHERE key=?", ((k,) for k in op.keys))
+            db.executemany("DELETE FROM variants WHERE key=?", ((k,) for k in op.keys))
         elif isinstance(op, Touch):
             db.executemany(
                 "UPDATE entries SET last_access=? WHERE key=?",
@@ -187,6 +236,7 @@ class SqliteStore:
             )
         else:
             where, args = invalidate_where(op.voice, op.text_prefix)
+            db.execute(f"DELETE FROM variants WHERE key IN (SELECT key FROM entries{where})", args)
             db.execute(f"DELETE FROM entries{where}", args)
             return True
         return False
@@ -210,6 +260,9 @@ class SqliteStore:
             "bytes": nbytes,
             "expired": int(expired.fetchone()[0]),
             "by_voice": {voice: int(count) for voice, count in voices},
+            "encoded_bytes": int(
+                self.db.execute("SELECT coalesce(sum(length(data)), 0) FROM variants").fetchone()[0]
+            ),
             "disk_bytes": self.file_bytes(),
         }
 

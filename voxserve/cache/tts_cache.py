@@ -3,6 +3,8 @@
 Every hit is served from memory (`ByteLru`); the disk (`SqliteStore`, written by the
 `DiskWriter` thread) holds the same entries so a restart recovers them. Memory and disk are
 bounded by the same `max_bytes`: an entry evicted or expired in memory is deleted on disk.
+An entry also keeps the encodings of its PCM made for HTTP speech (`add_variant`,
+`lookup_variant`): weighed in its bytes, evicted, expired and invalidated with it.
 Times are wall-clock seconds (TTL survives a restart); the clock and the jitter's random
 source are injectable so tests can move time.
 """
@@ -17,13 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from voxserve.cache.entry import Entry
+from voxserve.cache.entry import Entry, checksum
 from voxserve.cache.flight import Flights
 from voxserve.cache.key import CacheKey, normalise_prefix
 from voxserve.cache.lock import DirLock
 from voxserve.cache.lru import ByteLru
 from voxserve.cache.stats import CacheStats
-from voxserve.cache.store import LoadReport, SqliteStore, matches
+from voxserve.cache.store import LoadReport, PutVariant, SqliteStore, matches
 from voxserve.cache.writer import DiskWriter
 from voxserve.config import CacheConfig
 
@@ -57,6 +59,7 @@ class TtsCache:
         self._early_filters: list[tuple[str | None, str | None]] = []
         self._next_sweep = 0.0
         self.hits = self.misses = self.coalesced = 0
+        self.encoded_hits = self.encoded_stored = 0
         self.evictions = self.expirations = self.invalidated = self.not_cached = 0
         self.prewarm_total = self.prewarm_done = self.prewarm_failed = 0
 
@@ -148,6 +151,43 @@ class TtsCache:
             self._writer.touch(entry.key, now)
         return entry
 
+    def lookup_variant(self, key: CacheKey, name: str) -> tuple[Entry, bytes] | None:
+        """The live entry of `key` and its encoding `name`, counted as a hit (an encoded
+        one); None, not counted, when either is missing (the PCM path then looks again)."""
+        entry = self.lru.get(key.digest)
+        if entry is None:
+            return None
+        now = self.clock()
+        if entry.expires <= now:
+            self._drop([entry])
+            self.expirations += 1
+            return None
+        data = entry.variants.get(name)
+        if data is None:
+            return None
+        self.hits += 1
+        self.encoded_hits += 1
+        if self._writer is not None:
+            self._writer.touch(entry.key, now)
+        return entry, data
+
+    def add_variant(self, digest: str, name: str, data: bytes, pcm_bytes: int) -> bool:
+        """Keep `data`, the encoding `name` of the `pcm_bytes` of PCM cached under `digest`,
+        beside that PCM. Not kept (False) when the entry is gone, holds other audio (it was
+        replaced meanwhile), has that variant, or would outgrow max_entry_bytes."""
+        entry = self.lru.peek(digest)
+        if entry is None or len(entry.pcm) != pcm_bytes or name in entry.variants or not data:
+            return False
+        if entry.nbytes + len(data) > min(self.config.max_entry_bytes, self.config.max_bytes):
+            return False
+        evicted = self.lru.put(entry.with_variant(name, data))
+        self.evictions += len(evicted)
+        self.encoded_stored += 1
+        if self._writer is not None:
+            self._writer.delete(tuple(e.key for e in evicted))  # first: disk stays in bounds
+            self._writer.put_variant(PutVariant(digest, name, data, checksum(entry.pcm)))
+        return True
+
     def store(self, key: CacheKey, pcm: bytes) -> Entry | None:
         """Cache a complete reply, with its TTL jittered so entries made together do not all
         expire together; None if it is empty or too big to keep."""
@@ -226,6 +266,9 @@ class TtsCache:
             bytes=self.lru.bytes,
             max_bytes=self.config.max_bytes,
             hits=self.hits,
+            encoded_hits=self.encoded_hits,
+            encoded_stored=self.encoded_stored,
+            encoded_bytes=self.lru.encoded_bytes,
             misses=self.misses,
             coalesced=self.coalesced,
             hit_ratio=round(self.hits / lookups, 4) if lookups else 0.0,

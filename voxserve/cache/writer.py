@@ -17,7 +17,7 @@ import time
 from collections import deque
 
 from voxserve.cache.entry import Entry
-from voxserve.cache.store import Delete, Invalidate, Op, Put, SqliteStore, Touch
+from voxserve.cache.store import Delete, Invalidate, Op, Put, PutVariant, SqliteStore, Touch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,17 @@ class DiskWriter:
                 return False
             self._pending_bytes += entry.nbytes
             self._queue(Put(entry, last_access))
+        return True
+
+    def put_variant(self, op: PutVariant) -> bool:
+        """An entry's encoding; bounded like `put` (an encoding not written is made again
+        after a restart, nothing worse)."""
+        with self._cond:
+            if self._pending_bytes + len(op.data) > self.max_pending_bytes:
+                self.dropped += 1
+                return False
+            self._pending_bytes += len(op.data)
+            self._queue(op)
         return True
 
     def delete(self, keys: tuple[str, ...]) -> None:
@@ -111,7 +122,7 @@ class DiskWriter:
                 self._write(ops)
             with self._cond:
                 self._applied += len(batch)
-                self._pending_bytes -= sum(op.entry.nbytes for op in batch if isinstance(op, Put))
+                self._pending_bytes -= sum(_weight(op) for op in batch)
                 if flushing_touches:
                     self._touch_due = False
                 self._cond.notify_all()
@@ -126,8 +137,7 @@ class DiskWriter:
         size = 0
         while self._ops and (not batch or size < BATCH_BYTES):
             op = self._ops.popleft()
-            if isinstance(op, Put):
-                size += op.entry.nbytes
+            size += _weight(op)
             batch.append(op)
         return batch
 
@@ -151,3 +161,12 @@ class DiskWriter:
         if self._failing is not None:
             log.info("tts cache writes work again", extra={"failed": self.errors})
             self._failing = None
+
+
+def _weight(op: Op) -> int:
+    """The audio bytes an op writes: what the pending bound and a batch count."""
+    if isinstance(op, Put):
+        return op.entry.nbytes
+    if isinstance(op, PutVariant):
+        return len(op.data)
+    return 0

@@ -12,6 +12,8 @@ from voxserve.observe.sources import HealthState, Watched
 
 _COUNTERS = (
     ("hits", "Synthesis requests served from the cache"),
+    ("encoded_hits", "Hits served an encoding kept beside the PCM (HTTP speech: mp3, opus, ...)"),
+    ("encoded_stored", "Encodings kept beside their PCM"),
     ("misses", "Synthesis requests that started a synthesis"),
     ("coalesced", "Synthesis requests that joined a synthesis already in progress"),
     ("evictions", "Entries evicted to stay under max_bytes"),
@@ -57,7 +59,8 @@ class TtsCacheCollector(Collector):
             yield CounterMetricFamily(name, doc, stats[field])
         gauges = (
             ("hit_ratio", "Hits / lookups since start"),
-            ("bytes", "Audio bytes held (memory; the disk holds the same)"),
+            ("bytes", "Audio bytes held, encodings included (memory; the disk holds the same)"),
+            ("encoded_bytes", "Bytes of encodings held beside their PCM (part of bytes)"),
             ("max_bytes", "The cache's bound in bytes"),
             ("entries", "Entries held"),
             ("disk_bytes", "Size of the cache file and its WAL"),

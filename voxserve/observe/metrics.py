@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from voxserve.audio.ring import SampleRing
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+FIRST_AUDIO_SOURCES = ("hit", "miss", "joined")
+WORK_CLASSES = ("live", "bulk")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10)
+# Most calls find a free slot (microseconds); a loaded stage queues for up to its timeout.
+QUEUE_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 # Cache hits answer in well under a millisecond; misses in tenths of a second.
 PREDICTED_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1, 1.5, 2, 3, 5, 10)
 FIRST_AUDIO_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2.5)
@@ -96,9 +100,19 @@ class Metrics:
         )
         self.stage_latency = Histogram(
             "voxserve_stage_latency_seconds",
-            "Time per engine call, queueing included",
-            ["stage"],
+            "Time per engine call, queueing included, by stage and work class (live: a "
+            "session someone is talking to; bulk: an upload, a one-shot synthesis over HTTP, "
+            "gRPC or Wyoming, prewarm: pipeline/scheduling/stage.py)",
+            ["stage", "work_class"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_queue_wait = Histogram(
+            "voxserve_stage_queue_wait_seconds",
+            "Time per engine call spent waiting for a stage slot (all of it when the call "
+            "timed out waiting), by stage and work class",
+            ["stage", "work_class"],
+            buckets=QUEUE_WAIT_BUCKETS,
             registry=r,
         )
         self.errors = Counter(
@@ -126,8 +140,10 @@ class Metrics:
         self.first_audio = Histogram(
             "voxserve_tts_first_audio_seconds",
             "Time from a synthesis request to its first audio chunk, by source (hit: from the "
-            "cache; miss: started a synthesis; joined: shared one already in progress)",
-            ["source"],
+            "cache; miss: started a synthesis; joined: shared one already in progress) and "
+            "work class (live: a session's reply; bulk: one-shot speech over HTTP, gRPC, "
+            "Wyoming)",
+            ["source", "work_class"],
             buckets=FIRST_AUDIO_BUCKETS,
             registry=r,
         )
@@ -223,31 +239,47 @@ class Metrics:
         gc_metrics.install()
         r.register(gc_metrics.GcCollector())
         self._batch_children: dict[str, Histogram] = {}
-        self._stage_children: dict[str, Histogram] = {}
-        self._first_audio_children: dict[str, Histogram] = {}
+        self._stage_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
+        self._first_audio_children: dict[tuple[str, str], Histogram] = {}
+        if enabled:  # made now, not by a first request (a child costs ~ms to make)
+            for source in FIRST_AUDIO_SOURCES:
+                for work_class in WORK_CLASSES:
+                    child = self.first_audio.labels(source, work_class)
+                    self._first_audio_children[(source, work_class)] = child
 
     def observe_tts_prediction(self, wait_s: float, first_audio_s: float) -> None:
         if self.enabled:
             self.tts_predicted_wait.observe(wait_s)
             self.tts_predicted_first_audio.observe(first_audio_s)
 
-    def observe_first_audio(self, source: str, seconds: float) -> None:
+    def observe_first_audio(self, source: str, seconds: float, work_class: str = "live") -> None:
+        """`work_class`: live (a session's reply) or bulk (one-shot: HTTP, gRPC, Wyoming)."""
         if not self.enabled:
             return
-        child = self._first_audio_children.get(source)
+        key = (source, work_class)
+        child = self._first_audio_children.get(key)
         if child is None:
-            child = self._first_audio_children[source] = self.first_audio.labels(source)
+            child = self._first_audio_children[key] = self.first_audio.labels(source, work_class)
         child.observe(seconds)
         self.profiler.observe("tts_first_audio", seconds)
 
-    def observe_stage(self, stage: str, seconds: float) -> None:
+    def observe_stage(
+        self, stage: str, work_class: str, seconds: float, waited_s: float | None = None
+    ) -> None:
+        """One engine call: its whole time and (a stage's call) its wait for a slot."""
         if not self.enabled:
             return
-        child = self._stage_children.get(stage)
-        if child is None:
-            child = self._stage_children[stage] = self.stage_latency.labels(stage)
-        child.observe(seconds)
-        self.profiler.observe(stage, seconds)
+        key = (stage, work_class)
+        children = self._stage_children.get(key)
+        if children is None:
+            children = self._stage_children[key] = (
+                self.stage_latency.labels(stage, work_class),
+                self.stage_queue_wait.labels(stage, work_class),
+            )
+        children[0].observe(seconds)
+        if waited_s is not None:
+            children[1].observe(waited_s)
+        self.profiler.observe(stage if work_class == "live" else f"{stage}_{work_class}", seconds)
 
     def observe_first_partial(self, seconds: float) -> None:
         if self.enabled:

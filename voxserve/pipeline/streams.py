@@ -52,7 +52,7 @@ async def read_responder(
             async for piece in stream:
                 if first:  # the responder's time to its first output
                     first = False
-                    metrics.observe_stage("responder", time.perf_counter() - asked)
+                    metrics.observe_stage("responder", "live", time.perf_counter() - asked)
                 await each(piece)
     except TimeoutError:
         raise VoxError(

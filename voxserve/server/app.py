@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -46,6 +47,9 @@ def create_app(runtime: Runtime) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # anyio imports its asyncio backend on first use, which is a streamed response's
+        # (~20 ms: what the first cache hit after a restart paid, docs/benchmarks.md): now.
+        anyio.get_cancelled_exc_class()
         loader = asyncio.create_task(_load(runtime), name="voxserve-load-engines")
         watchdog = start_watchdog(runtime)
         http_engines.install_sighup(runtime)  # SIGHUP: hot reload of the engines

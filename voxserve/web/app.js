@@ -501,10 +501,13 @@ function parseMetrics(text) {
       const stage = /stage="([^"]*)"/.exec(line);
       const le = /le="([^"]*)"/.exec(line);
       if (!stage || !le) continue;
+      const workClass = /work_class="([^"]*)"/.exec(line);
+      // one row per stage and work class: "tts", "tts (bulk)"
+      const name = workClass && workClass[1] !== "live" ? `${stage[1]} (${workClass[1]})` : stage[1];
       const bound = le[1] === "+Inf" ? Infinity : Number(le[1]);
       const count = Number(line.slice(line.lastIndexOf(" ") + 1));
-      if (!stages.has(stage[1])) stages.set(stage[1], []);
-      stages.get(stage[1]).push([bound, count]);
+      if (!stages.has(name)) stages.set(name, []);
+      stages.get(name).push([bound, count]);
     }
   }
   return { sessions, stages };

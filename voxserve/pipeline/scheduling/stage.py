@@ -23,8 +23,9 @@ call to end (EDF ranks it among the bulk waiters). Bulk work is cut into calls o
 length (an upload's windows, pipeline/recognition/windows.py; a synthesis's chunks) that each queue
 again, so bulk's slots come back to the queue at least that often, in deadline order. The
 load signals flow control reads (`live_waiting`, `late`, `queue_wait`, `timeouts`) count
-live calls only: bulk waiting its turn is by design, not pressure. Bulk calls are observed
-as `<stage>_bulk`.
+live calls only: bulk waiting its turn is by design, not pressure. Every call, of either
+class and from any door, is reported to `on_call` when it ends (done, failed or timed
+out): its stage, its work class, its whole time and its wait for a slot (the metrics).
 
 Inline calls: handing a call to a worker thread and back costs the loop two wake-ups and
 the worker one (36-46 µs to wake a thread on the project's VMs), more than a cheap engine's
@@ -51,6 +52,8 @@ from typing import TypeVar
 from voxserve.errors import ErrorCode, VoxError
 
 T = TypeVar("T")
+CallObserver = Callable[[str, str, float, float], None]
+"""on_call(stage, work class "live" or "bulk", seconds in all, seconds waiting for a slot)."""
 
 # The work class of a call (module docstring). Between equal deadlines live goes first;
 # otherwise deadlines, not classes, decide the order, so nothing starves.
@@ -124,7 +127,7 @@ class EngineStage:
         self.inline_calls = 0  # calls run on the event loop (module docstring)
         self.cost_s = 0.0  # smoothed run time of inline-able calls, wherever they ran
         self._costed = 0  # inline-able calls measured so far
-        self.on_latency: Callable[[str, float], None] | None = None
+        self.on_call: CallObserver | None = None
 
     @property
     def waiting(self) -> int:
@@ -185,14 +188,15 @@ class EngineStage:
         due = time.monotonic() + limit if deadline is None else deadline
         bulk = priority >= PRIORITY_BULK
         self.calls += 1
+        slot_at: float | None = None  # perf_counter when the call got its slot
         try:
             if inline_ok and self._cheap() and self._take_free(bulk):
                 # A free slot and no thread: nothing to wait for, nothing to time out.
-                self._slot_taken(due, started, queued_at, bulk)
+                slot_at = self._slot_taken(due, started, queued_at, bulk)
                 return self._run_inline(fn, args, bulk)
             async with asyncio.timeout(limit):
                 await self._acquire(due, priority)
-                self._slot_taken(due, started, queued_at, bulk)
+                slot_at = self._slot_taken(due, started, queued_at, bulk)
                 if inline_ok and self._cheap():
                     return self._run_inline(fn, args, bulk)
                 return await self._run_in_slot(fn, args, measure=inline_ok, bulk=bulk)
@@ -207,19 +211,23 @@ class EngineStage:
                 stage=self.name,
             ) from None
         finally:
-            if self.on_latency is not None:
-                name = f"{self.name}_bulk" if bulk else self.name
-                self.on_latency(name, time.perf_counter() - started)
+            if self.on_call is not None:
+                ended = time.perf_counter()
+                # A call that never got a slot (timed out, cancelled) waited all along.
+                waited = (slot_at or ended) - min(started, queued_at or started)
+                self.on_call(self.name, "bulk" if bulk else "live", ended - started, waited)
 
-    def _slot_taken(self, due: float, started: float, queued_at: float | None, bulk: bool) -> None:
+    def _slot_taken(self, due: float, started: float, queued_at: float | None, bulk: bool) -> float:
         """Count a late start and smooth the wait for a slot: the load signal admission
-        and credit read (live calls only: bulk waits its turn by design)."""
+        and credit read (live calls only: bulk waits its turn by design). Returns now."""
+        now = time.perf_counter()
         if bulk:
-            return
+            return now
         if time.monotonic() > due:
             self.late += 1
-        waited = time.perf_counter() - min(started, queued_at or started)
+        waited = now - min(started, queued_at or started)
         self.queue_wait += (waited - self.queue_wait) * WAIT_SMOOTHING
+        return now
 
     def _cheap(self) -> bool:
         """Whether an inline-able call should run on the loop: measured, and cheaper than

@@ -7,11 +7,11 @@ A mapping of the stages made so far (what flow control judges and the metrics sh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 
 from voxserve.config import PipelineConfig, StageConfig
-from voxserve.pipeline.scheduling.stage import EngineStage
+from voxserve.pipeline.scheduling.stage import CallObserver, EngineStage
 
 STAGE_NAMES = ("vad", "asr", "responder", "tts")
 
@@ -21,12 +21,12 @@ class Stages(Mapping[str, EngineStage]):
         self,
         cfg: PipelineConfig,
         executor: Executor,
-        on_latency: Callable[[str, float], None] | None = None,
+        on_call: CallObserver | None = None,
     ) -> None:
-        """`on_latency`: given every stage's call times (the metrics' observer)."""
+        """`on_call`: told of every call of every stage (the metrics' observer)."""
         self._cfg = cfg
         self._executor = executor
-        self._on_latency = on_latency
+        self._on_call = on_call
         self._made: dict[str, EngineStage] = {}
 
     def stage(self, name: str) -> EngineStage:
@@ -48,7 +48,7 @@ class Stages(Mapping[str, EngineStage]):
                 # by one clause at most (pipeline/scheduling/stage.py).
                 work_conserving=name == "tts",
             )
-            found.on_latency = self._on_latency
+            found.on_call = self._on_call
             self._made[name] = found
         return found
 

@@ -205,6 +205,7 @@ async def synthesize(
     stored (cache/key.py; the transports derive it from the caller's API key)."""
     request = plan(ctx, text, voice, speed, sample_rate)
     started = time.perf_counter()
+    work_class = "bulk" if bulk else "live"
     cache = ctx.speech.cache
     chunks: AsyncGenerator[Int16Array, None]
     if cache is None:
@@ -218,7 +219,7 @@ async def synthesize(
         key = cache_key(fingerprints, request, scope)
         entry = _lookup(cache, fingerprints, request, key)
         if entry is not None:
-            ctx.metrics.observe_first_audio("hit", time.perf_counter() - started)
+            ctx.metrics.observe_first_audio("hit", time.perf_counter() - started, work_class)
             for piece in request.chunker().split(entry.samples()):
                 yield piece
             return
@@ -241,7 +242,7 @@ async def synthesize(
         first = True
         async for piece in chunks:
             if first:
-                ctx.metrics.observe_first_audio(source, time.perf_counter() - started)
+                ctx.metrics.observe_first_audio(source, time.perf_counter() - started, work_class)
                 first = False
             yield piece
 

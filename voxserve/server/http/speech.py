@@ -1,6 +1,7 @@
 """POST /v1/audio/speech: OpenAI's speech request, validated in full, then audio streamed
 as it is synthesised and encoded (mp3, opus, aac, flac, wav, pcm; raw or as SSE:
-server/http/speech_output.py)."""
+server/http/speech_output.py). A reply in a compressed format whose encoding the TTS cache
+holds is answered from it at once (pipeline/synthesis/encodings.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.generations import Lease
+from voxserve.pipeline.synthesis.encodings import Encodings
 from voxserve.pipeline.synthesis.synthesize import check_speed, check_text, first_audio, synthesize
 from voxserve.runtime import Chosen, Runtime
 from voxserve.server.http.closing_stream import ClosingStream
-from voxserve.server.http.speech_output import OutputPlan, output_plan, speech_body
+from voxserve.server.http.speech_output import OutputPlan, cached_body, output_plan, speech_body
 from voxserve.server.session import openai_voices
 from voxserve.server.session.auth import ANONYMOUS, cache_scope
 from voxserve.server.session.http_requests import read_json
@@ -54,13 +56,35 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
     try:
         plan = _speech_plan(body, ctx.engines, runtime.settings, model)
         principal = getattr(request.state, "principal", ANONYMOUS)
+        scope = cache_scope(runtime.settings, principal)
+        out = plan.output
+        headers = {
+            RATE_HEADER: str(out.sample_rate),
+            "X-Voxserve-Voice": plan.voice.id,
+            "Cache-Control": "no-store",
+        }
+        encodings = Encodings.of(
+            ctx,
+            plan.text,
+            voice=plan.voice.id,
+            speed=plan.speed,
+            sample_rate=out.sample_rate,
+            response_format=out.response_format,
+            scope=scope,
+        )
+        hit = encodings.cached() if encodings is not None else None
+        if hit is not None:
+            if held is not None:
+                held.release()
+            body_bytes = cached_body(out, hit.data, hit.samples, plan.text)
+            return Response(body_bytes, media_type=out.media_type, headers=headers)
         chunks = synthesize(
             ctx,
             plan.text,
             voice=plan.voice.id,
             speed=plan.speed,
-            sample_rate=plan.output.sample_rate,
-            scope=cache_scope(runtime.settings, principal),
+            sample_rate=out.sample_rate,
+            scope=scope,
             # a one-shot request: behind live sessions' replies (pipeline/scheduling/stage.py)
             bulk=True,
         )
@@ -73,13 +97,9 @@ async def speech(runtime: Runtime, request: Request, trace_id: str) -> Response:
             held.release()
         raise
     return ClosingStream(
-        speech_body(plan.output, chunks, first, plan.text, trace_id, runtime.pools.encode),
-        media_type=plan.output.media_type,
-        headers={
-            RATE_HEADER: str(plan.output.sample_rate),
-            "X-Voxserve-Voice": plan.voice.id,
-            "Cache-Control": "no-store",
-        },
+        speech_body(out, chunks, first, plan.text, trace_id, runtime.pools.encode, encodings),
+        media_type=out.media_type,
+        headers=headers,
         sources=(chunks, held),  # also when the body never started; a lease ends with it
     )
 

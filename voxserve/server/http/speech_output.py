@@ -1,7 +1,9 @@
 """What `/v1/audio/speech` sends: the response format's rate and content type, and the body,
 encoded as it is synthesised (audio/encode.py), either raw (`stream_format` "audio") or as
 OpenAI's server-sent events (`stream_format` "sse": `speech.audio.delta`, then one
-`speech.audio.done` with usage)."""
+`speech.audio.done` with usage). A reply whose encoding the TTS cache holds is sent from
+it (`cached_body`); a complete encoding made here is handed back to be kept (`Keeper`,
+pipeline/synthesis/encodings.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from voxserve.audio.encode import CODECS, FORMATS, Encoder, open_encoder
 from voxserve.audio.pcm import Int16Array
@@ -47,6 +49,15 @@ OPUS_RATE = 48_000  # Ogg Opus is decoded at 48 kHz: synthesised at that rate, o
 CHARS_PER_TOKEN = 4
 AUDIO_TOKEN_S = 0.05
 ENCODE_IN_THREAD_SAMPLES = 2_400  # bigger chunks are encoded off the event loop (the encode pool)
+SSE_CACHED_DELTA_BYTES = 16_384  # a cached encoding as SSE: deltas of this many bytes
+
+
+class Keeper(Protocol):
+    """Where a complete encoding goes (the TTS cache, beside its PCM)."""
+
+    max_bytes: int  # a longer encoding is not collected
+
+    def keep(self, data: bytes, samples: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +114,28 @@ async def speech_body(
     text: str,
     trace_id: str,
     pool: WorkPool,
+    keeper: Keeper | None = None,
 ) -> AsyncIterator[bytes]:
-    """The response body: the encoded audio, raw or as SSE events. An engine failure
-    mid-stream can only end the stream (the status line is gone), so it is logged with the
-    trace id and the stream ends (an SSE stream then has no `speech.audio.done`)."""
+    """The response body: the encoded audio, raw or as SSE events, sent as it is made. An
+    engine failure mid-stream can only end the stream (the status line is gone), so it is
+    logged with the trace id and the stream ends (an SSE stream then has no
+    `speech.audio.done`). `keeper`: given the whole encoding once it is complete."""
     encoder = open_encoder(plan.response_format, plan.sample_rate)
     samples = 0
+    made = _Collected(keeper.max_bytes if keeper is not None else -1)
     try:
         async for chunk in _prepend(first, chunks):
             samples += chunk.size
             data = await _encode(encoder, chunk, pool)
             if data:
+                made.add(data)
                 yield _frame(plan, data)
         tail = encoder.finish()
         if tail:
+            made.add(tail)
             yield _frame(plan, tail)
+        if keeper is not None and made.whole:
+            keeper.keep(made.data(), samples)
         if plan.stream_format == "sse":
             yield _sse(_done_event(text, samples / plan.sample_rate))
     except Exception as exc:
@@ -126,6 +144,40 @@ async def speech_body(
     finally:
         encoder.close()
         await aclose(chunks)
+
+
+class _Collected:
+    """The encoded bytes of one reply, up to `limit` (past it, nothing: it is not kept)."""
+
+    def __init__(self, limit: int) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._limit = limit
+        self.whole = limit >= 0
+
+    def add(self, data: bytes) -> None:
+        if self.whole:
+            self._size += len(data)
+            self.whole = self._size <= self._limit
+            if self.whole:
+                self._parts.append(data)
+            else:
+                self._parts.clear()
+
+    def data(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def cached_body(plan: OutputPlan, data: bytes, samples: int, text: str) -> bytes:
+    """The body of a reply whose whole encoding is cached: the bytes, raw or as SSE
+    deltas and the done event."""
+    if plan.stream_format != "sse":
+        return data
+    deltas = (
+        _frame(plan, data[at : at + SSE_CACHED_DELTA_BYTES])
+        for at in range(0, len(data), SSE_CACHED_DELTA_BYTES)
+    )
+    return b"".join((*deltas, _sse(_done_event(text, samples / plan.sample_rate))))
 
 
 async def _prepend(first: Int16Array, rest: AsyncIterator[Int16Array]) -> AsyncIterator[Int16Array]:
