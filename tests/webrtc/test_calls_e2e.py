@@ -173,9 +173,9 @@ async def test_ten_percent_loss_still_transcribes_and_is_counted(call_server: Li
 # --- four calls beside two WebSocket sessions --------------------------------------------------
 
 
-async def websocket_session(live: LiveServer, name: str, hold: asyncio.Event) -> str:
+async def websocket_session(live: LiveServer, name: str, hold: asyncio.Event | None = None) -> str:
     """A /v1/realtime transcription session through the SDK, audio at real time; open after
-    its transcript until `hold` is set."""
+    its transcript until `hold` is set (closed at once without one)."""
     client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     pcm = resample(
         np.concatenate([fixture_audio(name), np.zeros(16_000, np.int16)]), 16_000, 24_000
@@ -192,13 +192,15 @@ async def websocket_session(live: LiveServer, name: str, hold: asyncio.Event) ->
                 event = json.loads(await conn.recv_bytes())
                 if event["type"] == TRANSCRIPT:
                     break
-        await asyncio.wait_for(hold.wait(), 30)
+        if hold is not None:
+            await asyncio.wait_for(hold.wait(), 30)
         return str(event["transcript"])
 
 
-async def call(live: LiveServer, name: str, *, sdk: bool, hold: asyncio.Event) -> str:
+async def call(live: LiveServer, name: str, *, sdk: bool, hold: asyncio.Event | None = None) -> str:
     """A call that listens; through the SDK's calls.create / hangup, or raw multipart. Hung
-    up after its transcript once `hold` is set (its track sends silence meanwhile)."""
+    up after its transcript once `hold` is set (its track sends silence meanwhile), at once
+    without one."""
     caller = WebRtcCaller(clip_source(speech48(name)))
     client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     try:
@@ -210,7 +212,8 @@ async def call(live: LiveServer, name: str, *, sdk: bool, hold: asyncio.Event) -
         else:
             await caller.call(live.http_url, KEY, session=LISTEN_ONLY)
         final = await caller.wait_for(TRANSCRIPT, timeout_s=40)
-        await asyncio.wait_for(hold.wait(), 30)
+        if hold is not None:
+            await asyncio.wait_for(hold.wait(), 30)
         if sdk:
             assert caller.call_id
             await client.realtime.calls.hangup(caller.call_id)
