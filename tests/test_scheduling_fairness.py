@@ -162,7 +162,7 @@ async def test_a_chunk_far_ahead_of_playback_waits_outside_a_busy_stage(edf: boo
     """A later chunk due well in the future does not join a busy stage's queue (where it
     would count as load for TTS health and flow control) until it is nearly due; it goes at
     once when the stage frees up. With EDF off (plain FIFO) it queues at once."""
-    from voxserve.pipeline.synthesis.synthesize import QUEUE_HORIZON_S, _until_nearly_due
+    from voxserve.pipeline.synthesis.engine_chunks import QUEUE_HORIZON_S, _until_nearly_due
 
     executor = ThreadPoolExecutor(2)
     stage = EngineStage("tts", concurrency=1, timeout_s=5.0, executor=executor, edf=edf)

@@ -21,7 +21,7 @@ from tests.rss import MB, RssPeak
 from voxserve.engines.base import Int16Array
 from voxserve.engines.espeak_tts import EspeakTts
 from voxserve.engines.piper_tts import MAX_PHONEME_IDS, PiperTts
-from voxserve.pipeline.synthesis.synthesize import check_text
+from voxserve.pipeline.synthesis.request import check_text
 
 PULL_S = 3.0  # piper: pull chunks this long, then close the generator
 RSS_GROWTH = 300 * MB  # unbounded, one request grew a server by 3 GB in 8 s

@@ -18,7 +18,7 @@ from voxserve.engines.piper_tts import (
     split_text,
 )
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.synthesis.synthesize import check_text
+from voxserve.pipeline.synthesis.request import check_text
 from voxserve.speakable import clean_text, is_speakable
 from voxserve.text import MAX_PIECE_CHARS, bounded_pieces, cut_to_length
 

@@ -44,7 +44,7 @@ all traffic while authentication is off or `cache.share_across_keys` is set."""
 
 def canonical_text(text: str) -> str:
     """Unicode NFC: the one spelling of canonically equivalent text. Synthesis is given this
-    form too (pipeline/synthesis/synthesize.py), so the audio is always that of the text the key
+    form too (pipeline/synthesis/request.py plan), so the audio is always that of the text the key
     names."""
     return unicodedata.normalize("NFC", text)
 

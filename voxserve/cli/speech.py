@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def cmd_say(args: argparse.Namespace) -> int:
     from voxserve.audio.resample import check_rate
     from voxserve.audio.wav import write_wav
-    from voxserve.pipeline.synthesis.synthesize import check_speed, check_text
+    from voxserve.pipeline.synthesis.request import check_speed, check_text
     from voxserve.types import SUPPORTED_OUTPUT_RATES
 
     settings = load_cli_settings(args)

@@ -30,7 +30,7 @@ from voxserve.cluster.core_engines import (
 )
 from voxserve.config import ClusterConfig, ClusterDeployment, EnginesConfig, load_settings
 from voxserve.engines.base import Float32Array, Int16Array, asr_tasks, close_engine
-from voxserve.pipeline.synthesis.synthesize import LockedChunks
+from voxserve.pipeline.synthesis.engine_chunks import LockedChunks
 from voxserve.types import AsrOptions, AsrResult
 
 Loader = Callable[[str], Awaitable[Loaded]]

@@ -17,7 +17,7 @@ from voxserve.audio.encode import variant_name
 from voxserve.cache.key import SHARED_SCOPE, CacheKey
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.pipeline.context import SpeechContext
-from voxserve.pipeline.synthesis.synthesize import cache_key, plan
+from voxserve.pipeline.synthesis.request import cache_key, plan
 
 
 @dataclass(frozen=True, slots=True)

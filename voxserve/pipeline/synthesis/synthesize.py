@@ -12,102 +12,40 @@ miss its deadline (or TTS is degraded: tts_health.py); while the process is over
 threshold (memory_guard.py), it raises `overloaded`. An admitted synthesis holds a ticket
 that tells the predictor what it has made, and its engine time measures the service rate.
 
-Text is checked and cleaned once, here (`check_text`, voxserve/speakable.py), for every
+Text is checked and cleaned once (request.py `check_text`, voxserve/speakable.py), for every
 transport: control characters become spaces, invisible ones go, and text with nothing to
 say is `empty_text` before any engine sees it. Engines cut what they are given into pieces
 of bounded work (voxserve/text.py MAX_PIECE_CHARS; engines/piper_tts.py).
 
-The engine's blocking generator is pulled one chunk per executor call, so other sessions'
-first chunks interleave with a long reply, and a cancelled request stops between chunks: a
-stage timeout, a client gone or a cancel closes the generator once the piece in progress is
-done (on a worker thread), and no further piece is synthesised.
+The request's checks are request.py's; the engine's chunks, their deadlines and the service
+rate they measure are engine_chunks.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
 from voxserve.audio.pcm import Int16Array
-from voxserve.audio.resample import StreamResampler, check_rate
 from voxserve.cache.entry import Entry
 from voxserve.cache.fingerprints import EngineFingerprints
 from voxserve.cache.flight import Flight
-from voxserve.cache.key import SHARED_SCOPE, CacheKey, canonical_text, make_key, round_speed
+from voxserve.cache.key import SHARED_SCOPE, CacheKey
 from voxserve.cache.tts_cache import TtsCache
-from voxserve.engines.base import TtsEngine
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.scheduling.stage import (
-    PRIORITY_BULK,
-    PRIORITY_LIVE,
     EngineStage,
-    deadline_in,
 )
 from voxserve.pipeline.scheduling.tts_health import TtsHealth
-from voxserve.pipeline.scheduling.tts_lateness import Ticket, first_clause_chars
+from voxserve.pipeline.scheduling.tts_lateness import Ticket
 from voxserve.pipeline.streams import aclose
-from voxserve.pipeline.synthesis.chunking import Chunker, chunk_sizes
-from voxserve.speakable import clean_text, is_speakable
-from voxserve.types import SUPPORTED_OUTPUT_RATES, Voice
-
-MIN_SPEED = 0.25
-MAX_SPEED = 4.0
-POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
-# TTS stage deadlines (earliest-deadline-first, pipeline/scheduling/stage.py): a first chunk is
-# awaited by a listener in silence; a later chunk is due when the audio already made would have
-# played out, less a margin and less what the previous chunk took to come (a chunk must
-# *finish* before playback runs dry, not start), so a stream about to run dry overtakes one
-# far ahead.
-FIRST_CHUNK_DUE_S = 0.2
-PLAYOUT_MARGIN_S = 0.1
-# A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
-# the `waiting` that TTS health and flow control read, then hold only work that is due.
-QUEUE_HORIZON_S = 0.5
-
-
-class LockedChunks:
-    """An engine's chunk generator pulled on worker threads: `close()` waits for a
-    `next()` still running on another thread (also used by the cluster's TTS replicas)."""
-
-    def __init__(self, gen: Iterator[Int16Array]) -> None:
-        self._gen = gen
-        self._lock = threading.Lock()
-
-    def next_chunk(self) -> Int16Array | None:
-        with self._lock:
-            return next(self._gen, None)
-
-    def close(self) -> None:
-        with self._lock:
-            close = getattr(self._gen, "close", None)
-            if callable(close):
-                close()
-
-
-def check_text(text: str, max_chars: int) -> str:
-    """The text an engine will be given: stripped and cleaned (voxserve/speakable.py).
-    Over `max_chars` is `text_too_long`; nothing to say is `empty_text`."""
-    text = text.strip()
-    if not text:
-        raise VoxError(ErrorCode.EMPTY_TEXT, "text to synthesise is empty")
-    if len(text) > max_chars:
-        raise VoxError(
-            ErrorCode.TEXT_TOO_LONG, f"text has {len(text)} characters; the limit is {max_chars}"
-        )
-    text = clean_text(text).strip()
-    if not is_speakable(text):
-        raise VoxError(
-            ErrorCode.EMPTY_TEXT,
-            "text has nothing to speak: only punctuation, white space or invisible characters",
-        )
-    return text
+from voxserve.pipeline.synthesis.engine_chunks import POLITE_POLL_S, engine_chunks
+from voxserve.pipeline.synthesis.request import SpeechRequest, cache_key, plan, rate_key
 
 
 async def first_audio(chunks: AsyncIterator[Int16Array]) -> Int16Array:
@@ -122,59 +60,6 @@ async def first_audio(chunks: AsyncIterator[Int16Array]) -> Int16Array:
         await aclose(chunks)
         raise
     return first
-
-
-def check_speed(speed: float) -> float:
-    if not MIN_SPEED <= speed <= MAX_SPEED:
-        raise VoxError(
-            ErrorCode.INVALID_PARAMETER,
-            f"speed {speed:g} is out of range; use {MIN_SPEED:g} to {MAX_SPEED:g}",
-        )
-    return speed
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechRequest:
-    """A validated synthesis: what to say, with which engine, in what chunks."""
-
-    text: str
-    voice: Voice
-    engine: TtsEngine
-    speed: float  # rounded to 0.01, as in the cache key
-    sample_rate: int
-    max_samples: int  # per chunk: tts.max_chunk_ms at sample_rate
-    first_samples: int  # the first chunk: tts.first_chunk_ms at sample_rate
-
-    def chunker(self) -> Chunker:
-        return Chunker(self.first_samples, self.max_samples)
-
-
-def plan(
-    ctx: SpeechContext, text: str, voice: str | None, speed: float, sample_rate: int | None
-) -> SpeechRequest:
-    settings = ctx.settings
-    out_rate = check_rate(sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES)
-    # The engine is given the text's canonical (NFC) form, the one its cache key names.
-    text = canonical_text(check_text(text, settings.limits.max_text_chars))
-    check_speed(speed)
-    voice_info, engine = ctx.engines.voice(voice)
-    first_samples, max_samples = chunk_sizes(settings.tts, out_rate)
-    return SpeechRequest(
-        text, voice_info, engine, round_speed(speed), out_rate, max_samples, first_samples
-    )
-
-
-def cache_key(
-    fingerprints: EngineFingerprints, request: SpeechRequest, scope: str = SHARED_SCOPE
-) -> CacheKey:
-    return make_key(
-        request.text,
-        voice=request.voice.id,
-        speed=request.speed,
-        sample_rate=request.sample_rate,
-        engine=fingerprints.of(request.engine),
-        scope=scope,
-    )
 
 
 def _lookup(
@@ -212,7 +97,7 @@ async def synthesize(
         ticket = _admit_miss(ctx, request, bulk)
         source = "miss"
         chunks = _observed(
-            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
+            ctx.speech.health, engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
         )
     else:
         fingerprints = ctx.speech.fingerprints
@@ -284,23 +169,13 @@ async def cache_speech(
             return entry.samples(), False
     stage = ctx.stages.stage("tts")
     before = (lambda: _spare_slot(stage)) if polite else None
-    pieces_of = _engine_chunks(ctx, request, before, bulk=polite, prewarm=polite)
+    pieces_of = engine_chunks(ctx, request, before, bulk=polite, prewarm=polite)
     async with contextlib.aclosing(pieces_of) as chunks:
         pieces = [piece async for piece in chunks]
     samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
     if cache is not None and key is not None:
         cache.store(key, samples.astype("<i2", copy=False).tobytes())
     return samples, True
-
-
-async def _until_nearly_due(stage: EngineStage, due: float) -> None:
-    """While the stage is busy, wait until `due` is QUEUE_HORIZON_S away: a reply far ahead
-    of its playback would only sit in the queue, counted as load, behind work that is due."""
-    while stage.edf and (stage.waiting or stage.running >= stage.concurrency):
-        ahead = due - QUEUE_HORIZON_S - time.monotonic()
-        if ahead <= 0:
-            return
-        await asyncio.sleep(min(ahead, POLITE_POLL_S))
 
 
 async def _spare_slot(stage: EngineStage) -> None:
@@ -313,11 +188,6 @@ async def _spare_slot(stage: EngineStage) -> None:
 def _store(cache: TtsCache, flight: Flight) -> None:
     if flight.nbytes:  # no audio (a text the voice says nothing for) is not a reply
         cache.store(flight.key, flight.pcm())
-
-
-def rate_key(request: SpeechRequest) -> str:
-    """Whose service rate a synthesis measures and is predicted by: engine/voice."""
-    return f"{request.engine.info.name}/{request.voice.id}"
 
 
 def _admit_miss(ctx: SpeechContext, request: SpeechRequest, bulk: bool) -> Ticket:
@@ -351,7 +221,7 @@ def _producer(
 
     async def produce(flight: Flight) -> None:
         chunks = _observed(
-            ctx.speech.health, _engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
+            ctx.speech.health, engine_chunks(ctx, request, bulk=bulk, ticket=ticket), bulk
         )
         async with contextlib.aclosing(chunks) as it:
             async for piece in it:
@@ -372,93 +242,3 @@ async def _observed(
                 health.observe_first_audio(time.perf_counter() - started, one_shot=one_shot)
                 first = False
             yield piece
-
-
-async def _engine_chunks(
-    ctx: SpeechContext,
-    request: SpeechRequest,
-    before_chunk: Callable[[], Awaitable[None]] | None = None,
-    *,
-    bulk: bool = False,
-    prewarm: bool = False,
-    ticket: Ticket | None = None,
-) -> AsyncGenerator[Int16Array, None]:
-    """The engine's audio at the output rate, in adaptive chunks (request.chunker()).
-    `bulk`: each chunk is a bulk call (pipeline/scheduling/stage.py); `prewarm`: due a whole stage
-    timeout out, as nobody is listening. `ticket`: the admitted synthesis, told each call's
-    engine time and audio (tts_lateness.py), closed at the end."""
-    engine = request.engine
-    stage = ctx.stages.stage("tts")
-    priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
-    started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
-    made_s = 0.0  # audio produced so far
-    took = 0.0  # how long the last chunk took to come (queue + synthesis): the next's lead
-    resampler = StreamResampler(engine.sample_rate, request.sample_rate)
-    chunker = request.chunker()
-    source = LockedChunks(
-        engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
-    )
-    schedule = ctx.speech.health.schedule
-    key = rate_key(request)
-    timing = ticket or schedule.untracked()  # every call measures the service rate
-    pull = _timed_pull(source, timing, schedule.clock)
-    complete = False
-    try:
-        while True:
-            if before_chunk is not None:
-                await before_chunk()
-            if prewarm:
-                due = deadline_in(stage.timeout_s)
-            elif made_s == 0.0:
-                due = deadline_in(FIRST_CHUNK_DUE_S)
-            else:
-                due = started + made_s - PLAYOUT_MARGIN_S - took
-                await _until_nearly_due(stage, due)
-            asked = time.monotonic()
-            if ticket is not None:
-                schedule.call_cost(ticket)
-            chunk = await stage.run(pull, deadline=due, priority=priority)
-            took = time.monotonic() - asked
-            audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
-            if ticket is None:
-                schedule.rates.observe_call(key, timing.spent_s, audio_s)
-                if made_s == 0.0 and audio_s > 0:
-                    schedule.rates.observe_first(
-                        key, timing.spent_s, first_clause_chars(request.text)
-                    )
-            else:
-                schedule.call_done(ticket, ticket.spent_s, audio_s)
-            if chunk is None:
-                complete = True
-                break
-            if made_s == 0.0:
-                started = time.monotonic()
-            made_s += chunk.size / engine.sample_rate
-            out = resampler.process(np.asarray(chunk, dtype=np.int16))
-            for piece in chunker.split(out):
-                yield piece
-        for piece in chunker.split(resampler.flush()):
-            yield piece
-    finally:
-        if ticket is not None:
-            (schedule.finished if complete else schedule.close)(ticket)
-        elif complete:
-            schedule.rates.observe_text(key, len(request.text), made_s)
-        # Closing waits for a chunk still being made, so do it on the executor.
-        ctx.speech.executor.submit(source.close)
-
-
-def _timed_pull(
-    source: LockedChunks, ticket: Ticket, clock: Callable[[], float]
-) -> Callable[[], Int16Array | None]:
-    """`source.next_chunk`, telling the ticket when the engine call began and how long it
-    took (plain float writes from the worker thread; the loop reads them)."""
-
-    def pull() -> Int16Array | None:
-        ticket.call_started = began = clock()
-        try:
-            return source.next_chunk()
-        finally:
-            ticket.spent_s = clock() - began
-
-    return pull

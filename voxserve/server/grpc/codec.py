@@ -27,7 +27,7 @@ from voxserve.events import (
     StreamConfig,
     TextMessage,
 )
-from voxserve.pipeline.synthesis.synthesize import check_speed
+from voxserve.pipeline.synthesis.request import check_speed
 from voxserve.server.grpc.events import MODE_ENUM
 from voxserve.server.session.stream_protocol import fatal, parse_start
 from voxserve.types import FRAME_MS

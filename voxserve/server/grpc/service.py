@@ -25,7 +25,8 @@ from voxserve.engines.loaded import Engines
 from voxserve.errors import VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.streams import aclose
-from voxserve.pipeline.synthesis.synthesize import check_speed, check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.request import check_speed, check_text
+from voxserve.pipeline.synthesis.synthesize import first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.grpc import codec
 from voxserve.server.grpc.codec import M, Undecodable

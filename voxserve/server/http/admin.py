@@ -24,7 +24,7 @@ from voxserve.audio.resample import check_rate
 from voxserve.cache.prewarm import PrewarmItem, expand
 from voxserve.cache.tts_cache import TtsCache
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.synthesis.synthesize import check_speed, check_text
+from voxserve.pipeline.synthesis.request import check_speed, check_text
 from voxserve.runtime import Runtime
 from voxserve.server.session.http_requests import Endpoint, guarded, read_json
 from voxserve.server.session.json_input import as_float

@@ -17,7 +17,8 @@ from voxserve.errors import ErrorCode, VoxError, quoted
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.generations import Lease
 from voxserve.pipeline.synthesis.encodings import Encodings
-from voxserve.pipeline.synthesis.synthesize import check_speed, check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.request import check_speed, check_text
+from voxserve.pipeline.synthesis.synthesize import first_audio, synthesize
 from voxserve.runtime import Chosen, Runtime
 from voxserve.server.http.closing_stream import ClosingStream
 from voxserve.server.http.speech_output import OutputPlan, cached_body, output_plan, speech_body

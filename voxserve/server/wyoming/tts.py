@@ -24,7 +24,8 @@ from wyoming.tts import (
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.pipeline.synthesis.synthesize import check_text, first_audio, synthesize
+from voxserve.pipeline.synthesis.request import check_text
+from voxserve.pipeline.synthesis.synthesize import first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.wyoming.recording import PCM_WIDTH
 from voxserve.server.wyoming.seats import WyomingSlot, open_wyoming

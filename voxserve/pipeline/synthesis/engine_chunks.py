@@ -1,0 +1,159 @@
+"""An engine's audio for one request, pulled a chunk per TTS-stage call: the deadlines each
+chunk is due by (earliest-deadline-first, pipeline/scheduling/stage.py), the service rate each
+call measures (tts_lateness.py), resampling to the output rate and adaptive chunks.
+
+The engine's blocking generator is pulled one chunk per executor call, so other sessions'
+first chunks interleave with a long reply, and a cancelled request stops between chunks: the
+generator is closed on a worker thread once the piece in progress is done."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+
+import numpy as np
+
+from voxserve.audio.pcm import Int16Array
+from voxserve.audio.resample import StreamResampler
+from voxserve.pipeline.context import SpeechContext
+from voxserve.pipeline.scheduling.stage import (
+    PRIORITY_BULK,
+    PRIORITY_LIVE,
+    EngineStage,
+    deadline_in,
+)
+from voxserve.pipeline.scheduling.tts_lateness import Ticket, first_clause_chars
+from voxserve.pipeline.synthesis.request import SpeechRequest, rate_key
+
+POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
+# TTS stage deadlines (earliest-deadline-first, pipeline/scheduling/stage.py): a first chunk is
+# awaited by a listener in silence; a later chunk is due when the audio already made would have
+# played out, less a margin and less what the previous chunk took to come (a chunk must
+# *finish* before playback runs dry, not start), so a stream about to run dry overtakes one
+# far ahead.
+FIRST_CHUNK_DUE_S = 0.2
+PLAYOUT_MARGIN_S = 0.1
+# A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
+# the `waiting` that TTS health and flow control read, then hold only work that is due.
+QUEUE_HORIZON_S = 0.5
+
+
+class LockedChunks:
+    """An engine's chunk generator pulled on worker threads: `close()` waits for a
+    `next()` still running on another thread (also used by the cluster's TTS replicas)."""
+
+    def __init__(self, gen: Iterator[Int16Array]) -> None:
+        self._gen = gen
+        self._lock = threading.Lock()
+
+    def next_chunk(self) -> Int16Array | None:
+        with self._lock:
+            return next(self._gen, None)
+
+    def close(self) -> None:
+        with self._lock:
+            close = getattr(self._gen, "close", None)
+            if callable(close):
+                close()
+
+
+async def _until_nearly_due(stage: EngineStage, due: float) -> None:
+    """While the stage is busy, wait until `due` is QUEUE_HORIZON_S away: a reply far ahead
+    of its playback would only sit in the queue, counted as load, behind work that is due."""
+    while stage.edf and (stage.waiting or stage.running >= stage.concurrency):
+        ahead = due - QUEUE_HORIZON_S - time.monotonic()
+        if ahead <= 0:
+            return
+        await asyncio.sleep(min(ahead, POLITE_POLL_S))
+
+
+async def engine_chunks(
+    ctx: SpeechContext,
+    request: SpeechRequest,
+    before_chunk: Callable[[], Awaitable[None]] | None = None,
+    *,
+    bulk: bool = False,
+    prewarm: bool = False,
+    ticket: Ticket | None = None,
+) -> AsyncGenerator[Int16Array, None]:
+    """The engine's audio at the output rate, in adaptive chunks (request.chunker()).
+    `bulk`: each chunk is a bulk call (pipeline/scheduling/stage.py); `prewarm`: due a whole stage
+    timeout out, as nobody is listening. `ticket`: the admitted synthesis, told each call's
+    engine time and audio (tts_lateness.py), closed at the end."""
+    engine = request.engine
+    stage = ctx.stages.stage("tts")
+    priority = PRIORITY_BULK if bulk else PRIORITY_LIVE
+    started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
+    made_s = 0.0  # audio produced so far
+    took = 0.0  # how long the last chunk took to come (queue + synthesis): the next's lead
+    resampler = StreamResampler(engine.sample_rate, request.sample_rate)
+    chunker = request.chunker()
+    source = LockedChunks(
+        engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
+    )
+    schedule = ctx.speech.health.schedule
+    key = rate_key(request)
+    timing = ticket or schedule.untracked()  # every call measures the service rate
+    pull = _timed_pull(source, timing, schedule.clock)
+    complete = False
+    try:
+        while True:
+            if before_chunk is not None:
+                await before_chunk()
+            if prewarm:
+                due = deadline_in(stage.timeout_s)
+            elif made_s == 0.0:
+                due = deadline_in(FIRST_CHUNK_DUE_S)
+            else:
+                due = started + made_s - PLAYOUT_MARGIN_S - took
+                await _until_nearly_due(stage, due)
+            asked = time.monotonic()
+            if ticket is not None:
+                schedule.call_cost(ticket)
+            chunk = await stage.run(pull, deadline=due, priority=priority)
+            took = time.monotonic() - asked
+            audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
+            if ticket is None:
+                schedule.rates.observe_call(key, timing.spent_s, audio_s)
+                if made_s == 0.0 and audio_s > 0:
+                    schedule.rates.observe_first(
+                        key, timing.spent_s, first_clause_chars(request.text)
+                    )
+            else:
+                schedule.call_done(ticket, ticket.spent_s, audio_s)
+            if chunk is None:
+                complete = True
+                break
+            if made_s == 0.0:
+                started = time.monotonic()
+            made_s += chunk.size / engine.sample_rate
+            out = resampler.process(np.asarray(chunk, dtype=np.int16))
+            for piece in chunker.split(out):
+                yield piece
+        for piece in chunker.split(resampler.flush()):
+            yield piece
+    finally:
+        if ticket is not None:
+            (schedule.finished if complete else schedule.close)(ticket)
+        elif complete:
+            schedule.rates.observe_text(key, len(request.text), made_s)
+        # Closing waits for a chunk still being made, so do it on the executor.
+        ctx.speech.executor.submit(source.close)
+
+
+def _timed_pull(
+    source: LockedChunks, ticket: Ticket, clock: Callable[[], float]
+) -> Callable[[], Int16Array | None]:
+    """`source.next_chunk`, telling the ticket when the engine call began and how long it
+    took (plain float writes from the worker thread; the loop reads them)."""
+
+    def pull() -> Int16Array | None:
+        ticket.call_started = began = clock()
+        try:
+            return source.next_chunk()
+        finally:
+            ticket.spent_s = clock() - began
+
+    return pull
