@@ -37,30 +37,34 @@ SERIAL = (
     "flow/",
     # 7 slow decodes beside speech and a short transcription, judged against their usual time
     "hostile/test_uploads.py",
-    "memory/test_soak.py",
     "test_bulk_fairness.py",
     "test_scheduling_fairness.py",
-    # mDNS name conflicts between programs on one host (port 5353 shared; a probe's unicast
-    # answer reaches one of them): the rename test needs no other zeroconf program open
-    "transports/test_wyoming_discovery.py",
     "web/",
     "webrtc/test_calls_e2e.py",
 )
-# Run on one worker, one file after another: they start local Ray clusters or fork
-# worker processes that share machine-wide resources (Ray's ports and /tmp/ray).
-ONE_WORKER = ("cluster/", "memory/")
+# Run on one worker, one file after another: they share something machine-wide. Local Ray
+# clusters and forked workers (Ray's ports and /tmp/ray); mDNS on the loopback (port 5353
+# shared, a probe's unicast answer reaches one of the programs open: the discovery tests'
+# rename needs no other zeroconf program, and `serve` in test_cli advertises by default).
+# Every other test server advertises nothing (_no_tts_load_shedding below).
+ONE_WORKER = {
+    "cluster/": "ray",
+    "memory/": "memory",
+    "test_cli.py": "zeroconf",
+    "transports/test_wyoming_discovery.py": "zeroconf",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark SERIAL tests `serial`; group every other test by its file (a module's fixtures
-    start once per worker), ONE_WORKER directories as one group (`--dist loadgroup`)."""
+    start once per worker), ONE_WORKER paths by their shared resource (`--dist loadgroup`)."""
     root = Path(__file__).parent
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
         if f"{path}::{item.nodeid.split('::', 1)[-1]}".startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
             continue
-        group = next((d for d in ONE_WORKER if path.startswith(d)), path)
+        group = next((g for d, g in ONE_WORKER.items() if path.startswith(d)), path)
         item.add_marker(pytest.mark.xdist_group(group))
 
 
