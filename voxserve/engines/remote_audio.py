@@ -3,10 +3,11 @@ taken by the TTS stage in chunks as playback needs them (engines/openai_tts.py).
 
 Reading on the pipeline's pulls instead made each chunk's time the remote's gaps between
 sentences: the stage makes each next chunk due when the audio already made would have
-played out, less what the previous chunk took to come (pipeline/synthesis/engine_chunks.py), so one gap
-made the next chunk "late" (flow pressure; admission then sheds new work) although the
-remote was well ahead of playback. With a reader, a chunk asked for after the wait for its
-due time is usually there already: it takes no time, and holds all that came meanwhile.
+played out, less what the previous chunk took to come
+(pipeline/synthesis/engine_chunks.py), so one gap made the next chunk "late" (flow pressure;
+admission then sheds new work) although the remote was well ahead of playback. With a
+reader, a chunk asked for after the wait for its due time is usually there already: it takes
+no time, and holds all that came meanwhile.
 
 Both ends are bounded (issue 35): the reader stays at most `max_ahead` bytes ahead of what
 was taken (then it waits, and the remote with it), and a body past `max_total` bytes is an
