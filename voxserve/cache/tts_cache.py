@@ -138,23 +138,31 @@ class TtsCache:
 
     def lookup(self, key: CacheKey) -> Entry | None:
         """The live entry for `key`, counted as a hit; None (not counted) otherwise."""
-        entry = self.lru.get(key.digest)
-        if entry is None:
+        live = self._live(key.digest)
+        if live is None:
             return None
-        now = self.clock()
-        if entry.expires <= now:
-            self._drop([entry])
-            self.expirations += 1
-            return None
-        self.hits += 1
-        if self._writer is not None:
-            self._writer.touch(entry.key, now)
+        entry, now = live
+        self._hit(entry, now)
         return entry
 
     def lookup_variant(self, key: CacheKey, name: str) -> tuple[Entry, bytes] | None:
         """The live entry of `key` and its encoding `name`, counted as a hit (an encoded
         one); None, not counted, when either is missing (the PCM path then looks again)."""
-        entry = self.lru.get(key.digest)
+        live = self._live(key.digest)
+        if live is None:
+            return None
+        entry, now = live
+        data = entry.variants.get(name)
+        if data is None:
+            return None
+        self.encoded_hits += 1
+        self._hit(entry, now)
+        return entry, data
+
+    def _live(self, digest: str) -> tuple[Entry, float] | None:
+        """The entry under `digest` and the time it was found live; None when there is
+        none, or it had expired (then dropped and counted): both lookups judge alike."""
+        entry = self.lru.get(digest)
         if entry is None:
             return None
         now = self.clock()
@@ -162,14 +170,13 @@ class TtsCache:
             self._drop([entry])
             self.expirations += 1
             return None
-        data = entry.variants.get(name)
-        if data is None:
-            return None
+        return entry, now
+
+    def _hit(self, entry: Entry, now: float) -> None:
+        """Count a hit and tell the disk store the entry was used at `now`."""
         self.hits += 1
-        self.encoded_hits += 1
         if self._writer is not None:
             self._writer.touch(entry.key, now)
-        return entry, data
 
     def add_variant(self, digest: str, name: str, data: bytes, pcm_bytes: int) -> bool:
         """Keep `data`, the encoding `name` of the `pcm_bytes` of PCM cached under `digest`,
