@@ -17,7 +17,7 @@ from voxserve.config import Settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.responders import EchoResponder
 from voxserve.runtime import Runtime
-from voxserve.types import AsrOptions, AsrResult, EngineInfo, Voice
+from voxserve.types import AsrOptions, AsrResult, AsrTask, EngineInfo, Voice
 
 SR = 16_000
 
@@ -61,6 +61,8 @@ class FakeVad:
 class FakeAsr:
     info = EngineInfo("asr", "fake", "tests", "0", "n/a")
     languages = ("en",)
+    # Transcription only; a subclass declaring "translate" answers the same words for it.
+    tasks: tuple[AsrTask, ...] = ("transcribe",)
 
     def __init__(self, delay_s: float = 0.0, partial_delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
@@ -78,15 +80,23 @@ class FakeAsr:
     ) -> AsrResult:
         self.calls.append((audio.size, partial))
         self.options.append(options)
-        if options is not None and options.task != "transcribe":
+        if options is not None and options.task not in self.tasks:
             raise ValueError("the fake engine cannot translate")
         time.sleep(self.partial_delay_s if partial else self.delay_s)
+        return self.heard(AsrResult(self._recognise(audio)))
+
+    @staticmethod
+    def _recognise(audio: np.ndarray) -> str:
         loud = audio[np.abs(audio) > 0.05]
         if loud.size < 256:
-            return AsrResult("")
+            return ""
         spectrum = np.abs(np.fft.rfft(audio))
-        freq = float(np.argmax(spectrum)) * SR / audio.size
-        return AsrResult(word_for(freq))
+        return word_for(float(np.argmax(spectrum)) * SR / audio.size)
+
+    def heard(self, result: AsrResult) -> AsrResult:
+        """What a call answers once the words are known: the hook for subclasses that act
+        on the words (fail, hang), so they need not restate `transcribe`'s signature."""
+        return result
 
 
 class FakeTts:

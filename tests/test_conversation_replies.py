@@ -13,7 +13,7 @@ import pytest
 
 from tests.fakes import FakeTts, SlowResponder, fake_runtime, silence, tone
 from tests.helpers import eventually
-from tests.test_openai_responder import FakeLlm, stream, tool_call_stream
+from tests.test_openai_responder import FakeLlm, stream, tool_call_stream, tool_round
 from voxserve.config import load_settings
 from voxserve.engines.base import ChatMessage, ReplyRequest, ToolCall, ToolCallDelta
 from voxserve.engines.openai_responder import OpenAIResponder
@@ -676,18 +676,7 @@ async def test_a_tool_round_trip_through_a_chat_completions_server() -> None:
         assert second.body["messages"] == [
             {"role": "system", "content": "Default."},
             {"role": "user", "content": "weather in Oslo?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_abc",
-                        "type": "function",
-                        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_abc"},
+            *tool_round("call_abc", "weather", '{"city": "Oslo"}', '{"sky": "clear"}'),
         ]
     finally:
         await run.stop()

@@ -508,6 +508,20 @@ def tool_call_stream(*, text: str | None = None, delay: float = 0.0) -> Handler:
     return raw_sse("".join(f"data: {event}\n\n" for event in events), delay=delay)
 
 
+def tool_round(call_id: str, name: str, arguments: str, output: str) -> list[dict[str, Any]]:
+    """A tool call and its output as the chat completions API takes them back in `messages`:
+    the assistant message that made the call (content null), then the `tool` message."""
+    function = {"name": name, "arguments": arguments}
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+        },
+        {"role": "tool", "content": output, "tool_call_id": call_id},
+    ]
+
+
 WEATHER = ToolSpec("weather", "The weather in a city.", {"type": "object", "properties": {}})
 
 
@@ -552,18 +566,7 @@ async def test_converse_sends_the_conversation_and_tools_and_streams_the_calls(
         "messages": [
             {"role": "system", "content": "You call tools."},
             {"role": "user", "content": "weather?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_0",
-                        "type": "function",
-                        "function": {"name": "weather", "arguments": '{"city": "Rome"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "content": '{"sky": "rain"}', "tool_call_id": "call_0"},
+            *tool_round("call_0", "weather", '{"city": "Rome"}', '{"sky": "rain"}'),
             {"role": "assistant", "content": "It rains in Rome."},
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "and in Oslo?"},

@@ -29,6 +29,15 @@ def frame_message(seq: int, pcm: np.ndarray) -> bytes:
     return seq.to_bytes(4, "big") + pcm.astype("<i2").tobytes()
 
 
+def frame_messages(samples: np.ndarray) -> list[bytes]:
+    """16 kHz `samples` as the binary messages of their 20 ms frames, seq 0 on, all at once:
+    for tests that repeat, reorder, drop or time the frames themselves."""
+    return [
+        frame_message(seq, samples[i : i + FRAME])
+        for seq, i in enumerate(range(0, samples.size, FRAME))
+    ]
+
+
 async def send_audio(
     ws: ClientConnection,
     samples: np.ndarray,

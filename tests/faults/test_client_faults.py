@@ -27,12 +27,11 @@ from tests.faults.harness import (
     resources,
     utterances,
 )
-from tests.transports.grpc_client import audio_requests, stub
-from tests.wsclient import collect, frame_message, of_type, send_audio
+from tests.transports.grpc_client import FRAME, audio_requests, stub
+from tests.wsclient import collect, frame_message, frame_messages, of_type, send_audio
 from voxserve.v1 import voxserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)
-FRAME = 320
 Message = bytes | str
 
 
@@ -93,13 +92,6 @@ async def test_grpc_cancel_mid_utterance(fault_server: LiveServer) -> None:
     await back_to_baseline(fault_server, baseline)
 
 
-def _frames(samples: np.ndarray) -> list[bytes]:
-    return [
-        frame_message(seq, samples[i : i + FRAME])
-        for seq, i in enumerate(range(0, samples.size, FRAME))
-    ]
-
-
 def duplicated(frames: list[bytes]) -> list[bytes]:
     return [f for frame in frames for f in (frame, frame)]
 
@@ -135,7 +127,7 @@ CASES: dict[str, tuple[Callable[[list[bytes]], list[bytes]], dict[str, int]]] = 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_damaged_frame_streams(fault_server: LiveServer, case: str) -> None:
     mutate, expected = CASES[case]
-    frames = _frames(utterances(500, 900))
+    frames = frame_messages(utterances(500, 900))
     assert len(frames) == FRAMES
     messages = mutate(frames)
 

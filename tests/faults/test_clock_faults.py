@@ -25,11 +25,10 @@ from tests.faults.harness import (
     resources,
     utterances,
 )
-from tests.wsclient import collect, frame_message, of_type
+from tests.wsclient import collect, frame_messages, of_type
 from voxserve.audio.dedup import SeqDedup
 
 pytestmark = pytest.mark.timeout(60)
-FRAME = 320
 
 
 class JumpingTime:
@@ -70,10 +69,7 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
     ):
         monkeypatch.setattr(f"voxserve.{module}.time", clock)
     baseline = await resources(fault_server)
-    messages = [
-        frame_message(seq, utterances(500, 900)[i : i + FRAME])
-        for seq, i in enumerate(range(0, 160 * FRAME, FRAME))
-    ]
+    messages = frame_messages(utterances(500, 900))  # 160 frames
 
     async def jumping() -> list[dict[str, Any]]:
         async with connect(fault_server.ws_url) as ws:

@@ -18,11 +18,10 @@ from websockets.asyncio.client import connect
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.faults.harness import ADMIN_KEY, back_to_baseline, counters_add_up, resources
 from tests.helpers import FIXTURES, fixture_audio, fixture_texts, wer
-from tests.wsclient import collect, frame_message, of_type, send_audio
+from tests.wsclient import collect, frame_messages, of_type, send_audio
 from voxserve.config import ExecutorConfig, load_settings
 
 pytestmark = pytest.mark.timeout(120)
-FRAME = 320
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +81,7 @@ async def test_real_client_vanishes_mid_utterance(real_server: LiveServer) -> No
 
 async def test_real_duplicated_and_reordered_frames(real_server: LiveServer) -> None:
     audio = np.concatenate([fixture_audio("lights.wav"), np.zeros(16_000, np.int16)])
-    frames = [
-        frame_message(seq, audio[i : i + FRAME])
-        for seq, i in enumerate(range(0, audio.size, FRAME))
-    ]
+    frames = frame_messages(audio)
     for i in range(0, len(frames) - 1, 2):
         frames[i], frames[i + 1] = frames[i + 1], frames[i]
     messages = [m for frame in frames for m in (frame, frame)]

@@ -30,8 +30,6 @@ from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
 from voxserve.bench.webrtc_client import WebRtcCaller, clip_source, to_48k
 from voxserve.config import load_settings
-from voxserve.engines.base import AsrOptions
-from voxserve.types import AsrResult
 from voxserve.v1 import voxserve_pb2 as pb
 
 LATENCY = "voxserve_stage_latency_seconds_count"
@@ -47,16 +45,6 @@ class FakeTranslatingAsr(FakeAsr):
     """The fake ASR, declaring translation (it answers the same words either way)."""
 
     tasks = ("transcribe", "translate")
-
-    def transcribe(
-        self,
-        audio: np.ndarray,
-        *,
-        language: str | None = None,
-        partial: bool = False,
-        options: AsrOptions | None = None,
-    ) -> AsrResult:
-        return super().transcribe(audio, language=language, partial=partial)
 
 
 @pytest.fixture(scope="module")
