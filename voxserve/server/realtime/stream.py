@@ -58,7 +58,7 @@ from voxserve.server.session.events import internal_error, refusal_event
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.session.request_id import trace_id_of
-from voxserve.server.session.slot import chosen_model, count_refusal
+from voxserve.server.session.slot import count_refusal
 from voxserve.server.websocket.close_codes import (
     CLOSE_INTERNAL,
     CLOSE_POLICY,
@@ -177,19 +177,13 @@ class RealtimeConnection:
         if session is not None:
             apply_session(wire, session)
         self.wire = wire
-        config = wire.config()
-        held = await chosen_model(runtime, config.model)  # a client secret's transcription model
-        try:
-            return SessionDriver.open(
-                runtime,
-                lambda: config,
-                wire=REALTIME,
-                principal=key_id or ANONYMOUS,
-                owner=key_id,
-            )
-        finally:
-            if held is not None:
-                held.release()
+        return await SessionDriver.open_with_model(  # a client secret's transcription model
+            runtime,
+            wire.config(),
+            wire=REALTIME,
+            principal=key_id or ANONYMOUS,
+            owner=key_id,
+        )
 
     async def _refuse(self, error: VoxError) -> None:
         try_again = error.code in TRY_AGAIN
