@@ -54,17 +54,12 @@ from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached
 from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
 from voxserve.server.session.driver import SessionDriver
-from voxserve.server.session.events import internal_error, refusal_event
+from voxserve.server.session.events import internal_error
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.session.request_id import trace_id_of
 from voxserve.server.session.slot import count_refusal
-from voxserve.server.websocket.close_codes import (
-    CLOSE_INTERNAL,
-    CLOSE_POLICY,
-    CLOSE_TRY_AGAIN,
-    TRY_AGAIN,
-)
+from voxserve.server.websocket.close_codes import CLOSE_INTERNAL, refusal
 from voxserve.server.websocket.fastpath import FastPath, fast_path_of
 from voxserve.server.websocket.link import close_ended, close_stalled, write_text
 from voxserve.types import SAMPLE_RATE
@@ -186,11 +181,10 @@ class RealtimeConnection:
         )
 
     async def _refuse(self, error: VoxError) -> None:
-        try_again = error.code in TRY_AGAIN
-        code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        event, code = refusal(error)
         encoder = RealtimeEncoder(self.wire)
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            for text in encoder.encode(refusal_event(error, try_again=try_again)):
+            for text in encoder.encode(event):
                 await self.ws.send_text(text)
             await self.ws.close(code, reason=error.code.value)
 

@@ -30,12 +30,11 @@ from voxserve.server.session.auth import (
     subprotocol_token,
 )
 from voxserve.server.session.driver import SessionDriver
-from voxserve.server.session.events import refusal_event
 from voxserve.server.session.input import Wire
 from voxserve.server.session.parking import ParkedSessions, parkable
 from voxserve.server.session.slot import count_refusal
 from voxserve.server.session.stream_protocol import encode_event, parse_text_message
-from voxserve.server.websocket.close_codes import CLOSE_POLICY, CLOSE_TRY_AGAIN, TRY_AGAIN
+from voxserve.server.websocket.close_codes import refusal
 from voxserve.server.websocket.fastpath import FastPath, fast_path_of
 from voxserve.server.websocket.link import SessionLink
 
@@ -157,8 +156,7 @@ class StreamConnection:
 
     async def _fail(self, error: VoxError) -> None:
         """Refuse a connection that never became a session, with a code for the transport."""
-        try_again = error.code in TRY_AGAIN
-        code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        event, code = refusal(error)
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await self.ws.send_text(encode_event(refusal_event(error, try_again=try_again)))
+            await self.ws.send_text(encode_event(event))
             await self.ws.close(code, reason=error.code.value)
