@@ -25,12 +25,11 @@ from starlette.types import Message  # an ASGI websocket.receive message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.events import ErrorEvent
 from voxserve.pipeline.outbox import Outgoing
 from voxserve.runtime import Runtime
 from voxserve.server.realtime_api.codec import RealtimeDecoder
 from voxserve.server.realtime_api.events import RealtimeEncoder
-from voxserve.server.realtime_api.origins import ErrorOrigins, with_event_id
+from voxserve.server.realtime_api.origins import ErrorOrigins
 from voxserve.server.realtime_api.responses import request_limits
 from voxserve.server.realtime_api.secrets import (
     ClientSecrets,
@@ -288,11 +287,7 @@ class RealtimeLink:
     def _encode(self, item: Outgoing) -> list[str]:
         if isinstance(item, bytes):
             return self.encoder.encode_audio(item)
-        self.origins.taken += 1
-        texts = self.encoder.encode(item)
-        if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
-            texts = [with_event_id(text, event_id) for text in texts]
-        return texts
+        return self.origins.tie(item, self.encoder.encode(item))
 
     async def _send(self) -> None:
         """Drain the outbox into the socket (each item as the events the codec makes of
