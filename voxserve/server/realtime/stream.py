@@ -25,12 +25,11 @@ from starlette.types import Message  # an ASGI websocket.receive message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxserve.errors import ErrorCode, VoxError, quoted
-from voxserve.events import ErrorEvent
 from voxserve.pipeline.outbox import Outgoing
 from voxserve.runtime import Runtime
 from voxserve.server.realtime_api.codec import RealtimeDecoder
 from voxserve.server.realtime_api.events import RealtimeEncoder
-from voxserve.server.realtime_api.origins import ErrorOrigins, with_event_id
+from voxserve.server.realtime_api.origins import ErrorOrigins
 from voxserve.server.realtime_api.responses import request_limits
 from voxserve.server.realtime_api.secrets import (
     ClientSecrets,
@@ -54,17 +53,12 @@ from voxserve.server.session.admission import admit
 from voxserve.server.session.attachment import serve_attached
 from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, check_origin
 from voxserve.server.session.driver import SessionDriver
-from voxserve.server.session.events import internal_error, refusal_event
+from voxserve.server.session.events import internal_error
 from voxserve.server.session.input import Decoded, InputEnd, Wire
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.session.request_id import trace_id_of
-from voxserve.server.session.slot import chosen_model, count_refusal
-from voxserve.server.websocket.close_codes import (
-    CLOSE_INTERNAL,
-    CLOSE_POLICY,
-    CLOSE_TRY_AGAIN,
-    TRY_AGAIN,
-)
+from voxserve.server.session.slot import count_refusal
+from voxserve.server.websocket.close_codes import CLOSE_INTERNAL, refusal
 from voxserve.server.websocket.fastpath import FastPath, fast_path_of
 from voxserve.server.websocket.link import close_ended, close_stalled, write_text
 from voxserve.types import SAMPLE_RATE
@@ -177,26 +171,19 @@ class RealtimeConnection:
         if session is not None:
             apply_session(wire, session)
         self.wire = wire
-        config = wire.config()
-        held = await chosen_model(runtime, config.model)  # a client secret's transcription model
-        try:
-            return SessionDriver.open(
-                runtime,
-                lambda: config,
-                wire=REALTIME,
-                principal=key_id or ANONYMOUS,
-                owner=key_id,
-            )
-        finally:
-            if held is not None:
-                held.release()
+        return await SessionDriver.open_with_model(  # a client secret's transcription model
+            runtime,
+            wire.config(),
+            wire=REALTIME,
+            principal=key_id or ANONYMOUS,
+            owner=key_id,
+        )
 
     async def _refuse(self, error: VoxError) -> None:
-        try_again = error.code in TRY_AGAIN
-        code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        event, code = refusal(error)
         encoder = RealtimeEncoder(self.wire)
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            for text in encoder.encode(refusal_event(error, try_again=try_again)):
+            for text in encoder.encode(event):
                 await self.ws.send_text(text)
             await self.ws.close(code, reason=error.code.value)
 
@@ -300,11 +287,7 @@ class RealtimeLink:
     def _encode(self, item: Outgoing) -> list[str]:
         if isinstance(item, bytes):
             return self.encoder.encode_audio(item)
-        self.origins.taken += 1
-        texts = self.encoder.encode(item)
-        if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
-            texts = [with_event_id(text, event_id) for text in texts]
-        return texts
+        return self.origins.tie(item, self.encoder.encode(item))
 
     async def _send(self) -> None:
         """Drain the outbox into the socket (each item as the events the codec makes of

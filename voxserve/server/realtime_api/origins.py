@@ -1,14 +1,15 @@
 """Which client event an `error` event answers, for its `error.event_id` (the Realtime
 API's tie between a refused client event and its error), on /v1/realtime
-(server/realtime/stream.py). The codec ties its own refusals (realtime_api/codec.py); these are
-the rest the receiver reports: what the session refuses, the audio quota."""
+(server/realtime/stream.py) and a WebRTC call's data channel (server/webrtc/link.py). The
+codec ties its own refusals (realtime_api/codec.py); these are the rest the receiver
+reports: what the session refuses, the audio quota."""
 
 from __future__ import annotations
 
 import json
 from collections import deque
 
-from voxserve.events import ErrorEvent
+from voxserve.events import ErrorEvent, ServerEvent
 from voxserve.pipeline.outbox import Outbox
 
 
@@ -50,6 +51,15 @@ class ErrorOrigins:
         if windows and windows[0][0] < number <= windows[0][1]:
             return windows[0][2]
         return None
+
+    def tie(self, event: ServerEvent, texts: list[str]) -> list[str]:
+        """`texts`, the encoding of the next event the sender took from the outbox, with an
+        `error`'s event_id where it answers a client event. Counts the event: called once
+        for each event taken (reply audio is not an event)."""
+        self.taken += 1
+        if isinstance(event, ErrorEvent) and (event_id := self.origin(event)):
+            return [with_event_id(text, event_id) for text in texts]
+        return texts
 
 
 def with_event_id(text: str, event_id: str) -> str:

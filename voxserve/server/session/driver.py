@@ -34,7 +34,7 @@ from voxserve.runtime import Runtime
 from voxserve.server.session.events import error_event, internal_error
 from voxserve.server.session.input import ClientInput, Frames, Wire
 from voxserve.server.session.quotas import AudioVerdict
-from voxserve.server.session.slot import SessionSlot, new_session
+from voxserve.server.session.slot import SessionSlot, chosen_model, new_session
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,27 @@ class SessionDriver:
             slot.release()
             raise
         return cls(runtime, session, slot, wire=wire, owner=owner)
+
+    @classmethod
+    async def open_with_model(
+        cls,
+        runtime: Runtime,
+        config: StreamConfig,
+        *,
+        wire: Wire,
+        principal: str,
+        owner: str | None = None,
+    ) -> SessionDriver:
+        """`open` for a config that may name an ASR model: the model is loaded first (once,
+        whoever asks at the same time) and held until the session holds it itself, so
+        nothing is looked up per frame. Its errors (`unknown_model`, `model_unavailable`)
+        are fatal, as `open`'s are."""
+        held = await chosen_model(runtime, config.model)
+        try:
+            return cls.open(runtime, lambda: config, wire=wire, principal=principal, owner=owner)
+        finally:
+            if held is not None:
+                held.release()
 
     @property
     def id(self) -> str:

@@ -50,7 +50,7 @@ from voxserve.server.session.auth import ANONYMOUS, KeyRing, bearer_token, diges
 from voxserve.server.session.driver import SessionDriver
 from voxserve.server.session.http_requests import guarded, read_form
 from voxserve.server.session.json_input import decode_json
-from voxserve.server.session.slot import chosen_model, count_refusal
+from voxserve.server.session.slot import count_refusal
 from voxserve.server.webrtc.link import WEBRTC, WebRtcLink
 from voxserve.server.webrtc.ports import PortRange
 from voxserve.server.webrtc.registry import CallRegistry, LiveCall
@@ -305,18 +305,13 @@ class CallService:
         )
         wire = call_wire(installed, secret_session, session)
         config = wire.config()
-        held = None
         try:
-            held = await chosen_model(runtime, config.model)  # the session's transcription model
-            driver = SessionDriver.open(
-                runtime, lambda: config, wire=WEBRTC, principal=principal, owner=principal
+            driver = await SessionDriver.open_with_model(  # the session's transcription model
+                runtime, config, wire=WEBRTC, principal=principal, owner=principal
             )
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise
-        finally:
-            if held is not None:
-                held.release()
         peer: Peer = peer_mod.Peer(runtime.settings.webrtc, self.ports)
         # The reply track's frame lateness as a metric (i22-bench adds the histogram).
         peer.outbound.lag.sink = getattr(runtime.metrics, "observe_frame_lag", None)

@@ -36,7 +36,6 @@ import msgspec
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.events import (
     BargeIn,
-    ErrorEvent,
     ResponseStarted,
     SessionEnded,
     TruncateItem,
@@ -47,7 +46,7 @@ from voxserve.pipeline.outbox import Outgoing
 from voxserve.runtime import Runtime
 from voxserve.server.realtime_api.codec import RealtimeDecoder
 from voxserve.server.realtime_api.events import RealtimeEncoder
-from voxserve.server.realtime_api.origins import ErrorOrigins, with_event_id
+from voxserve.server.realtime_api.origins import ErrorOrigins
 from voxserve.server.realtime_api.responses import request_limits
 from voxserve.server.realtime_api.session import RealtimeWire
 from voxserve.server.session.attachment import serve_attached
@@ -489,13 +488,10 @@ class WebRtcLink:
         """The texts for one outbox item; what the item means for the track is `_after`'s."""
         if isinstance(item, bytes):
             return self.encoder.encode_audio(item)  # its message announced, if not yet
-        self.origins.taken += 1
         if isinstance(item, SessionEnded):
             item = with_media(item, self.inbound)
-        texts = self.encoder.encode(item)
-        if isinstance(item, ErrorEvent) and (event_id := self.origins.origin(item)):
-            texts = [with_event_id(text, event_id) for text in texts]
-        elif isinstance(item, ResponseStarted):
+        texts = self.origins.tie(item, self.encoder.encode(item))
+        if isinstance(item, ResponseStarted):
             self._replies[item.reply] = _Reply(
                 self.encoder.responses.response_id(item.reply),
                 item.item_id,

@@ -30,12 +30,11 @@ from voxserve.server.session.auth import (
     subprotocol_token,
 )
 from voxserve.server.session.driver import SessionDriver
-from voxserve.server.session.events import refusal_event
 from voxserve.server.session.input import Wire
 from voxserve.server.session.parking import ParkedSessions, parkable
-from voxserve.server.session.slot import chosen_model, count_refusal
+from voxserve.server.session.slot import count_refusal
 from voxserve.server.session.stream_protocol import encode_event, parse_text_message
-from voxserve.server.websocket.close_codes import CLOSE_POLICY, CLOSE_TRY_AGAIN, TRY_AGAIN
+from voxserve.server.websocket.close_codes import refusal
 from voxserve.server.websocket.fastpath import FastPath, fast_path_of
 from voxserve.server.websocket.link import SessionLink
 
@@ -115,22 +114,14 @@ class StreamConnection:
         first = await self._first_message()
         if isinstance(first, ResumeMessage):
             return self.parked.take(first.session_id, self.key_id), True
-        config = first.config
-        # The ASR model it names is loaded now (once, whoever asks at the same time) and
-        # held until the session holds it itself; then nothing is looked up per frame.
-        held = await chosen_model(self.runtime, config.model)
-        try:
-            # Per-key quotas after the global rule: refused at open, before any audio.
-            driver = SessionDriver.open(
-                self.runtime,
-                lambda: config,
-                wire=WEBSOCKET,
-                principal=self.key_id or ANONYMOUS,
-                owner=self.key_id,
-            )
-        finally:
-            if held is not None:
-                held.release()
+        # Per-key quotas after the global rule: refused at open, before any audio.
+        driver = await SessionDriver.open_with_model(
+            self.runtime,
+            first.config,
+            wire=WEBSOCKET,
+            principal=self.key_id or ANONYMOUS,
+            owner=self.key_id,
+        )
         return driver, False
 
     async def _first_message(self) -> StartMessage | ResumeMessage:
@@ -165,8 +156,7 @@ class StreamConnection:
 
     async def _fail(self, error: VoxError) -> None:
         """Refuse a connection that never became a session, with a code for the transport."""
-        try_again = error.code in TRY_AGAIN
-        code = CLOSE_TRY_AGAIN if try_again else CLOSE_POLICY
+        event, code = refusal(error)
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await self.ws.send_text(encode_event(refusal_event(error, try_again=try_again)))
+            await self.ws.send_text(encode_event(event))
             await self.ws.close(code, reason=error.code.value)
