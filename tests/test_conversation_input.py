@@ -136,8 +136,8 @@ class Feeder:
         for i in range(0, audio.size, step):
             await self.session.feed_audio(self.seq, memoryview(audio[i : i + step].tobytes()))
             self.seq += 1
-            if pace:
-                await asyncio.sleep(0.001)
+            if pace:  # 5x real time at most: partials come (asr.partial_max_speed)
+                await asyncio.sleep(0.004)
 
     async def settle(self) -> None:
         """Until the listener has been through what was fed, but for less than a VAD batch

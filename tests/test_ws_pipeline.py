@@ -24,6 +24,15 @@ def two_utterances(f1: float, f2: float) -> np.ndarray:
     return np.concatenate([silence(0.3), tone(f1, 1.0), silence(0.8), tone(f2, 1.0), silence(0.8)])
 
 
+async def test_audio_sent_at_once_gets_its_finals_and_no_partials(fake_server: LiveServer) -> None:
+    """Audio far faster than real time (a recording sent at once) is past a partial's use
+    (`asr.partial_max_speed`, 8x): every final, no partial decode in front of them. At 4x
+    (the test above) partials come as before."""
+    _, _, events = await run_asr(fake_server.ws_url, two_utterances(440, 880), speedup=1000)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]
+    assert of_type(events, "transcript.partial") == []
+
+
 async def test_asr_mode_turns_partials_and_finals(fake_server: LiveServer) -> None:
     started, frames, events = await run_asr(fake_server.ws_url, two_utterances(440, 880))
     assert started["mode"] == "asr" and started["trace_id"]

@@ -153,6 +153,11 @@ class AsrConfig(Section):
     partials: bool = True
     partial_interval_ms: int = 640  # re-decode the growing utterance this often
     min_partial_ms: int = 480  # no partial until this much speech
+    # Audio arriving faster than this many times real time gets no partial (a recording
+    # sent at once, a backlog being caught up): it would be stale before it is sent, the
+    # final is moments away, and each is a whole decode taken from that final's CPU. Live
+    # clients send at 1x; tests and benches at up to 4x. 0: partials at any pace.
+    partial_max_speed: float = Field(default=8.0, ge=0, le=1000)
     # Uploads (HTTP, Wyoming, `voxserve transcribe`) longer than this go through the VAD,
     # and their speech is packed into windows of at most this much audio (a region longer
     # than that cut at its quietest moments: pipeline/recognition/speech_windows.py, windows.py).

@@ -7,6 +7,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,21 +27,36 @@ def wyoming_server() -> Iterator[LiveServer]:
     stop_server(live)
 
 
-def test_one_recording_gives_the_latency_figures(
-    wyoming_server: LiveServer, tmp_path: Path
-) -> None:
+def bench(live: LiveServer, tmp_path: Path, *flags: str) -> dict[str, Any]:
+    """`bench wyoming` over one 1.1 s recording of a tone; its summary row."""
     pcm = np.concatenate([silence(0.2), tone(500, 0.8), silence(0.1)])
     (tmp_path / "tone.wav").write_bytes(write_wav(pcm, 16_000))
     (tmp_path / "fixtures.json").write_text(json.dumps({"tone.wav": "tone500"}))
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers())
     out = tmp_path / "out"
-    target = f"vox=127.0.0.1:{wyoming_server.settings.wyoming_port}"
-    flags = ["--rounds", "1", "--tail-ms", "600", "--audio-dir", str(tmp_path), "--out", str(out)]
+    target = f"vox=127.0.0.1:{live.settings.wyoming_port}"
+    flags += ("--rounds", "1", "--audio-dir", str(tmp_path), "--out", str(out))
     args = parser.parse_args(["bench", "wyoming", "--target", target, *flags])
     assert run_bench(args) == 0
-    row = json.loads((out / "summary.json").read_text())["vox"]
+    row: dict[str, Any] = json.loads((out / "summary.json").read_text())["vox"]
+    return row
+
+
+def test_one_recording_gives_the_latency_figures(
+    wyoming_server: LiveServer, tmp_path: Path
+) -> None:
+    row = bench(wyoming_server, tmp_path, "--tail-ms", "600")
     assert row["requests"] == 1 and row["wer"] == 0.0 and row["chunks_join_to_final"]
     assert row["chunks_per_request"] >= 1  # a one-word transcript: its chunk is the final's
     assert row["final_s"]["p50"] >= 1650  # not before the paced audio (1.7 s) was all sent
+    assert row["final_after_stop_s"]["p50"] >= 0
+
+
+def test_at_once_sends_the_recording_without_pacing(
+    wyoming_server: LiveServer, tmp_path: Path
+) -> None:
+    row = bench(wyoming_server, tmp_path, "--tail-ms", "0", "--at-once")
+    assert row["requests"] == 1 and row["wer"] == 0.0
+    assert row["final_s"]["p50"] < 800  # paced, 1.1 s of audio takes 1.1 s to send
     assert row["final_after_stop_s"]["p50"] >= 0

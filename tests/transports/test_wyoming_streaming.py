@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import numpy as np
 from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -154,3 +155,30 @@ async def _sessions_end(live: LiveServer) -> bool:
             return True
         await asyncio.sleep(0.02)
     return False
+
+
+def live_asr_calls(live: LiveServer) -> float:
+    """The live ASR stage's calls so far (its latency histogram's count in /metrics)."""
+    text = httpx.get(f"{live.http_url}/metrics", timeout=10).text
+    name = 'voxserve_stage_latency_seconds_count{stage="asr",work_class="live"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def test_a_recording_sent_at_once_is_decoded_once(live_server: LiveServer) -> None:
+    """A one-shot request (the recording in one chunk, then audio-stop) gets no partial
+    decode (audio at hundreds of times real time: `asr.partial_max_speed`), so its final
+    never waits behind one: one ASR call for its one segment (it took two to three, and
+    one client's one-shot requests ran at 3.6 a second instead of 6.2)."""
+    name = "lights.wav"
+    samples = fixture_audio(name)
+    before = await asyncio.to_thread(live_asr_calls, live_server)
+    async with client(live_server) as wyoming:
+        await wyoming.write_event(Transcribe(language="en").event())
+        await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+        pcm = samples.astype("<i2").tobytes()
+        await wyoming.write_event(AudioChunk(rate=RATE, width=2, channels=1, audio=pcm).event())
+        await wyoming.write_event(AudioStop().event())
+        events = await read_until(wyoming, "transcript-stop")
+    (text,) = [Transcript.from_event(e).text for _, e in events if e.type == "transcript"]
+    assert wer(fixture_texts()[name], text) <= 0.25, text
+    assert await asyncio.to_thread(live_asr_calls, live_server) - before == 1

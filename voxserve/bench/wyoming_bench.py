@@ -9,6 +9,10 @@ before it), and from `audio-stop`; the WER of the final. Several servers (--targ
 NAME=HOST:PORT) are measured in one run, one request at a time, alternating the order
 every round so neither always goes first. A server that does not stream (a peer before
 Wyoming 1.7 streaming) has no chunks: its first text is its `transcript`.
+
+`--at-once`: each recording is sent as fast as the connection takes it, as a one-shot client
+(a file, a phone's recorded command) does; the figure that matters then is `transcript` from
+`audio-stop`.
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ async def one_request(
             await client.write_event(chunk.event())
             if at + step >= pcm.size and "speech_end" not in marks:
                 marks["speech_end"] = time.perf_counter()  # the recording's last sample
-            await asyncio.sleep(max(0.0, began + (n + 1) * step / rate - time.perf_counter()))
+            if not args.at_once:
+                await asyncio.sleep(max(0.0, began + (n + 1) * step / rate - time.perf_counter()))
         await client.write_event(AudioStop().event())
         marks["stop"] = time.perf_counter()
 
@@ -128,6 +133,11 @@ def add_wyoming_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-ms", type=int, default=20, help="audio per audio-chunk")
     parser.add_argument(
         "--tail-ms", type=int, default=500, help="silence after the speech, before audio-stop"
+    )
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="send each recording as fast as the connection takes it (a one-shot client)",
     )
     parser.add_argument("--language", default="en")
     parser.add_argument(

@@ -107,7 +107,7 @@ class Listener(ListenState):
         )
         self.speculation = Speculation()
         self.speculation.semantic(self, detection)
-        self.partial_decoder = Partials(settings.asr.min_partial_ms)
+        self.partial_decoder = Partials(settings.asr.min_partial_ms, settings.asr.partial_max_speed)
         self.finals = Finals()
         self.on_speech_start = on_speech_start  # (segment): vad.start (barge-in)
         self.on_final = on_final
@@ -359,7 +359,7 @@ class Listener(ListenState):
         if isinstance(event, SpeechStart):
             self.speculation.turn_starts(event.start)
             self.segment += 1
-            self.partial_decoder.turn_starts(event.start)
+            self.partial_decoder.turn_starts(event.start, self.turns.position)
             await self.outbox.event(VadStart(segment=self.segment, start_ms=ms(event.start)))
             self.partial_decoder.speech_started()
             self.finals.turn_started(self)

@@ -5,6 +5,12 @@ at a time, at most every `partial_every` samples, none while the ASR stage has f
 waiting or bulk work short of its share (they never queue behind a final), and none sent
 once the turn's final is out. Finals (finals.py) are the opposite: every turn gets one, in
 order.
+
+Nor while the audio comes much faster than it plays (`asr.partial_max_speed`, over the
+stretch since the last partial or since the turn was heard to start): a recording sent at
+once (a one-shot Wyoming request, say) or a backlog being caught up. A partial then is stale
+before it is sent, the final is moments away, and each is a whole decode taken from the
+final's CPU: one client's one-shot Wyoming requests cost 39 decodes for 18 finals.
 """
 
 from __future__ import annotations
@@ -25,20 +31,26 @@ log = logging.getLogger(__name__)
 class Partials:
     """The partials of one stream; each call is handed the stream (listen_state.py)."""
 
-    def __init__(self, min_partial_ms: int) -> None:
+    def __init__(self, min_partial_ms: int, max_speed: float) -> None:
         self.min_partial = min_partial_ms * SAMPLE_RATE // 1000
+        self._max_speed = max_speed  # 0: any pace
         self._last_at = 0  # where the last partial was decoded up to
         self._last_text = ""
+        # Where the audio was and when (perf_counter) at the last partial or the turn's
+        # start: how fast the audio came since.
+        self._paced_from = (0, 0.0)
         self._task: asyncio.Task[None] | None = None
         # Latency observation (voxserve.observe.metrics): perf_counter time of vad.start,
         # until the segment's first partial.
         self._speech_started_at = 0.0
         self._pending = False
 
-    def turn_starts(self, start: int) -> None:
-        """A new turn (before its vad.start is queued): the next partial is its own."""
+    def turn_starts(self, start: int, position: int) -> None:
+        """A new turn (before its vad.start is queued), heard at `position`: the next partial
+        is its own."""
         self._last_at = start
         self._last_text = ""
+        self._paced_from = (position, time.perf_counter())
 
     def speech_started(self) -> None:
         """Its vad.start is queued: the first partial's latency runs from now."""
@@ -53,12 +65,19 @@ class Partials:
             return
         if now - self._last_at < stream.partial_every:
             return
+        at, then = self._paced_from
+        wall = time.perf_counter()
+        if self._max_speed and (now - at) / SAMPLE_RATE > self._max_speed * (wall - then):
+            self._last_at = now  # skipped: the next is due an interval on, paced from here
+            self._paced_from = (now, wall)
+            return
         if self._task is not None and not self._task.done():
             return
         stage = stream.ctx.stages.stage("asr")
         if stage.live_waiting or stage.bulk_short:
             return  # best effort: never queue behind finals, nor take bulk's share of slots
         self._last_at = now
+        self._paced_from = (now, wall)
         audio = stream.audio.slice(max(start - stream.pad, stream.kept_from), now)
         self._task = group.create_task(
             self._partial(stream, stream.segment, start, now, audio), name="voxserve-asr-partial"
