@@ -27,7 +27,8 @@ def two_utterances(f1: float, f2: float) -> np.ndarray:
 async def test_audio_sent_at_once_gets_its_finals_and_no_partials(fake_server: LiveServer) -> None:
     """Audio far faster than real time (a recording sent at once) is past a partial's use
     (`asr.partial_max_speed`, 8x): every final, no partial decode in front of them. At 4x
-    (the test above) partials come as before."""
+    (the test below) partials come as before. What it checks: a server that takes in a
+    recording faster than 8x real time decodes no partial of it."""
     _, _, events = await run_asr(fake_server.ws_url, two_utterances(440, 880), speedup=1000)
     assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]
     assert of_type(events, "transcript.partial") == []
