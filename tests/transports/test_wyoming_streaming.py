@@ -19,6 +19,7 @@ from wyoming.tts import Synthesize
 
 from tests.conftest import LiveServer
 from tests.helpers import fixture_audio, fixture_texts, wer
+from voxserve.server.wyoming.seats import seats_of
 
 TIMEOUT_S = 30.0
 CHUNK_S = 0.1  # Home Assistant sends ~10-30 ms chunks; 100 ms keeps the test light
@@ -139,11 +140,15 @@ async def test_a_pause_inside_a_command_does_not_split_its_transcript(
         await wyoming.write_event(Transcribe(language="en").event())
         await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
         pcm = samples.astype("<i2").tobytes()
-        for i in range(0, len(pcm), 2048):  # Home Assistant's 1024-sample chunks
+        began = time.perf_counter()
+        for i in range(0, len(pcm), 2048):  # Home Assistant's 1024-sample chunks, at 4x
             chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=pcm[i : i + 2048])
             await wyoming.write_event(chunk.event())
+            due = began + (i + 2048) / (2 * RATE) / 4  # streamed: under partial_max_speed
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
         await wyoming.write_event(AudioStop().event())
         events = await read_until(wyoming, "transcript-stop")
+    assert any(e.type == "transcript-chunk" for _, e in events)  # it was streamed
     final = Transcript.from_event(events[-2][1])
     assert wer("set a timer for 5 minutes", final.text) == 0, final.text
     assert final.language == "en"
@@ -157,21 +162,27 @@ async def _sessions_end(live: LiveServer) -> bool:
     return False
 
 
-def live_asr_calls(live: LiveServer) -> float:
-    """The live ASR stage's calls so far (its latency histogram's count in /metrics)."""
+def asr_calls(live: LiveServer, work_class: str) -> float:
+    """The ASR stage's calls of a work class so far (its latency histogram's count)."""
     text = httpx.get(f"{live.http_url}/metrics", timeout=10).text
-    name = 'voxserve_stage_latency_seconds_count{stage="asr",work_class="live"}'
+    name = f'voxserve_stage_latency_seconds_count{{stage="asr",work_class="{work_class}"}}'
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
-async def test_a_recording_sent_at_once_is_decoded_once(live_server: LiveServer) -> None:
-    """A one-shot request (the recording in one chunk, then audio-stop) gets no partial
-    decode (audio at hundreds of times real time: `asr.partial_max_speed`), so its final
-    never waits behind one: one ASR call for its one segment (it took two to three, and
-    one client's one-shot requests ran at 3.6 a second instead of 6.2)."""
-    name = "lights.wav"
+async def test_a_recording_sent_at_once_is_recognised_whole(live_server: LiveServer) -> None:
+    """A one-shot request (a recording of two segments in one chunk, then audio-stop) is
+    recognised whole at audio-stop, as an upload is: one bulk ASR call, no partial, no
+    chunk. Its session would judge the whole recording with the VAD and decode each segment
+    first, with the client waiting (P50 115 ms from audio-stop, ~80 ms of it the decode).
+    A live final begun before audio-stop (the VAD may have ended the first segment by
+    then) is given up, so at most one live call; without this route there were three (two
+    finals and the whole recognition that joins them)."""
+    name = "two_turns.wav"
     samples = fixture_audio(name)
-    before = await asyncio.to_thread(live_asr_calls, live_server)
+    live, bulk = await asyncio.gather(
+        asyncio.to_thread(asr_calls, live_server, "live"),
+        asyncio.to_thread(asr_calls, live_server, "bulk"),
+    )
     async with client(live_server) as wyoming:
         await wyoming.write_event(Transcribe(language="en").event())
         await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
@@ -179,6 +190,11 @@ async def test_a_recording_sent_at_once_is_decoded_once(live_server: LiveServer)
         await wyoming.write_event(AudioChunk(rate=RATE, width=2, channels=1, audio=pcm).event())
         await wyoming.write_event(AudioStop().event())
         events = await read_until(wyoming, "transcript-stop")
-    (text,) = [Transcript.from_event(e).text for _, e in events if e.type == "transcript"]
+    kinds = [e.type for _, e in events]
+    assert kinds == ["transcript-start", "transcript", "transcript-stop"], kinds
+    text = Transcript.from_event(events[1][1]).text
     assert wer(fixture_texts()[name], text) <= 0.25, text
-    assert await asyncio.to_thread(live_asr_calls, live_server) - before == 1
+    assert live_server.runtime.active_sessions == 0  # its places free before its end
+    assert seats_of(live_server.runtime).sessions == 0
+    assert await asyncio.to_thread(asr_calls, live_server, "bulk") - bulk == 1
+    assert await asyncio.to_thread(asr_calls, live_server, "live") - live <= 1

@@ -26,6 +26,12 @@ segment, `transcript` is the whole request's audio recognised in one go (as befo
 streaming; the chunks stay a preview, and the audio is joined and resampled in the
 decode pool); one segment (most commands) keeps its final.
 
+A recording sent at once (its audio came faster than `asr.partial_max_speed` times real
+time, and nothing was streamed yet) is what a one-shot client sends: at `audio-stop` its
+session is closed and the whole audio recognised in one go, as an upload is. Its session
+would otherwise judge the whole recording with the VAD first and then decode it segment by
+segment, with the client waiting on both; a one-shot client reads only `transcript`.
+
 The request holds a place in Wyoming's share (wyoming/seats.py) from its admission until
 its session is closed.
 """
@@ -130,6 +136,10 @@ class StreamedTranscription:
         self._runtime = runtime
         self._rate = rate
         self._audio: list[np.ndarray] = []  # for a request the VAD cut in two (docstring)
+        self._samples = 0  # of audio taken, at the request's rate
+        self._first_at: float | None = None  # monotonic, when the first audio came
+        self._max_speed = runtime.settings.asr.partial_max_speed  # 0: always streamed
+        self._whole = False  # recognised whole at audio-stop (`finish`)
         self.driver.start()
         self.driver.announce()
         self.task = asyncio.get_running_loop().create_task(
@@ -150,6 +160,9 @@ class StreamedTranscription:
     def add(self, samples: np.ndarray) -> None:
         """Mono 16-bit samples at the request's rate, as 20 ms frames (the last may be short)."""
         self._audio.append(samples)
+        if self._first_at is None:
+            self._first_at = time.monotonic()
+        self._samples += samples.size
         pcm = memoryview(np.ascontiguousarray(samples, dtype="<i2").tobytes())
         frames: Frames = []
         for start in range(0, len(pcm), self._frame):
@@ -159,9 +172,39 @@ class StreamedTranscription:
             self._input.put(frames)
 
     async def finish(self) -> None:
-        """No more audio: wait for the last final and the closing events."""
+        """No more audio: wait for the last final and the closing events; a recording
+        sent at once is recognised whole instead (docstring)."""
+        if self._sent_at_once():
+            self._whole = True
+            self.cancel()  # its VAD and decodes stop while the whole is recognised
+            try:
+                await self._recognise_whole()
+            finally:
+                await asyncio.wait([self.task])
+                self._seat.release()
+            return
         self._input.put(EndMessage("audio.end"))
         await asyncio.wait([self.task])
+
+    def _sent_at_once(self) -> bool:
+        """The audio came faster than `asr.partial_max_speed` x real time, and the client
+        has been sent nothing yet (no chunk to keep the transcript consistent with)."""
+        if self._max_speed <= 0 or self._started or self._first_at is None or self.done:
+            return False
+        audio_s = self._samples / self._rate
+        return (time.monotonic() - self._first_at) * self._max_speed < audio_s
+
+    async def _recognise_whole(self) -> None:
+        """The request's audio recognised in one go (an upload's way), then its end. Its
+        errors (`overloaded`, say) are the handler's to write, as a whole request's are."""
+        audio = await at_16k(self._runtime.pools.decode, self._audio, self._rate)
+        result = await transcribe(self._runtime, audio, SAMPLE_RATE, language=self._language)
+        await asyncio.wait([self.task])  # closed, and its places free, before the end
+        self._seat.release()
+        self._language = self._language or result.language or None
+        await self._start()
+        await self._write(Transcript(text=result.text.strip(), language=self._language).event())
+        await self._write(TranscriptStop().event())
 
     def cancel(self) -> None:
         """The request is over without its transcript (an error, the client left)."""
@@ -241,9 +284,11 @@ class StreamedTranscription:
         self._close()
 
     def _close(self) -> None:
-        """The session closed and its place in Wyoming's share given back (both once)."""
+        """The session closed and its place in Wyoming's share given back (both once; a
+        recording recognised whole keeps its place until its transcript is out)."""
         self.driver.close()
-        self._seat.release()
+        if not self._whole:
+            self._seat.release()
 
     async def _start(self) -> None:
         self._started = True
