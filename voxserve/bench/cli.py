@@ -162,6 +162,15 @@ def _streams() -> argparse.ArgumentParser:
     )
     g.add_argument("--mark-every", type=float, default=0.5, help="seconds between marks per stream")
     g.add_argument(
+        "--reply-cache",
+        choices=["off", "on"],
+        default="off",
+        help="--spawn with replies (assistant, realtime, webrtc): the spawned server's TTS "
+        "cache. off (default): every reply is synthesised, so a turn includes its first "
+        "chunk's synthesis, as a new sentence's does; on: the bench's replies repeat, and "
+        "after the first cycle they come from the cache (the turn figure before 2026-12-05)",
+    )
+    g.add_argument(
         "--sentences-per-text",
         type=int,
         default=1,

@@ -49,7 +49,7 @@ def target(args: argparse.Namespace, out: Path) -> Iterator[Target]:
     """--spawn: a server of our own (config + env), stopped at the end; else --url, with
     the pid from --server-pid or found by port when the host is this machine."""
     if args.spawn:
-        env = dict(item.split("=", 1) for item in args.server_env)
+        env = {**reply_cache_env(args), **dict(item.split("=", 1) for item in args.server_env)}
         with spawn_voxserve(out / "server.log", args.server_config, env) as spawned:
             yield Target(spawned.url, spawned.pid)
         return
@@ -61,6 +61,20 @@ def target(args: argparse.Namespace, out: Path) -> Iterator[Target]:
     if pid is None:
         print("bench: server process not found; server CPU/RSS are not reported", file=sys.stderr)
     yield Target(url, pid)
+
+
+REPLY_MODES = ("assistant", "realtime", "webrtc")
+
+
+def reply_cache_env(args: argparse.Namespace) -> dict[str, str]:
+    """`--reply-cache off`: the spawned server's TTS cache off where the bench's replies
+    are timed. The bench's replies repeat ("I heard: ..." for the same recordings), so with
+    the cache on a turn after the first cycle skips its synthesis (~150 ms), which a new
+    sentence does not: the turn figure would be the decision's, not the first audio's."""
+    replies = getattr(args, "mode", None) in REPLY_MODES or hasattr(args, "transports")
+    if replies and getattr(args, "reply_cache", "on") == "off":
+        return {"VOXSERVE_CACHE__ENABLED": "false"}
+    return {}
 
 
 def speech_from_server(
