@@ -29,12 +29,18 @@ def bad_value(path: str, why: str) -> VoxError:
     return VoxError(ErrorCode.INVALID_PARAMETER, f"{path} {why}")
 
 
+def _given(data: Obj, key: str, path: str, required: bool) -> Any:
+    """The field's value; None when absent or null, unless `required` (then it raises)."""
+    value = data.get(key)
+    if value is None and required:
+        raise invalid(f"{_at(path, key)} is required")
+    return value
+
+
 def obj(data: Obj, key: str, path: str, *, required: bool = False) -> Obj | None:
     """A nested object; None when absent or null (unless required)."""
-    value = data.get(key)
+    value = _given(data, key, path, required)
     if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
         return None
     if not isinstance(value, dict):
         raise invalid(f"{_at(path, key)} must be an object")
@@ -42,10 +48,8 @@ def obj(data: Obj, key: str, path: str, *, required: bool = False) -> Obj | None
 
 
 def string(data: Obj, key: str, path: str, *, required: bool = False, limit: int = 0) -> str | None:
-    value = data.get(key)
+    value = _given(data, key, path, required)
     if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
         return None
     if not isinstance(value, str):
         raise invalid(f"{_at(path, key)} must be a string")
@@ -73,10 +77,8 @@ def boolean(data: Obj, key: str, path: str) -> bool | None:
 def integer(
     data: Obj, key: str, path: str, low: int, high: int, *, required: bool = False
 ) -> int | None:
-    value = data.get(key)
+    value = _given(data, key, path, required)
     if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(f"{_at(path, key)} must be an integer")
