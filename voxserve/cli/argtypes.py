@@ -1,13 +1,40 @@
 """The argparse types every command module shares: the subparsers action a module adds its
-command to, and the value checkers of flags. Here, below `parser`, so the command modules
-need not import the parser that imports them."""
+command to, a command made of actions, and the value checkers of flags. Here, below
+`parser`, so the command modules need not import the parser that imports them."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TypeAlias
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler = Callable[[argparse.Namespace], int]
+
+
+def action_command(
+    commands: Subparsers,
+    common: argparse.ArgumentParser,
+    name: str,
+    handler: Handler,
+    *,
+    help_text: str,
+    description: str,
+) -> Callable[[str, str], argparse.ArgumentParser]:
+    """Add the command `name` whose first argument is an action (`voxserve cache stats`);
+    the function returned adds one action (name, help) with `common`'s flags, run by
+    `handler`."""
+    command = commands.add_parser(name, parents=[common], help=help_text, description=description)
+    actions = command.add_subparsers(title="actions", dest="action", required=True)
+
+    def action(action_name: str, action_help: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(
+            action_name, parents=[common], help=action_help, description=action_help
+        )
+        sub.set_defaults(handler=handler)
+        return sub
+
+    return action
 
 
 def positive_int(text: str) -> int:
