@@ -24,6 +24,7 @@ from voxserve.audio.wav import write_wav
 
 Format = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 TEXT = "Please open the kitchen window before dinner."
+# The types OpenAI sends, written out, not speech_output.MEDIA_TYPES: the test checks that table.
 CONTENT_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/opus",

@@ -650,10 +650,11 @@ class Settings(BaseSettings):
     # the standard OTEL_* env vars for the exporter. Off: nothing is imported.
     otel_enabled: bool = False
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "allowed_hosts", mode="before")
     @classmethod
-    def _split_keys(cls, value: Any) -> Any:
-        """VOXSERVE_API_KEYS=k1,k2 (a string) as a list; a list is taken as it is."""
+    def _split_list(cls, value: Any) -> Any:
+        """VOXSERVE_API_KEYS=k1,k2 or VOXSERVE_ALLOWED_HOSTS=a.example,b.example (a string)
+        as a list; a list is taken as it is."""
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -669,14 +670,6 @@ class Settings(BaseSettings):
                     f"{origin!r} is not an origin: write scheme://host[:port] "
                     "(e.g. https://app.example.com), or * for any"
                 )
-        return value
-
-    @field_validator("allowed_hosts", mode="before")
-    @classmethod
-    def _split_hosts(cls, value: Any) -> Any:
-        """VOXSERVE_ALLOWED_HOSTS=a.example,b.example (a string) as a list."""
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("allowed_hosts")

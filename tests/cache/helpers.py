@@ -1,8 +1,9 @@
-"""What the cache tests share: a virtual clock, keys and audio made to order, a loaded
+"""What the cache tests share: a virtual clock, keys, audio and caches made to order, a loaded
 runtime with fake engines and a private cache directory."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from tests.fakes import FakeTts, fake_runtime
 from voxserve.cache.key import CacheKey, EngineFingerprint, make_key
+from voxserve.cache.tts_cache import TtsCache
 from voxserve.config import CacheConfig, DegradeConfig, Settings, load_settings
 from voxserve.runtime import Runtime
 from voxserve.types import EngineInfo
@@ -49,6 +51,13 @@ def cache_settings(
         update={"degrade": DegradeConfig(**({"fallback_text": None} | (degrade or {})))}
     )
     return settings.model_copy(update={"cache": CacheConfig(dir=directory, **cache), "tts": tts})
+
+
+def tts_cache(directory: Path, clock: Clock | None = None, *, seed: int, **config: Any) -> TtsCache:
+    """A cache in `directory`, not loaded, on a virtual clock; `seed` draws its TTL jitter."""
+    return TtsCache(
+        CacheConfig(dir=directory, **config), clock=clock or Clock(), rng=random.Random(seed)
+    )
 
 
 async def loaded_runtime(settings: Settings, tts: FakeTts) -> Runtime:

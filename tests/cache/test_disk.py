@@ -4,7 +4,6 @@ is never served, one server per directory."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import sqlite3
 import subprocess
@@ -13,18 +12,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.cache.helpers import Clock, key, pcm
+from tests.cache.helpers import Clock, key, pcm, tts_cache
 from voxserve.cache.store import SqliteStore
 from voxserve.cache.tts_cache import TtsCache
-from voxserve.config import CacheConfig
 
 
 def disk_cache(directory: Path, clock: Clock | None = None, **config: object) -> TtsCache:
-    return TtsCache(
-        CacheConfig(dir=directory, **config),  # type: ignore[arg-type]
-        clock=clock or Clock(),
-        rng=random.Random(3),
-    )
+    return tts_cache(directory, clock, seed=3, **config)
 
 
 def db_path(directory: Path) -> Path:

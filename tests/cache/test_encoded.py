@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +16,12 @@ from typing import Any
 import openai
 import pytest
 
-from tests.cache.helpers import Clock, key, pcm
+from tests.cache.helpers import key, pcm, tts_cache
 from tests.cache.test_cache_server import admin, server_settings
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
 from voxserve.cache.store import PutVariant, SqliteStore
 from voxserve.cache.tts_cache import TtsCache
-from voxserve.config import CacheConfig
 
 COMPRESSED = ("mp3", "opus", "aac", "flac")
 
@@ -135,7 +133,7 @@ def test_a_restart_keeps_the_encodings(tmp_path: Path) -> None:
 
 
 def disk_cache(directory: Path, **config: Any) -> TtsCache:
-    return TtsCache(CacheConfig(dir=directory, **config), clock=Clock(), rng=random.Random(1))
+    return tts_cache(directory, seed=1, **config)
 
 
 async def test_on_disk_an_encoding_of_other_pcm_is_never_loaded(tmp_path: Path) -> None:

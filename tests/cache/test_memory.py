@@ -3,22 +3,16 @@ virtual clock, invalidation. No disk here (the cache is not loaded)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from tests.cache.helpers import Clock, key, pcm
+from tests.cache.helpers import Clock, key, pcm, tts_cache
 from voxserve.cache.tts_cache import TtsCache
-from voxserve.config import CacheConfig
 
 
 def memory_cache(tmp_path: Path, clock: Clock | None = None, **config: object) -> TtsCache:
-    return TtsCache(
-        CacheConfig(dir=tmp_path, **config),  # type: ignore[arg-type]
-        clock=clock or Clock(),
-        rng=random.Random(7),
-    )
+    return tts_cache(tmp_path, clock, seed=7, **config)
 
 
 def test_eviction_is_by_bytes_least_recently_used_first(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.admin_http import add_server_flags, admin_client, call
+from voxserve.cli.argtypes import action_command
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
@@ -37,18 +38,18 @@ def with_cache_dir(settings: Settings, directory: str | None) -> Settings:
 
 
 def add_cache_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
-    cache = commands.add_parser(
+    cache_action = action_command(
+        commands,
+        common,
         "cache",
-        parents=[common],
-        help="inspect, invalidate, prewarm or clear the TTS cache",
+        cmd_cache,
+        help_text="inspect, invalidate, prewarm or clear the TTS cache",
         description="The TTS cache of a running server (through its admin routes, which "
         "need the admin key), or of a cache directory with no server running (--cache-dir).",
     )
-    actions = cache.add_subparsers(title="actions", dest="action", required=True)
 
     def action(name: str, help_text: str, *, offline: bool) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
-        sub.set_defaults(handler=cmd_cache)
+        sub = cache_action(name, help_text)
         add_server_flags(sub, "server to talk to (default: http://HOST:PORT from the config)")
         if offline:
             sub.add_argument(

@@ -14,7 +14,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from voxserve.cli.argtypes import Subparsers
+from voxserve.cli.argtypes import Subparsers, action_command
 from voxserve.cli.errors import EXIT_OK, EXIT_USAGE, PROG, CliError
 from voxserve.cli.settings import (
     check_engines_import,
@@ -30,19 +30,19 @@ CLUSTER_HINT = "pip install 'voxserve[cluster]'"
 
 
 def add_cluster_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
-    cluster = commands.add_parser(
+    cluster_action = action_command(
+        commands,
+        common,
         "cluster",
-        parents=[common],
-        help="run the ASR and TTS core tier on Ray Serve (up, status, down)",
+        cmd_cluster,
+        help_text="run the ASR and TTS core tier on Ray Serve (up, status, down)",
         description="The core tier of a scaled-out voxserve: ASR and TTS as Ray Serve "
         "deployments that gateways (`voxserve serve --cluster ADDRESS`) call. Needs the "
         f"cluster extra ({CLUSTER_HINT}).",
     )
-    actions = cluster.add_subparsers(title="actions", dest="action", required=True)
 
     def action(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
-        sub.set_defaults(handler=cmd_cluster)
+        sub = cluster_action(name, help_text)
         sub.add_argument(
             "--address",
             help="Ray cluster address (host:port of its GCS, or 'auto'); "

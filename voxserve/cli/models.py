@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from voxserve.cli.admin_http import add_server_flags
+from voxserve.cli.argtypes import action_command
 from voxserve.cli.errors import EXIT_FAILURE, EXIT_OK, PROG, CliError
 
 if TYPE_CHECKING:
@@ -28,18 +29,18 @@ POLL_S = 0.5
 
 
 def add_models_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
-    models = commands.add_parser(
+    models_action = action_command(
+        commands,
+        common,
         "models",
-        parents=[common],
-        help="list, pull or remove models (Whisper, Piper voices, CosyVoice) by name",
+        cmd_models,
+        help_text="list, pull or remove models (Whisper, Piper voices, CosyVoice) by name",
         description="The models on this host: packaged ones and those in the Hugging Face "
         "cache (HF_HOME). With --url, a running server's, through /admin/models (admin key).",
     )
-    actions = models.add_subparsers(title="actions", dest="action", required=True)
 
     def action(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
-        sub.set_defaults(handler=cmd_models)
+        sub = models_action(name, help_text)
         add_server_flags(
             sub,
             "work on a running server's models instead (admin key)",

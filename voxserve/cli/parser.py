@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from voxserve import __version__
-from voxserve.cli.argtypes import Subparsers, port_number, positive_int
+from voxserve.cli.argtypes import Handler, Subparsers, port_number, positive_int
 from voxserve.cli.cache import add_cache_parser
 from voxserve.cli.cluster import add_cluster_parser
 from voxserve.cli.engines import add_engines_arguments, cmd_engines_action
@@ -15,8 +15,6 @@ from voxserve.cli.models import add_models_parser
 from voxserve.cli.serve import cmd_serve
 from voxserve.cli.speech import cmd_say, cmd_transcribe
 from voxserve.cli.stats import add_stats_parser
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser(add_bench: Callable[[Subparsers], None]) -> argparse.ArgumentParser:

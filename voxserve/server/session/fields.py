@@ -29,27 +29,33 @@ def bad_value(path: str, why: str) -> VoxError:
     return VoxError(ErrorCode.INVALID_PARAMETER, f"{path} {why}")
 
 
-def obj(data: Obj, key: str, path: str, *, required: bool = False) -> Obj | None:
-    """A nested object; None when absent or null (unless required)."""
+def _given(data: Obj, key: str, path: str, required: bool) -> Any:
+    """The field's value; None when absent or null, unless `required` (then it raises)."""
     value = data.get(key)
-    if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
-        return None
-    if not isinstance(value, dict):
-        raise invalid(f"{_at(path, key)} must be an object")
+    if value is None and required:
+        raise invalid(f"{_at(path, key)} is required")
     return value
 
 
+def _typed(
+    data: Obj, key: str, path: str, kind: type[T], what: str, required: bool = False
+) -> T | None:
+    """The field's value, which must be a `kind` (`what`, in the error); None when absent
+    or null, unless `required`."""
+    value = _given(data, key, path, required)
+    if value is None or isinstance(value, kind):
+        return value
+    raise invalid(f"{_at(path, key)} must be {what}")
+
+
+def obj(data: Obj, key: str, path: str, *, required: bool = False) -> Obj | None:
+    """A nested object; None when absent or null (unless required)."""
+    return _typed(data, key, path, dict, "an object", required)
+
+
 def string(data: Obj, key: str, path: str, *, required: bool = False, limit: int = 0) -> str | None:
-    value = data.get(key)
-    if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
-        return None
-    if not isinstance(value, str):
-        raise invalid(f"{_at(path, key)} must be a string")
-    if limit and len(value) > limit:
+    value = _typed(data, key, path, str, "a string", required)
+    if value is not None and limit and len(value) > limit:
         raise bad_value(f"{_at(path, key)}", f"is longer than {limit} characters")
     return value
 
@@ -62,21 +68,14 @@ def an_id(data: Obj, key: str, path: str, *, required: bool = False) -> str | No
 
 
 def boolean(data: Obj, key: str, path: str) -> bool | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise invalid(f"{_at(path, key)} must be true or false")
-    return value
+    return _typed(data, key, path, bool, "true or false")
 
 
 def integer(
     data: Obj, key: str, path: str, low: int, high: int, *, required: bool = False
 ) -> int | None:
-    value = data.get(key)
+    value = _given(data, key, path, required)
     if value is None:
-        if required:
-            raise invalid(f"{_at(path, key)} is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(f"{_at(path, key)} must be an integer")
@@ -97,12 +96,7 @@ def number(data: Obj, key: str, path: str, low: float, high: float) -> float | N
 
 
 def listed(data: Obj, key: str, path: str) -> list[Any] | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise invalid(f"{_at(path, key)} must be an array")
-    return value
+    return _typed(data, key, path, list, "an array")
 
 
 def choice(data: Obj, key: str, path: str, options: tuple[str, ...]) -> str | None:
