@@ -179,9 +179,9 @@ class StreamedTranscription:
             self.cancel()  # its VAD and decodes stop while the whole is recognised
             try:
                 await self._recognise_whole()
-            finally:
-                await asyncio.wait([self.task])
+            finally:  # its place is given back however it ends (cancelled, failed)
                 self._seat.release()
+                await asyncio.wait([self.task])
             return
         self._input.put(EndMessage("audio.end"))
         await asyncio.wait([self.task])
