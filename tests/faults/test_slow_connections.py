@@ -8,6 +8,7 @@ with 400 descriptors keeps answering /healthz under 420 such connections, closin
 from __future__ import annotations
 
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -120,6 +121,7 @@ def test_a_request_held_open_is_answered_and_closed_in_time(
     last = answer[answer.rindex(b"HTTP/1.1 ") :]
     assert last.startswith(b"HTTP/1.1 408 "), answer
     assert b'"code":"client_stalled"' in last.replace(b" ", b"")
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{16}\r\n", last), last  # made below the app
     assert limit * 0.9 <= took <= limit + 1.5, took
 
 

@@ -36,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.session.errors import error_response
+from voxserve.server.session.request_id import REQUEST_ID_HEADER, TRACE_HEADER, new_trace_id
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,14 @@ class ConnectionLimits:
 
 def _error_response(error: VoxError) -> bytes:
     """A whole HTTP/1.1 response for `error` (server/session/errors.py's status, headers and body),
-    written by the protocol where no app is running to answer; the connection closes."""
+    written by the protocol where no app is running to answer; the connection closes. It
+    names itself as every answer does (server/session/request_id.py), with a new id."""
     response = error_response(error)
     status = response.status_code
+    trace_id = new_trace_id()
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode()]
     head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    head += [f"{name}: {trace_id}\r\n".encode() for name in (REQUEST_ID_HEADER, TRACE_HEADER)]
     return b"".join([*head, b"connection: close\r\n\r\n", bytes(response.body)])
 
 
