@@ -20,12 +20,11 @@ from typing import Any, NoReturn
 import grpc
 
 from voxserve.audio.pcm import Int16Array
-from voxserve.audio.resample import check_rate
 from voxserve.engines.loaded import Engines
 from voxserve.errors import VoxError
 from voxserve.observe.logs import bind_session
 from voxserve.pipeline.streams import aclose
-from voxserve.pipeline.synthesis.request import check_speed, check_text
+from voxserve.pipeline.synthesis.request import plan
 from voxserve.pipeline.synthesis.synthesize import first_audio, synthesize
 from voxserve.runtime import Runtime
 from voxserve.server.grpc import codec
@@ -42,7 +41,6 @@ from voxserve.server.session.admission import admit_request
 from voxserve.server.session.auth import KeyRing, bearer_token, cache_scope
 from voxserve.server.session.openai_models import OPENAI_ASR_MODELS, OPENAI_TTS_MODELS
 from voxserve.server.session.quotas import quotas_of
-from voxserve.types import SUPPORTED_OUTPUT_RATES
 from voxserve.v1 import voxserve_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -145,20 +143,23 @@ class VoxserveServicer:
         """Every check before the first byte, so a client mistake is a status, not a
         truncated stream."""
         runtime = self.runtime
-        engines = runtime.engines  # not_ready before the models are loaded
-        settings = runtime.settings
-        text = check_text(request.text, settings.limits.max_text_chars)
-        speed = check_speed(float(request.speed) if request.speed else 1.0)
-        rate = check_rate(
-            request.sample_rate or settings.tts.output_sample_rate, SUPPORTED_OUTPUT_RATES
-        )
-        voice, _ = engines.voice(request.voice or None)
+        runtime.engines  # noqa: B018 - not_ready before the models are loaded, first
+        speed = float(request.speed) if request.speed else 1.0
+        # The checks `synthesize` makes at its first chunk, made here before the stream.
+        checked = plan(runtime, request.text, request.voice or None, speed, request.sample_rate)
+        voice, rate = checked.voice.id, checked.sample_rate
         # A one-shot request: behind live sessions' replies (pipeline/scheduling/stage.py).
         chunks = synthesize(
-            runtime, text, voice=voice.id, speed=speed, sample_rate=rate, bulk=True, scope=scope
+            runtime,
+            request.text,
+            voice=voice,
+            speed=speed,
+            sample_rate=rate,
+            bulk=True,
+            scope=scope,
         )
         started = pb.SynthesisStarted(
-            voice=voice.id, sample_rate=rate, encoding="pcm_s16le", trace_id=trace_id
+            voice=voice, sample_rate=rate, encoding="pcm_s16le", trace_id=trace_id
         )
         return chunks, started
 
