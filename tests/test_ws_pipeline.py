@@ -34,6 +34,25 @@ async def test_audio_sent_at_once_gets_its_finals_and_no_partials(fake_server: L
     assert of_type(events, "transcript.partial") == []
 
 
+async def test_a_recording_sent_at_once_to_a_busy_server_gets_no_partials() -> None:
+    """The same recording sent at once, to a server whose VAD judges only ~2x real time (a
+    busy machine): the audio is no slower for it, so still no partial. What it checks: the
+    pace is the sender's (audio received and not yet judged), not how fast this server
+    happens to judge; on a shared CI machine the judging pace alone let a partial through."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    slow_vad = FakeVad(delay_s=0.1)  # per VAD request, however much audio it judges
+    live = start_server(settings, fake_runtime(settings, vad=slow_vad, asr=FakeAsr(delay_s=0.02)))
+    audio = two_utterances(440, 880)
+    try:
+        _, _, events = await run_asr(live.ws_url, audio, speedup=1000)
+    finally:
+        stop_server(live)
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440", "tone880"]
+    assert of_type(events, "transcript.partial") == []
+    # Judging took longer than 1/8 of the audio's length: slower than partial_max_speed.
+    assert slow_vad.calls * slow_vad.delay_s > len(audio) / 16000 / 8
+
+
 async def test_asr_mode_turns_partials_and_finals(fake_server: LiveServer) -> None:
     started, frames, events = await run_asr(fake_server.ws_url, two_utterances(440, 880))
     assert started["mode"] == "asr" and started["trace_id"]

@@ -208,12 +208,14 @@ class AudioInput:
         """Hold the receiver while more than the credit window of audio waits for VAD."""
         listener, credit = self.listener, self.credit
         while len(self.ring) >= credit.size * listener.batch_samples and not self.closed:
+            listener.input_held += 1
             await listener.space_freed()
 
     async def _room_for(self, samples: int) -> None:
         """ "wait": stop reading from the client until the pipeline frees space (TCP
         pushes back)."""
         while not self.drop_oldest and self.ring.free < samples:
+            self.listener.input_held += 1
             await self.listener.space_freed()
 
     def _write_now(self, samples: Int16Array) -> None:

@@ -85,6 +85,9 @@ class ListenState:
         # Audio before this is in no future turn: committed (push-to-talk) or cleared.
         self.kept_from = 0
         self.partial_every = partial_interval_ms * SAMPLE_RATE // 1000
+        # Times the input held the client back (its credit window or the ring full): the
+        # audio comes faster than it is judged (partials.py).
+        self.input_held = 0
         self.audio = StreamAudio()
         self.closed = False
         self.segment = -1

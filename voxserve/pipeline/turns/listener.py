@@ -359,7 +359,7 @@ class Listener(ListenState):
         if isinstance(event, SpeechStart):
             self.speculation.turn_starts(event.start)
             self.segment += 1
-            self.partial_decoder.turn_starts(event.start, self.turns.position)
+            self.partial_decoder.turn_starts(event.start, self.turns.position, self.input_held)
             await self.outbox.event(VadStart(segment=self.segment, start_ms=ms(event.start)))
             self.partial_decoder.speech_started()
             self.finals.turn_started(self)

@@ -6,11 +6,15 @@ waiting or bulk work short of its share (they never queue behind a final), and n
 once the turn's final is out. Finals (finals.py) are the opposite: every turn gets one, in
 order.
 
-Nor while the audio comes much faster than it plays (`asr.partial_max_speed`, over the
-stretch since the last partial or since the turn was heard to start): a recording sent at
-once (a one-shot Wyoming request, say) or a backlog being caught up. A partial then is stale
-before it is sent, the final is moments away, and each is a whole decode taken from the
-final's CPU: one client's one-shot Wyoming requests cost 39 decodes for 18 finals.
+Nor while the audio comes much faster than it plays: a recording sent at once (a one-shot
+Wyoming request, say) or a backlog being caught up. A partial then is stale before it is
+sent, the final is moments away, and each is a whole decode taken from the final's CPU: one
+client's one-shot Wyoming requests cost 39 decodes for 18 finals. Two signs, either enough
+(`asr.partial_max_speed` 0 turns both off), over the stretch since the last partial or the
+turn's start: the input held the client back (its credit window or the ring full: it sends
+faster than this server judges, however fast that is, so a busy machine does not turn a
+recording sent at once into a paced one), or judging ran faster than `partial_max_speed` x
+real time (the audio keeps up with a fast sender).
 """
 
 from __future__ import annotations
@@ -36,21 +40,21 @@ class Partials:
         self._max_speed = max_speed  # 0: any pace
         self._last_at = 0  # where the last partial was decoded up to
         self._last_text = ""
-        # Where the audio was and when (perf_counter) at the last partial or the turn's
-        # start: how fast the audio came since.
-        self._paced_from = (0, 0.0)
+        # Where the audio was, when (perf_counter) and the stream's input_held count, at
+        # the last partial or the turn's start: how fast the audio came since.
+        self._paced_from = (0, 0.0, 0)
         self._task: asyncio.Task[None] | None = None
         # Latency observation (voxserve.observe.metrics): perf_counter time of vad.start,
         # until the segment's first partial.
         self._speech_started_at = 0.0
         self._pending = False
 
-    def turn_starts(self, start: int, position: int) -> None:
-        """A new turn (before its vad.start is queued), heard at `position`: the next partial
-        is its own."""
+    def turn_starts(self, start: int, position: int, input_held: int) -> None:
+        """A new turn (before its vad.start is queued), heard at `position` (the stream's
+        input_held then): the next partial is its own."""
         self._last_at = start
         self._last_text = ""
-        self._paced_from = (position, time.perf_counter())
+        self._paced_from = (position, time.perf_counter(), input_held)
 
     def speech_started(self) -> None:
         """Its vad.start is queued: the first partial's latency runs from now."""
@@ -65,11 +69,15 @@ class Partials:
             return
         if now - self._last_at < stream.partial_every:
             return
-        at, then = self._paced_from
-        wall = time.perf_counter()
-        if self._max_speed and (now - at) / SAMPLE_RATE > self._max_speed * (wall - then):
+        at, then, held = self._paced_from
+        if now <= at:
+            return  # no audio since the turn was heard: no pace to judge yet (next round)
+        wall, held_now = time.perf_counter(), stream.input_held
+        if self._max_speed and (
+            held_now > held or (now - at) / SAMPLE_RATE > self._max_speed * (wall - then)
+        ):
             self._last_at = now  # skipped: the next is due an interval on, paced from here
-            self._paced_from = (now, wall)
+            self._paced_from = (now, wall, held_now)
             return
         if self._task is not None and not self._task.done():
             return
@@ -77,7 +85,7 @@ class Partials:
         if stage.live_waiting or stage.bulk_short:
             return  # best effort: never queue behind finals, nor take bulk's share of slots
         self._last_at = now
-        self._paced_from = (now, wall)
+        self._paced_from = (now, wall, held_now)
         audio = stream.audio.slice(max(start - stream.pad, stream.kept_from), now)
         self._task = group.create_task(
             self._partial(stream, stream.segment, start, now, audio), name="voxserve-asr-partial"
