@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,6 +50,22 @@ async def asr_stream(live: LiveServer, *freqs: float, speedup: float = 5.0) -> l
         await send_audio(ws, utterances(*freqs), speedup=speedup)
         await ws.send(json.dumps({"type": "audio.end"}))
         events, _ = await collect(ws, limit_s=30)
+    return events
+
+
+async def message_stream(live: LiveServer, messages: Iterable[bytes | str]) -> list[dict[str, Any]]:
+    """An asr session fed `messages` as they are (frames, damaged or not), ten every 40 ms
+    (5x real time for 20 ms frames), then audio.end; every event up to session.ended. The
+    messages are read as they are sent: a generator can act between two of them."""
+    async with connect(live.ws_url) as ws:
+        await ws.send(json.dumps({"type": "session.start", "mode": "asr", "partials": False}))
+        assert json.loads(await ws.recv())["type"] == "session.started"
+        for n, message in enumerate(messages):
+            await ws.send(message)
+            if n % 10 == 9:
+                await asyncio.sleep(0.04)
+        await ws.send(json.dumps({"type": "audio.end"}))
+        events, _ = await collect(ws)
     return events
 
 

@@ -24,6 +24,7 @@ from tests.faults.harness import (
     back_to_baseline,
     counters_add_up,
     finals,
+    message_stream,
     resources,
     utterances,
 )
@@ -130,20 +131,8 @@ async def test_damaged_frame_streams(fault_server: LiveServer, case: str) -> Non
     frames = frame_messages(utterances(500, 900))
     assert len(frames) == FRAMES
     messages = mutate(frames)
-
-    async def damaged() -> list[dict[str, Any]]:
-        async with connect(fault_server.ws_url) as ws:
-            await _open_asr(ws)
-            for n, message in enumerate(messages):
-                await ws.send(message)
-                if n % 10 == 9:
-                    await asyncio.sleep(0.04)  # 5x real time
-            await ws.send(json.dumps({"type": "audio.end"}))
-            events, _ = await collect(ws)
-        return events
-
     baseline = await resources(fault_server)
-    events = await alongside(fault_server, damaged())
+    events = await alongside(fault_server, message_stream(fault_server, messages))
     assert finals(events) == [word_for(500), word_for(900)]  # recovered: the words survive
     ended = of_type(events, "session.ended")[0]
     counters_add_up(ended, sent=len(messages))

@@ -7,13 +7,11 @@ in tests/security/test_quotas_units.py."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer
 from tests.fakes import word_for
@@ -22,10 +20,11 @@ from tests.faults.harness import (
     back_to_baseline,
     counters_add_up,
     finals,
+    message_stream,
     resources,
     utterances,
 )
-from tests.wsclient import collect, frame_messages, of_type
+from tests.wsclient import frame_messages, of_type
 from voxserve.audio.dedup import SeqDedup
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,25 +70,17 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
     baseline = await resources(fault_server)
     messages = frame_messages(utterances(500, 900))  # 160 frames
 
-    async def jumping() -> list[dict[str, Any]]:
-        async with connect(fault_server.ws_url) as ws:
-            await ws.send(json.dumps({"type": "session.start", "mode": "asr", "partials": False}))
-            assert json.loads(await ws.recv())["type"] == "session.started"
-            for seq, message in enumerate(messages):
-                if seq == 40:
-                    clock.offset += 120.0  # forward, under idle_timeout_s (300 s)
-                if seq == 100:
-                    clock.offset -= 240.0  # and back, past where it started
-                await ws.send(message)
-                if seq in (41, 101):
-                    await ws.send(messages[seq - 2])  # a resend straddling the jump
-                if seq % 10 == 9:
-                    await asyncio.sleep(0.04)
-            await ws.send(json.dumps({"type": "audio.end"}))
-            events, _ = await collect(ws)
-        return events
+    def jumping() -> Iterator[bytes]:
+        for seq, message in enumerate(messages):
+            if seq == 40:
+                clock.offset += 120.0  # forward, under idle_timeout_s (300 s)
+            if seq == 100:
+                clock.offset -= 240.0  # and back, past where it started
+            yield message
+            if seq in (41, 101):
+                yield messages[seq - 2]  # a resend straddling the jump
 
-    events = await alongside(fault_server, jumping())
+    events = await alongside(fault_server, message_stream(fault_server, jumping()))
     assert finals(events) == [word_for(500), word_for(900)]
     assert not of_type(events, "error")
     ended = of_type(events, "session.ended")[0]
