@@ -14,19 +14,18 @@ from typing import Any
 
 import httpx
 
-from voxserve import __version__
 from voxserve.audio.pcm import to_int16
 from voxserve.audio.wav import write_wav
 from voxserve.engines.base import Float32Array
-from voxserve.engines.openai_remote import Remote
+from voxserve.engines.openai_remote import OpenAIEngine
 from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, EngineInfo, Segment, Word
+from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment, Word
 
 FORMATS = ("json", "verbose_json")
 
 
-class OpenAIAsr:
+class OpenAIAsr(OpenAIEngine):
     """AsrEngine calling `POST {base_url}/audio/transcriptions`.
 
     `base_url` ends in `/v1` as the OpenAI SDK takes it; `api_key` (else $OPENAI_API_KEY)
@@ -59,21 +58,9 @@ class OpenAIAsr:
             raise EngineConfigError(
                 "asr", "openai", "option 'languages' must be a list of language codes"
             )
-        self.remote = Remote(
-            "asr",
-            base_url=base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_concurrency=max_concurrency,
-            device=device,
-        )
-        self.model = model
+        super().__init__("asr", base_url, api_key, model, timeout_s, max_concurrency, device)
         self.languages = tuple(languages)
         self.response_format = response_format
-        self.info = EngineInfo("asr", "openai", "voxserve", __version__, "Apache-2.0", model)
-
-    def __repr__(self) -> str:  # never show the API key
-        return f"OpenAIAsr(base_url={self.remote.base_url!r}, model={self.model!r})"
 
     def transcribe(
         self,
@@ -136,9 +123,6 @@ class OpenAIAsr:
             segments=_segments(body),
             language=code or language or self.languages[0],
         )
-
-    def close(self) -> None:
-        self.remote.close()
 
 
 def _segments(body: dict[str, Any]) -> tuple[Segment, ...]:

@@ -1,5 +1,6 @@
 """What the remote OpenAI-compatible engines (openai_asr.py, openai_tts.py) share: the
-checked options, one pooled HTTP client, and how a remote failure reaches the client.
+checked options, one pooled HTTP client, how a remote failure reaches the client, and
+the engine's remote, model, info, repr and close (`OpenAIEngine`).
 
 The engines' calls are blocking and run on the executor's threads, so the client is
 httpx's synchronous one (thread-safe, one pool of `max_concurrency` connections). Every
@@ -14,8 +15,10 @@ from typing import Any, NoReturn
 
 import httpx
 
+from voxserve import __version__
 from voxserve.engines.registry import EngineConfigError
 from voxserve.errors import ErrorCode, VoxError
+from voxserve.types import EngineInfo
 
 DEVICES = ("remote", "cpu", "cuda", "auto")
 """Accepted for the same config shape as the local engines; the remote server chooses."""
@@ -102,6 +105,38 @@ class Remote:
 
     def close(self) -> None:
         self.client.close()
+
+
+class OpenAIEngine:
+    """The part every remote OpenAI-compatible engine has alike, so each writes only its call."""
+
+    def __init__(
+        self,
+        kind: str,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        timeout_s: float,
+        max_concurrency: int,
+        device: str,
+    ) -> None:
+        """`kind`: "asr" or "tts"; the rest are the engine's options of those names."""
+        self.remote = Remote(
+            kind,
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_concurrency=max_concurrency,
+            device=device,
+        )
+        self.model = model
+        self.info = EngineInfo(kind, "openai", "voxserve", __version__, "Apache-2.0", model)
+
+    def __repr__(self) -> str:  # never show the API key
+        return f"{type(self).__name__}(base_url={self.remote.base_url!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        self.remote.close()
 
 
 def _error_code(response: httpx.Response) -> str:

@@ -17,13 +17,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from voxserve import __version__
 from voxserve.engines.base import Int16Array
-from voxserve.engines.openai_remote import Remote
+from voxserve.engines.openai_remote import OpenAIEngine
 from voxserve.engines.registry import EngineConfigError
 from voxserve.engines.remote_audio import StreamedBody
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.types import EngineInfo, Voice
+from voxserve.types import Voice
 
 PCM_RATE = 24_000
 """OpenAI's `pcm` speech: 24 kHz, 16-bit signed little-endian, mono."""
@@ -44,7 +43,7 @@ MAX_EXTRA_S = 30.0
 DEFAULT_VOICES: dict[str, Any] = {"alloy": {"voice": "alloy", "language": "en"}}
 
 
-class OpenAITts:
+class OpenAITts(OpenAIEngine):
     """TtsEngine streaming from `POST {base_url}/audio/speech`.
 
     `voices`: {voxserve id: remote name} or {voxserve id: {"voice": remote name,
@@ -69,23 +68,11 @@ class OpenAITts:
         self._voices, self._remote_names = _voice_table(
             DEFAULT_VOICES if voices is None else voices
         )
-        self.remote = Remote(
-            "tts",
-            base_url=base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_concurrency=max_concurrency,
-            device=device,
-        )
-        self.model = model
-        self.info = EngineInfo("tts", "openai", "voxserve", __version__, "Apache-2.0", model)
+        super().__init__("tts", base_url, api_key, model, timeout_s, max_concurrency, device)
         # The cache keys of this engine's audio: which remote and which of its voices.
         self.cache_fingerprint = json.dumps(
             [self.remote.base_url, model, self._remote_names], sort_keys=True
         )
-
-    def __repr__(self) -> str:  # never show the API key
-        return f"OpenAITts(base_url={self.remote.base_url!r}, model={self.model!r})"
 
     def voices(self) -> tuple[Voice, ...]:
         return self._voices
@@ -154,9 +141,6 @@ class OpenAITts:
                 least = _next_size
         finally:
             body_stream.close()
-
-    def close(self) -> None:
-        self.remote.close()
 
 
 def _may_be_audio(response: httpx.Response) -> bool:
