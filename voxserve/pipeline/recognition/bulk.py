@@ -70,20 +70,11 @@ class RecognitionContext(EngineContext, Protocol):
 
 
 async def transcribe(
-    ctx: RecognitionContext,
-    samples: Int16Array | Float32Array,
-    sample_rate: int,
-    *,
-    language: str | None = None,
-    options: AsrOptions | None = None,
-    pool: WorkPool | None = None,
+    ctx: RecognitionContext, samples: Recording, sample_rate: int, *, language: str | None = None
 ) -> AsrResult:
-    """Recognise a whole recording in batched windows (module docstring). `options` go to
-    every window's call; None asks nothing of the engine. `pool` (the decode pool) finds
-    a long recording's windows off the event loop."""
-    windows = transcribe_windows(
-        ctx, samples, sample_rate, language=language, options=options, pool=pool
-    )
+    """A whole recording's result at once, its windows' joined (Wyoming, `voxserve transcribe`:
+    no options for the engine, the windows found on the event loop)."""
+    windows = transcribe_windows(ctx, samples, sample_rate, language=language)
     return join_results([result async for result in windows])
 
 
@@ -97,7 +88,9 @@ async def transcribe_windows(
     pool: WorkPool | None = None,
 ) -> AsyncIterator[AsrResult]:
     """Each window's result in audio order as soon as it and those before it are decoded,
-    its times (words too) on the recording's time line (module docstring)."""
+    its times (words too) on the recording's time line (module docstring). `options` go to
+    every window's call; None asks nothing of the engine. `pool` (the decode pool) finds a
+    long recording's windows off the event loop."""
     if not MIN_FILE_RATE <= sample_rate <= MAX_FILE_RATE:
         raise VoxError(
             ErrorCode.UNSUPPORTED_SAMPLE_RATE,
