@@ -7,11 +7,13 @@ in tests/security/test_quotas_units.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import ClientConnection, connect
 
 from tests.conftest import LiveServer
 from tests.fakes import word_for
@@ -20,14 +22,24 @@ from tests.faults.harness import (
     back_to_baseline,
     counters_add_up,
     finals,
-    message_stream,
     resources,
     utterances,
 )
-from tests.wsclient import frame_messages, of_type
+from tests.wsclient import collect, frame_messages, of_type
 from voxserve.audio.dedup import SeqDedup
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def accepted_up_to(ws: ClientConnection, seq: int) -> list[dict[str, Any]]:
+    """Send a mark and read until its echo, which must acknowledge `seq`; the events read
+    before it."""
+    await ws.send(json.dumps({"type": "mark", "id": f"upto-{seq}"}))
+    before: list[dict[str, Any]] = []
+    while (event := json.loads(await ws.recv()))["type"] != "mark":
+        before.append(event)
+    assert (event["id"], event["acked_seq"]) == (f"upto-{seq}", seq), event
+    return before
 
 
 class JumpingTime:
@@ -64,23 +76,35 @@ async def test_live_clock_jumps_change_nothing_a_client_sees(
         "server.session.driver",
         "server.session.attachment",
         "pipeline.session",
+        "pipeline.turns.audio_input",  # the dedup clock of frames that waited for credit
         "pipeline.scheduling.stage",
     ):
         monkeypatch.setattr(f"voxserve.{module}.time", clock)
     baseline = await resources(fault_server)
     messages = frame_messages(utterances(500, 900))  # 160 frames
 
-    def jumping() -> Iterator[bytes]:
-        for seq, message in enumerate(messages):
-            if seq == 40:
-                clock.offset += 120.0  # forward, under idle_timeout_s (300 s)
-            if seq == 100:
-                clock.offset -= 240.0  # and back, past where it started
-            yield message
-            if seq in (41, 101):
-                yield messages[seq - 2]  # a resend straddling the jump
+    async def jumping() -> list[dict[str, Any]]:
+        async with connect(fault_server.ws_url) as ws:
+            await ws.send(json.dumps({"type": "session.start", "mode": "asr", "partials": False}))
+            assert json.loads(await ws.recv())["type"] == "session.started"
+            early: list[dict[str, Any]] = []
+            for seq, message in enumerate(messages):
+                if seq in (40, 100):
+                    # The clock is the server's too: jump only once every earlier frame
+                    # is accepted (a mark's echo says so), or a frame still held when the
+                    # client jumps is stamped after the jump, and its resend with it.
+                    early += await accepted_up_to(ws, seq - 1)
+                    clock.offset += 120.0 if seq == 40 else -240.0  # forward, then back
+                await ws.send(message)
+                if seq in (41, 101):
+                    await ws.send(messages[seq - 2])  # a resend straddling the jump
+                if seq % 10 == 9:
+                    await asyncio.sleep(0.04)
+            await ws.send(json.dumps({"type": "audio.end"}))
+            events, _ = await collect(ws)
+        return early + events
 
-    events = await alongside(fault_server, message_stream(fault_server, jumping()))
+    events = await alongside(fault_server, jumping())
     assert finals(events) == [word_for(500), word_for(900)]
     assert not of_type(events, "error")
     ended = of_type(events, "session.ended")[0]
