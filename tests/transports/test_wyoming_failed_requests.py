@@ -7,6 +7,8 @@ second error at its audio-stop) and the same connection serves the next request.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,7 +22,7 @@ from wyoming.ping import Ping, Pong
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, fake_runtime, silence, tone
-from tests.helpers import fixture_audio, fixture_texts, wer
+from tests.helpers import ErrorRecords, eventually, fixture_audio, fixture_texts, wer
 from voxserve.config import QuotaLimits, QuotasConfig, load_settings
 
 RATE = 16_000
@@ -146,3 +148,35 @@ async def test_bad_encoding_then_a_real_transcription_on_one_connection(
         await quiet_until_pong(wyoming)
         text = await transcript_text(wyoming, speech)
     assert wer(fixture_texts()["lights.wav"], text) <= 0.2, text
+
+
+@pytest.mark.parametrize("leaves", ["mid_stream", "after_audio_stop", "sent_at_once"])
+async def test_a_client_gone_mid_transcript_leaves_no_task_error(
+    fake_server: LiveServer, leaves: str
+) -> None:
+    """The client leaves while its transcript is being made or written: the request ends,
+    its session is closed, and nothing is logged as an error (the request's task failing
+    to write must be awaited, not left for the garbage collector to report)."""
+    errors = ErrorRecords()
+    logging.getLogger().addHandler(errors)
+    try:
+        for _ in range(3):
+            wyoming = AsyncTcpClient("127.0.0.1", fake_server.settings.wyoming_port)
+            await wyoming.connect()
+            await wyoming.write_event(Transcribe(language="en").event())
+            await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+            if leaves != "sent_at_once":
+                await stream_until_text(wyoming)
+            audio = pcm(np.concatenate([tone(700, 0.6), silence(0.7)]))
+            await wyoming.write_event(chunk(audio))
+            if leaves != "mid_stream":
+                await wyoming.write_event(AudioStop().event())
+            assert wyoming._writer is not None
+            wyoming._writer.transport.abort()  # gone, with its answer on the way
+            await eventually(lambda: fake_server.runtime.active_sessions == 0)
+        await asyncio.sleep(0.5)
+        gc.collect()  # an exception never retrieved is logged when its task is collected
+        await asyncio.sleep(0.1)
+    finally:
+        logging.getLogger().removeHandler(errors)
+    assert [r.getMessage() for r in errors.records] == []

@@ -80,7 +80,11 @@ class Attachment(Generic[M]):
         self.source.release()  # held audio is counted in the session, either way
         self.driver.attachment = None
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            if isinstance(result, ConnectionError):  # the client left mid-write: not a fault
+                log.info("client gone", extra={"transport": self.driver.wire.name})
+            elif isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError
+            ):
                 log.error("session task failed", exc_info=result)
         log.info("session closed", extra={"transport": self.driver.wire.name})
 

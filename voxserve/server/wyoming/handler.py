@@ -141,6 +141,8 @@ class WyomingHandler(AsyncEventHandler):
                     return
                 if event is None or not await self.handle_event(event):
                     return
+        except ConnectionError:  # the peer left while it was answered: nobody to tell
+            log.info("wyoming client gone")
         finally:
             seats.disconnect(peer)
             await self.disconnect()
@@ -177,7 +179,9 @@ class WyomingHandler(AsyncEventHandler):
             return True
         except VoxError as exc:
             error = exc
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, ConnectionError) and self.writer.is_closing():
+                raise  # the peer is gone (run): no error to write
             log.exception("wyoming event failed", extra={"event": event.type})
             error = VoxError(ErrorCode.INTERNAL, "internal error; see server logs")
         transcription = routed is None and event.type in AUDIO_EVENTS
