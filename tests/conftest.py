@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import openai
 import pytest
 import uvicorn
 
+from tests import helpers
 from tests.fakes import FakeAsr, fake_runtime
 from voxserve.config import Settings, load_settings
 from voxserve.runtime import Runtime
@@ -107,11 +107,7 @@ def _no_gc_freeze_in_tests() -> Iterator[None]:
         yield
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+free_port = helpers.free_port  # re-exported: tests import it from here
 
 
 @dataclass

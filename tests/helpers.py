@@ -6,6 +6,7 @@ import asyncio
 import http.server
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -194,12 +195,48 @@ def reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports tests listen on: above Ray's worker ports (10002-19999) and below the ephemeral
+# range, split between the xdist workers. A port bound to 0 and released comes from the
+# ephemeral range, where any process's outgoing connection (or another worker's pick) could
+# take it before the server binds it: CI saw "address already in use" for such a port.
+_PORTS_FROM = 20_000
+_port_cursor: int | None = None
+
+
+def free_port() -> int:
+    """A loopback port free just now, that nothing else in this run picks: this worker's
+    own slice of [20000, ephemeral range), the next one there that binds."""
+    global _port_cursor
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = (_ephemeral_low() - _PORTS_FROM) // max(count, 1)
+    low = _PORTS_FROM + index * size
+    if _port_cursor is None:
+        _port_cursor = os.getpid() % size  # a rerun in the same second starts elsewhere
+    for _ in range(size):
+        port = low + _port_cursor % size
+        _port_cursor += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + size - 1}")
+
+
 def start_serve(env: dict[str, str], log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
     """`voxserve serve` on a free loopback port (gRPC and Wyoming off, `flags` after), its
     output in `log`: the process and its port (then `wait_ready`, `stop_process`)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "voxserve", "serve", "--port", str(port)]
     cmd += ["--grpc-port", "0", "--wyoming-port", "0", *flags]
     with log.open("wb") as out:

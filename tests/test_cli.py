@@ -24,7 +24,7 @@ import jiwer
 import numpy as np
 import pytest
 
-from tests.helpers import reap, wait_ready
+from tests.helpers import free_port, reap, wait_ready
 from voxserve.audio.wav import read_wav
 from voxserve.cli.admin_http import url_host
 from voxserve.config import ConfigError, load_settings
@@ -74,13 +74,6 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], *needles: str)
 
 def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --- help -----------------------------------------------------------------------------------
