@@ -79,6 +79,9 @@ from voxserve.types import SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 TRANSPORT = "wyoming"
+# After the server ends a connection, what the peer still sends is read and dropped for at
+# most this long (its FIN sent first), so the peer reads the last event (`lingering_close`).
+LINGER_S = 1.0
 REFUSALS = frozenset(
     {ErrorCode.OVERLOADED, ErrorCode.NOT_READY, ErrorCode.QUOTA_EXCEEDED, ErrorCode.WYOMING_LIMIT}
 )
@@ -115,7 +118,7 @@ class WyomingHandler(AsyncEventHandler):
             seats.connect(peer)
         except VoxError as exc:  # over Wyoming's connection caps: said, then closed
             await self._error(exc)
-            self.writer.close()
+            await lingering_close(self.reader, self.writer)
             return
         try:
             while self._is_running:
@@ -146,7 +149,7 @@ class WyomingHandler(AsyncEventHandler):
         finally:
             seats.disconnect(peer)
             await self.disconnect()
-            self.writer.close()
+            await lingering_close(self.reader, self.writer)
 
     def _peer(self) -> str:
         """The client's address (its port left out): what the per-peer cap counts."""
@@ -320,3 +323,19 @@ class WyomingHandler(AsyncEventHandler):
         if self._asr is not None:
             self._asr.release()
             self._asr = None
+
+
+async def lingering_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Close a connection whose peer may still be sending: FIN first, then its bytes read
+    and dropped until it closes too (at most LINGER_S), then the socket. A socket closed
+    with unread input sends RST, and the peer's stack then drops what it had not read yet:
+    the error that said why (idle_timeout, a limit) with it."""
+    if not writer.is_closing() and not reader.at_eof():
+        with contextlib.suppress(OSError, RuntimeError):
+            if writer.can_write_eof():
+                writer.write_eof()
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(LINGER_S):
+                while await reader.read(65_536):
+                    pass
+    writer.close()
