@@ -68,11 +68,15 @@ def test_http_speech_smoke(load_server: LiveServer, tmp_path: Path) -> None:
     assert summary["p99"]["first_audio_ms"] > 0 and step["error_rate"] == 0
 
 
-def test_realtime_vs_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:
+def test_realtime_vs_stream_smoke(tmp_path: Path) -> None:
     """`bench realtime`: 2 assistant streams through /v1/stream, then 2 through the OpenAI
-    Realtime doorway, for 4 s each; both have turns, no errors, and the comparison."""
+    Realtime doorway, for 4 s each; both have turns, no errors, and the comparison. The
+    server is spawned, as the bench is run: in this process (the module's load_server) its
+    work held the GIL while the load generator was due, and a step was judged invalid for
+    the generator's lateness (CI: P99 send lateness 35.9 ms > 10 ms)."""
     out = tmp_path / "realtime"
-    argv = ["realtime", "--url", f"ws://127.0.0.1:{load_server.settings.port}"]
+    config = str(ROOT / "bench" / "load-engines.toml")
+    argv = ["realtime", "--spawn", "--server-config", config]
     argv += ["--streams", "2", "--duration", "4", "--cooldown", "0.5", "--out", str(out)]
     argv += ["--budget-ms", "5000"]  # a busy machine must not make the knee flaky
     assert main([*argv, "--audio-dir", str(ROOT / "tests" / "fixtures"), "--quiet"]) == 0
