@@ -16,7 +16,9 @@ set, while a keyed live /v1/stream is watched (tests/hostile/watch.py).
   past `wyoming.max_audio_s` ends with `message_too_large`; thousands of 1-sample chunks
   to the wake service cost the live stream nothing.
 - Slowness: a header dribbled a byte at a time is cut at `limits.idle_timeout_s` however
-  long the dribble would go on.
+  long the dribble would go on. A connection the server ends is read out (FIN first, its
+  bytes dropped) for at most `LINGER_S`, so its error is not lost to a reset: 30 refused
+  connections flooding the socket cost nothing that lasts.
 - Tenants: anonymous Wyoming connections past `wyoming.max_connections_per_peer` and
   `wyoming.max_connections` are refused (`wyoming_limit`, closed), their requests past
   `wyoming.max_sessions` refused (`wyoming_limit`), and keyed WebSocket streams opened
@@ -50,6 +52,7 @@ from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
 from voxserve.engines.micro_wakeword import load_wake
 from voxserve.runtime import Runtime
+from voxserve.server.wyoming.handler import LINGER_S
 from voxserve.server.wyoming.seats import seats_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -413,3 +416,51 @@ async def test_anonymous_wyoming_keeps_to_its_share_and_keyed_streams_are_admitt
     async with asyncio.timeout(TIMEOUT_S):
         while seats_of(runtime).sessions or seats_of(runtime).connections:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+
+
+async def refused_shoveler(live: LiveServer, source: str) -> tuple[list[str | None], bool, float]:
+    """A connection over the per-peer cap that sends junk as fast as it can and never stops:
+    its error codes, whether it read the server's FIN after them (not a reset), and how long
+    the server went on reading it after that FIN (until its writes fail)."""
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", live.settings.wyoming_port, local_addr=(source, 0)
+    )
+    junk = b"x" * 65_536
+    failed = asyncio.Event()
+
+    async def shovel() -> None:
+        try:
+            while True:
+                writer.write(junk)
+                await writer.drain()
+        except ConnectionError:
+            failed.set()
+
+    sender = asyncio.create_task(shovel())
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            event = await async_read_event(reader)
+            eof = await reader.read() == b""
+            eof_at = asyncio.get_running_loop().time()
+            await failed.wait()
+        return codes([event] if event else []), eof, asyncio.get_running_loop().time() - eof_at
+    finally:
+        sender.cancel()
+        writer.close()
+
+
+async def test_connections_ended_by_the_server_are_read_out_for_a_bounded_time(
+    live: LiveServer,
+) -> None:
+    """Connections refused over the per-peer cap that flood the socket: each reads its
+    `wyoming_limit` and then the server's FIN (the error is never lost to a reset), the
+    server reads and drops what they send for at most LINGER_S (then closes), nothing
+    grows with what they sent, and the live stream is unhurt."""
+    async with watched_live(live) as watch, AsyncExitStack() as stack:
+        for _ in range(PER_PEER):  # this address's connections, all held
+            _, _, writer = await anonymous_wake(live, "127.0.0.9")
+            stack.callback(writer.close)
+        results = await asyncio.gather(*(refused_shoveler(live, "127.0.0.9") for _ in range(30)))
+    assert all(c == ["wyoming_limit"] and eof for c, eof, _ in results), results
+    assert max(read_on for _, _, read_on in results) < LINGER_S + 1.0, results
+    watch.assert_unhurt(max_growth_mb=100)
