@@ -145,7 +145,7 @@ class WyomingHandler(AsyncEventHandler):
                 if event is None or not await self.handle_event(event):
                     return
         except ConnectionError:  # the peer left while it was answered: nobody to tell
-            log.info("wyoming client gone")
+            log.debug("wyoming client gone")  # said once, by the session (attachment.py)
         finally:
             seats.disconnect(peer)
             await self.disconnect()
