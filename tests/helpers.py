@@ -14,17 +14,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import jiwer
 import numpy as np
+import openai
 
 from voxserve.audio.wav import read_wav
 from voxserve.config import Settings
+
+if TYPE_CHECKING:
+    from openai.resources.realtime.realtime import AsyncRealtimeConnection
+    from openai.types.realtime import ClientSecretCreateResponse
+
+    from tests.conftest import LiveServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -99,6 +106,42 @@ async def sessions_ended(runtime: Any) -> None:
     when it ends, and an earlier test's connection may still be ending: read a "before"
     figure after this (one such late count landed in the next test's figures in CI)."""
     await eventually(lambda: runtime.active_sessions == 0)
+
+
+# --- the `openai` SDK's async client -----------------------------------------------------------
+# Each is closed by the test that made it, while its loop runs. One left open sits in a reference
+# cycle until the cyclic GC frees it, at any later moment: maybe in another test's loop, where its
+# `__del__` schedules `aclose()`, which fails on the old loop's connections ("Task exception was
+# never retrieved ... Event loop is closed", an error record a later test caught in CI).
+
+
+@asynccontextmanager
+async def async_sdk(
+    live: LiveServer, key: str, **options: Any
+) -> AsyncIterator[openai.AsyncOpenAI]:
+    """An `openai.AsyncOpenAI` client of `live` (no retries, `options` besides), closed after."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{live.http_url}/v1", api_key=key, max_retries=0, **options
+    ) as client:
+        yield client
+
+
+@asynccontextmanager
+async def realtime_connection(
+    live: LiveServer, key: str, **connect: Any
+) -> AsyncIterator[AsyncRealtimeConnection]:
+    """`client.realtime.connect(**connect)` on an `async_sdk` client of its own; the connection
+    closed after, then the client."""
+    async with async_sdk(live, key) as client, client.realtime.connect(**connect) as conn:
+        yield conn
+
+
+async def mint_client_secret(
+    live: LiveServer, key: str, **create: Any
+) -> ClientSecretCreateResponse:
+    """`client.realtime.client_secrets.create(**create)` on an `async_sdk` client of its own."""
+    async with async_sdk(live, key) as client:
+        return await client.realtime.client_secrets.create(**create)
 
 
 def wait_ready(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.conftest import LiveServer
-from tests.helpers import fixture_audio, fixture_texts, wer
+from tests.helpers import async_sdk, fixture_audio, fixture_texts, wer
 from voxserve.audio.wav import write_wav
 from voxserve.pipeline.recognition import bulk as recognition
 from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
@@ -34,11 +34,10 @@ TOLERANCE_S = 0.6  # Whisper's timestamps (20 ms tokens) may land this far off s
 
 
 @pytest.fixture
-def client(live_server: LiveServer) -> Iterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=120.0
-    )
-    yield sdk
+async def client(live_server: LiveServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    """Closed on the test's own loop (the fixture's loop is the test's)."""
+    async with async_sdk(live_server, "x", timeout=120.0) as sdk:
+        yield sdk
 
 
 @pytest.fixture

@@ -86,11 +86,11 @@ def zh_server(baker: BakerTts) -> Iterator[LiveServer]:
 def test_served_voice_is_recognised_as_mandarin(
     zh_server: LiveServer, whisper_base: WhisperModel
 ) -> None:
-    client = openai.OpenAI(base_url=zh_server.http_url + "/v1", api_key="x", max_retries=0)
     text = "".join(SENTENCES)
-    raw = client.audio.speech.with_raw_response.create(
-        model="tts-1", voice=VOICE_ID, input=text, response_format="wav"
-    )
+    with openai.OpenAI(base_url=zh_server.http_url + "/v1", api_key="x", max_retries=0) as client:
+        raw = client.audio.speech.with_raw_response.create(
+            model="tts-1", voice=VOICE_ID, input=text, response_format="wav"
+        )
     samples, rate = read_wav(raw.content)
     assert raw.headers["X-Voxserve-Voice"] == VOICE_ID
     audio = soxr.resample(samples.astype(np.float32) / 32768.0, rate, SAMPLE_RATE)

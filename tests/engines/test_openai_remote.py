@@ -198,28 +198,30 @@ def error_of(call: Callable[[], object]) -> tuple[int, dict[str, str]]:
 
 
 def test_remote_failures_are_clear_errors_and_fail_alone(failing: LiveServer) -> None:
-    client = openai.OpenAI(base_url=failing.http_url + "/v1", api_key="x", max_retries=0)
+    with openai.OpenAI(base_url=failing.http_url + "/v1", api_key="x", max_retries=0) as client:
 
-    def speak(voice: str) -> bytes:
-        return client.audio.speech.create(
-            model="tts-1", voice=voice, input="Hello there.", response_format="pcm"
-        ).content
+        def speak(voice: str) -> bytes:
+            return client.audio.speech.create(
+                model="tts-1", voice=voice, input="Hello there.", response_format="pcm"
+            ).content
 
-    with ThreadPoolExecutor(4) as pool:  # the failing calls beside a good one
-        bad = pool.submit(error_of, lambda: speak("badkey"))
-        down = pool.submit(error_of, lambda: speak("down"))
-        good = pool.submit(speak, "amy")
-        refused, unreachable, audio = bad.result(), down.result(), good.result()
-    assert refused[0] == 502 and refused[1]["code"] == ErrorCode.ENGINE_ERROR.value
-    assert "HTTP 401" in refused[1]["message"] and "api_key" in refused[1]["message"]
-    assert unreachable[0] == 503 and unreachable[1]["code"] == ErrorCode.ENGINE_UNAVAILABLE.value
-    assert "cannot connect" in unreachable[1]["message"]
-    assert np.abs(np.frombuffer(audio, dtype="<i2")).max() > 1000  # the good voice still speaks
-    wav = write_wav(fixture_audio("command.wav"), SAMPLE_RATE)
-    asr_refused = error_of(
-        lambda: client.audio.transcriptions.create(model="whisper-1", file=("c.wav", wav))
-    )
-    assert asr_refused[0] == 502 and "api_key" in asr_refused[1]["message"]
+        with ThreadPoolExecutor(4) as pool:  # the failing calls beside a good one
+            bad = pool.submit(error_of, lambda: speak("badkey"))
+            down = pool.submit(error_of, lambda: speak("down"))
+            good = pool.submit(speak, "amy")
+            refused, unreachable, audio = bad.result(), down.result(), good.result()
+        assert refused[0] == 502 and refused[1]["code"] == ErrorCode.ENGINE_ERROR.value
+        assert "HTTP 401" in refused[1]["message"] and "api_key" in refused[1]["message"]
+        assert (
+            unreachable[0] == 503 and unreachable[1]["code"] == ErrorCode.ENGINE_UNAVAILABLE.value
+        )
+        assert "cannot connect" in unreachable[1]["message"]
+        assert np.abs(np.frombuffer(audio, dtype="<i2")).max() > 1000  # the good voice still speaks
+        wav = write_wav(fixture_audio("command.wav"), SAMPLE_RATE)
+        asr_refused = error_of(
+            lambda: client.audio.transcriptions.create(model="whisper-1", file=("c.wav", wav))
+        )
+        assert asr_refused[0] == 502 and "api_key" in asr_refused[1]["message"]
 
 
 def test_a_remote_that_is_down_is_engine_unavailable_at_once() -> None:

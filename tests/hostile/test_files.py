@@ -99,10 +99,10 @@ def test_everything_the_server_writes_is_private(tmp_path: Path, mask: int, work
         for _ in range(2):  # with two workers, each may cache it
             answer = httpx.post(f"{base}/v1/audio/speech", json=body, headers=headers, timeout=30)
             assert answer.status_code == 200, answer.text
-        client = OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
-        client.realtime.client_secrets.create(
-            session={"type": "realtime", "instructions": "Private instructions."}
-        )
+        with OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0) as client:
+            client.realtime.client_secrets.create(
+                session={"type": "realtime", "instructions": "Private instructions."}
+            )
         deadline = time.monotonic() + 10
         while cached_rows(home) == 0 and time.monotonic() < deadline:  # the writer thread
             time.sleep(0.05)

@@ -30,14 +30,13 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.helpers import fixture_texts, wer
+from tests.helpers import fixture_texts, realtime_connection, wer
 from tests.hostile.watch import watched
 from tests.realtime.test_realtime_sdk import (
     MODEL,
     audio_of,
     opened,
     rms,
-    sdk,
     send_audio,
     speech,
     types,
@@ -180,7 +179,7 @@ async def test_push_to_talk_commit_and_create_at_once_answer_that_turn(live: Liv
     to back: the response answers that turn (text and audio), after its committed."""
     said = fixture_texts()["command.wav"]
     async with watched(live.http_url) as watch:
-        async with sdk(live, key="unused").realtime.connect(model=MODEL) as conn:
+        async with realtime_connection(live, "unused", model=MODEL) as conn:
             await opened(conn)
             seen: list[Event] = []
             await update(conn, seen, PTT)
@@ -223,7 +222,7 @@ async def test_push_to_talk_commit_and_create_at_once_answer_that_turn(live: Liv
 @pytest.mark.parametrize("case", ["empty commit", "cancel while it waits", "second create"])
 async def test_push_to_talk_out_of_order(live: LiveServer, case: str) -> None:
     """commit/response.create/cancel out of order: each answered, none left waiting."""
-    async with sdk(live, key="unused").realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(live, "unused", model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         await update(conn, seen, PTT)

@@ -23,13 +23,18 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai import AsyncOpenAI
 from pydantic import SecretStr
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import LiveServer, free_port, start_fake_server_in, stop_server
-from tests.helpers import stop_process, wait_ready
+from tests.helpers import (
+    async_sdk,
+    mint_client_secret,
+    realtime_connection,
+    stop_process,
+    wait_ready,
+)
 from tests.hostile.watch import watched
 from voxserve.config import RealtimeConfig
 from voxserve.server.realtime_api.secrets import FILE_NAME, ClientSecrets
@@ -59,10 +64,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live = start(tmp_path_factory.mktemp("hostile-secrets"))
     yield live
     stop_server(live)
-
-
-def sdk(live: LiveServer, key: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=key, max_retries=0)
 
 
 def mint_raw(live: LiveServer, key: str, body: bytes, **headers: str) -> httpx.Response:
@@ -110,12 +111,12 @@ async def test_one_keys_minting_flood_leaves_the_other_keys_served(server: LiveS
         assert "max_client_secrets_per_key" in refused.json()["error"]["message"]
         assert 1 <= int(refused.headers["retry-after"]) <= 31
         # The victim still mints its own bound's worth, and the secret opens its session.
-        victim = sdk(server, VICTIM)
-        minted = [await victim.realtime.client_secrets.create() for _ in range(PER_KEY)]
-        async with sdk(server, minted[0].value).realtime.connect(model=MODEL) as conn:
-            assert (await conn.recv()).type == "session.created"
-        # A used secret no longer counts: the victim may mint one more.
-        await victim.realtime.client_secrets.create()
+        async with async_sdk(server, VICTIM) as victim:
+            minted = [await victim.realtime.client_secrets.create() for _ in range(PER_KEY)]
+            async with realtime_connection(server, minted[0].value, model=MODEL) as conn:
+                assert (await conn.recv()).type == "session.created"
+            # A used secret no longer counts: the victim may mint one more.
+            await victim.realtime.client_secrets.create()
     watch.assert_unhurt(max_growth_mb=60)
 
 
@@ -218,9 +219,9 @@ def _rows(path: Path) -> int:
 async def test_forged_cut_used_and_expired_tokens_get_an_error_and_a_close_frame(
     server: LiveServer,
 ) -> None:
-    minted = await sdk(server, OTHER).realtime.client_secrets.create()
-    used = await sdk(server, OTHER).realtime.client_secrets.create()
-    async with sdk(server, used.value).realtime.connect(model=MODEL) as conn:
+    minted = await mint_client_secret(server, OTHER)
+    used = await mint_client_secret(server, OTHER)
+    async with realtime_connection(server, used.value, model=MODEL) as conn:
         assert (await conn.recv()).type == "session.created"
     # Expired: minted into the same file by a store whose clock is 100 s behind.
     path = server.settings.cache.path().parent / FILE_NAME
@@ -242,7 +243,7 @@ async def test_forged_cut_used_and_expired_tokens_get_an_error_and_a_close_frame
         assert said in event["error"]["message"], (name, event)
         assert close == 1008, (name, close)
     # None of that used the good one up.
-    async with sdk(server, minted.value).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(server, minted.value, model=MODEL) as conn:
         assert (await conn.recv()).type == "session.created"
 
 
@@ -254,7 +255,7 @@ async def test_a_store_whose_directory_is_blocked_is_503_and_a_close_frame(
     store_dir = tmp_path / "secrets"
     live = start(tmp_path / "cache", secrets_dir=store_dir)
     try:
-        good = await sdk(live, OTHER).realtime.client_secrets.create()
+        good = await mint_client_secret(live, OTHER)
         # The directory goes and a file takes its place: nothing can create or open it.
         shutil.rmtree(store_dir)
         store_dir.write_text("in the way")
@@ -264,16 +265,16 @@ async def test_a_store_whose_directory_is_blocked_is_503_and_a_close_frame(
         assert "secrets_dir" in answer.json()["error"]["message"]
         assert answer.headers["retry-after"]
         with pytest.raises(openai.InternalServerError, match="store cannot be used") as sdk_error:
-            await sdk(live, OTHER).realtime.client_secrets.create()
+            await mint_client_secret(live, OTHER)
         assert sdk_error.value.code == "storage_unavailable"
         event, close = await refusal(realtime_url(live), good.value)
         assert event["error"]["code"] == "storage_unavailable", event
         assert close is not None and close != 1006
         # A missing directory is made again (0700) at the next use: minting works again.
         store_dir.unlink()
-        again = await sdk(live, OTHER).realtime.client_secrets.create()
+        again = await mint_client_secret(live, OTHER)
         assert (store_dir / FILE_NAME).is_file() and store_dir.stat().st_mode & 0o777 == 0o700
-        async with sdk(live, again.value).realtime.connect(model=MODEL) as conn:
+        async with realtime_connection(live, again.value, model=MODEL) as conn:
             assert (await conn.recv()).type == "session.created"
     finally:
         stop_server(live)

@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.engines.conftest import FIXTURES
-from tests.helpers import eventually, fixture_audio
+from tests.helpers import eventually, fixture_audio, realtime_connection
 from tests.realtime.test_realtime_sdk import opened, send_audio, speech, until, update
 from tests.wsclient import of_type, run_asr
 from voxserve.config import ConfigError, load_settings
@@ -154,9 +154,8 @@ async def test_stream_session_start_names_its_model(chooser: LiveServer) -> None
 async def test_realtime_transcription_model_is_chosen_by_session_update(
     chooser: LiveServer,
 ) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{chooser.http_url}/v1", api_key="x", max_retries=0)
-    async with client.realtime.connect(
-        model="gpt-realtime", extra_query={"intent": "transcription"}
+    async with realtime_connection(
+        chooser, "x", model="gpt-realtime", extra_query={"intent": "transcription"}
     ) as conn:
         await opened(conn)
         seen: list[dict[str, Any]] = []

@@ -22,6 +22,7 @@ from wyoming.tts import Synthesize
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeAsr, fake_runtime, silence, tone
+from tests.helpers import realtime_connection
 from tests.observe.test_metrics_live import scrape, value
 from tests.transports.grpc_client import collect as grpc_collect
 from tests.transports.grpc_client import stub
@@ -151,10 +152,9 @@ def test_live_stream(server: LiveServer) -> None:
 
 def test_realtime(server: LiveServer) -> None:
     async def session() -> None:
-        client = openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="x", max_retries=0)
         pcm = utterance(24_000).astype("<i2").tobytes()
-        async with client.realtime.connect(
-            model="gpt-realtime", extra_query={"intent": "transcription"}
+        async with realtime_connection(
+            server, "x", model="gpt-realtime", extra_query={"intent": "transcription"}
         ) as conn:
             for i in range(0, len(pcm), 4800):  # 100 ms at 24 kHz, at 4x real time
                 chunk = base64.b64encode(pcm[i : i + 4800]).decode()

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai import AsyncOpenAI
 from pydantic import SecretStr
 from websockets.asyncio.client import connect
 
 from tests.conftest import LiveServer, start_fake_server_in, stop_server
+from tests.helpers import async_sdk, mint_client_secret, realtime_connection
 from voxserve.config import RealtimeConfig
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.server.realtime_api.secrets import (
@@ -51,13 +51,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     stop_server(live)
 
 
-def sdk(live: LiveServer, key: str = KEY) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=key, max_retries=0)
-
-
 async def first_event(live: LiveServer, key: str) -> dict[str, Any]:
     """What a Realtime connection with `key` is told first."""
-    async with sdk(live, key).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(live, key, model=MODEL) as conn:
         event = await conn.recv()
         return event.model_dump(exclude_none=False)
 
@@ -174,9 +170,8 @@ def test_realtime_principal(tmp_path: Path) -> None:
 
 async def test_sdk_mints_and_the_secret_opens_one_session(server: LiveServer) -> None:
     before = time.time()
-    minted = await sdk(server).realtime.client_secrets.create(
-        expires_after={"anchor": "created_at", "seconds": 120},
-        session=SESSION,  # type: ignore[arg-type]
+    minted = await mint_client_secret(
+        server, KEY, expires_after={"anchor": "created_at", "seconds": 120}, session=SESSION
     )
     assert minted.value.startswith("ek_") and len(minted.value) > 40
     assert before + 119 <= minted.expires_at <= time.time() + 121
@@ -199,8 +194,8 @@ async def test_sdk_mints_and_the_secret_opens_one_session(server: LiveServer) ->
 
 
 async def test_a_transcription_secret_opens_a_transcription_session(server: LiveServer) -> None:
-    minted = await sdk(server).realtime.client_secrets.create(
-        session={"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+    minted = await mint_client_secret(
+        server, KEY, session={"type": "transcription", "audio": {"input": {"turn_detection": None}}}
     )
     assert minted.session.type == "transcription"
     created = await first_event(server, minted.value)
@@ -209,8 +204,8 @@ async def test_a_transcription_secret_opens_a_transcription_session(server: Live
 
 
 async def test_a_browser_offers_the_secret_as_a_subprotocol(server: LiveServer) -> None:
-    minted = await sdk(server).realtime.client_secrets.create(
-        session={"type": "realtime", "instructions": "From a page."}
+    minted = await mint_client_secret(
+        server, KEY, session={"type": "realtime", "instructions": "From a page."}
     )
     url = f"ws://127.0.0.1:{server.settings.port}/v1/realtime?model={MODEL}"
     offered = ["realtime", f"openai-insecure-api-key.{minted.value}"]
@@ -222,12 +217,12 @@ async def test_a_browser_offers_the_secret_as_a_subprotocol(server: LiveServer) 
 
 
 async def test_minting_needs_an_api_key(server: LiveServer) -> None:
-    minted = await sdk(server).realtime.client_secrets.create()  # defaults: 600 s, no session
+    minted = await mint_client_secret(server, KEY)  # defaults: 600 s, no session
     assert 590 <= minted.expires_at - time.time() <= 610
     with pytest.raises(openai.AuthenticationError, match="cannot mint another"):
-        await sdk(server, minted.value).realtime.client_secrets.create()
+        await mint_client_secret(server, minted.value)
     with pytest.raises(openai.AuthenticationError, match="wrong API key"):
-        await sdk(server, "not-the-key").realtime.client_secrets.create()
+        await mint_client_secret(server, "not-the-key")
     unknown = await first_event(server, "ek_" + "x" * 43)
     assert unknown["error"]["code"] == "unauthorized" and "not known" in unknown["error"]["message"]
 
@@ -262,11 +257,11 @@ def test_bad_requests_name_the_field(server: LiveServer, body: dict[str, Any], n
 async def test_a_full_store_refuses_to_mint(tmp_path: Path) -> None:
     live = start(tmp_path, max_client_secrets=2)
     try:
-        client = sdk(live)
-        await client.realtime.client_secrets.create()
-        await client.realtime.client_secrets.create()
-        with pytest.raises(openai.RateLimitError, match="max_client_secrets") as refused:
+        async with async_sdk(live, KEY) as client:
             await client.realtime.client_secrets.create()
+            await client.realtime.client_secrets.create()
+            with pytest.raises(openai.RateLimitError, match="max_client_secrets") as refused:
+                await client.realtime.client_secrets.create()
         assert refused.value.response.headers["retry-after"]
         assert len(secrets_of(live.runtime)) == 2
     finally:

@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosedOK
 from websockets.frames import Opcode
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import FakeTts, fake_runtime
 from tests.faults.test_slow_readers import RawWs
-from tests.helpers import eventually, settings_with
+from tests.helpers import eventually, realtime_connection, settings_with
 from voxserve.config import load_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,10 +74,9 @@ async def test_a_realtime_client_that_stops_reading_is_ended_as_stalled(
 
 
 async def test_a_silent_realtime_client_is_ended_idle_timeout(stall_server: LiveServer) -> None:
-    client = AsyncOpenAI(base_url=f"{stall_server.http_url}/v1", api_key="unused")
     seen: list[dict[str, Any]] = []
     began = time.monotonic()
-    async with client.realtime.connect(model="gpt-realtime") as conn:
+    async with realtime_connection(stall_server, "unused", model="gpt-realtime") as conn:
         with pytest.raises(ConnectionClosedOK):  # 1000, after the goodbye
             while True:
                 seen.append(json.loads(await conn.recv_bytes()))

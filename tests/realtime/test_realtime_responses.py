@@ -22,6 +22,7 @@ from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 from tests import chat_standin as standin
 from tests.conftest import LiveServer
+from tests.helpers import realtime_connection
 from tests.realtime.helpers import GA
 from tests.realtime.test_realtime_sdk import (
     MODEL,
@@ -31,7 +32,6 @@ from tests.realtime.test_realtime_sdk import (
     audio_of,
     of,
     opened,
-    sdk,
     until,
     update,
 )
@@ -62,7 +62,7 @@ async def test_metadata_and_the_voice_name_are_echoed_and_usage_counted(
     tool_server: LiveServer,
 ) -> None:
     metadata = {"client_event_id": "evt_gen_1", "topic": "g" * 512}
-    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(tool_server, "x", model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         await update(conn, seen, {"type": "realtime", "audio": {"output": {"voice": "alloy"}}})
@@ -118,7 +118,7 @@ async def test_a_model_that_reuses_a_call_id_gets_each_output_after_its_own_call
     tool_server: LiveServer, chat_standin: standin.ChatStandin
 ) -> None:
     chat_standin.requests.clear()
-    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(tool_server, "x", model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         session = {"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER_TOOL]}
@@ -154,7 +154,7 @@ async def test_a_model_that_reuses_a_call_id_gets_each_output_after_its_own_call
 async def test_a_model_that_keeps_calling_tools_is_stopped_at_the_turns_bound(
     tool_server: LiveServer,
 ) -> None:
-    async with sdk(tool_server, "x").realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(tool_server, "x", model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         session = {"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER_TOOL]}

@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from pydantic import SecretStr
 from websockets.asyncio.client import connect
@@ -30,7 +29,13 @@ from websockets.exceptions import ConnectionClosed
 from tests.chat_standin import ANSWER, ChatStandin, chat_fixtures
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import silence
-from tests.helpers import fixture_audio, fixture_texts, sessions_ended, wer
+from tests.helpers import (
+    fixture_audio,
+    fixture_texts,
+    realtime_connection,
+    sessions_ended,
+    wer,
+)
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
 from voxserve.config import load_settings
@@ -65,10 +70,6 @@ def fixed_clock(rt_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- the client side ----------------------------------------------------------------------
-
-
-def sdk(live: LiveServer, key: str = KEY) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=key, max_retries=0)
 
 
 def speech(name: str, rate: int = RATE, pad_s: float = 0.8) -> bytes:
@@ -148,7 +149,7 @@ async def test_spoken_question_answered_with_audio(
     texts = fixture_texts()
     gauge = rt_server.runtime.metrics.registry.get_sample_value
     labels = {"mode": "assistant", "transport": "realtime"}
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         created = await conn.recv()  # the SDK's typed event
         assert created.type == "session.created"
         assert created.session.model == MODEL  # type: ignore[union-attr]
@@ -206,9 +207,8 @@ async def test_spoken_question_answered_with_audio(
 
 async def test_transcription_session_transcribes_and_never_responds(rt_server: LiveServer) -> None:
     texts = fixture_texts()
-    client = sdk(rt_server)
-    async with client.realtime.connect(
-        model=MODEL, extra_query={"intent": "transcription"}
+    async with realtime_connection(
+        rt_server, KEY, model=MODEL, extra_query={"intent": "transcription"}
     ) as conn:
         created = await opened(conn)
         assert created["session"]["type"] == "transcription", created
@@ -225,7 +225,7 @@ async def test_transcription_session_transcribes_and_never_responds(rt_server: L
 
 
 async def test_speech_during_the_reply_cancels_it(rt_server: LiveServer) -> None:
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         # The fallback reply repeats the question: several seconds of speech.
@@ -250,7 +250,7 @@ async def test_push_to_talk_commit_then_response_create(
     rt_server: LiveServer, fixed_clock: None
 ) -> None:
     texts = fixture_texts()
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         updated = await update(
@@ -284,7 +284,7 @@ async def test_push_to_talk_commit_then_response_create(
 
 async def test_the_beta_header_selects_beta_names(rt_server: LiveServer, fixed_clock: None) -> None:
     beta = {"OpenAI-Beta": "realtime=v1"}
-    async with sdk(rt_server).realtime.connect(model=MODEL, extra_headers=beta) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL, extra_headers=beta) as conn:
         created = await opened(conn)
         assert created["session"]["input_audio_format"] == "pcm16", created  # beta's shape
         seen: list[Event] = []
@@ -316,7 +316,7 @@ WEATHER_TOOL = {
 
 
 async def test_tool_call_round_trip(tool_server: LiveServer, chat_standin: ChatStandin) -> None:
-    async with sdk(tool_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(tool_server, KEY, model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         await update(
@@ -386,7 +386,7 @@ async def test_g711_mu_law_in_and_out(rt_server: LiveServer, fixed_clock: None) 
     texts = fixture_texts()
     question = ulaw_encode(np.frombuffer(speech("command.wav", rate=8000), dtype=np.int16))
     assert rms(ulaw_decode(question)) > 300  # the test's own codec round-trips
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         pcmu = {"type": "audio/pcmu"}
@@ -422,7 +422,7 @@ async def test_g711_mu_law_in_and_out(rt_server: LiveServer, fixed_clock: None) 
 
 async def test_bad_events_get_errors_and_the_session_goes_on(rt_server: LiveServer) -> None:
     limit = rt_server.settings.limits.max_message_bytes
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         await opened(conn)
         seen: list[Event] = []
         await conn.send_raw(json.dumps({"type": "no.such.event", "event_id": "evt_unknown"}))
@@ -477,7 +477,7 @@ async def test_a_message_past_what_is_read_closes_1009(rt_server: LiveServer) ->
 
 
 async def test_auth_refused_without_the_key(rt_server: LiveServer) -> None:
-    async with sdk(rt_server, key="not-the-key").realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, "not-the-key", model=MODEL) as conn:
         error = await recv(conn)
         with pytest.raises(ConnectionClosed) as closed:
             await recv(conn)
@@ -532,7 +532,7 @@ async def test_overload_refused_at_connect(
     )
     monkeypatch.setattr(rt_server.runtime, "settings", full)
     t0 = time.monotonic()
-    async with sdk(rt_server).realtime.connect(model=MODEL) as conn:
+    async with realtime_connection(rt_server, KEY, model=MODEL) as conn:
         error = await recv(conn)
         with pytest.raises(ConnectionClosed) as closed:
             await recv(conn)

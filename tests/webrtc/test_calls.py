@@ -189,8 +189,10 @@ async def test_call_opens_and_delete_frees_it(server: LiveServer) -> None:
 
 
 async def test_sdk_create_with_session_and_hangup(server: LiveServer) -> None:
-    client = AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1")
-    async with caller() as peer:
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        caller() as peer,
+    ):
         session = {"type": "realtime", "model": "gpt-realtime", "instructions": "Be brief."}
         answer = await client.realtime.calls.create(sdp=await peer.offer(), session=session)
         sdp = answer.text

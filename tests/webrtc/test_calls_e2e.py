@@ -21,11 +21,18 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 from pydantic import SecretStr
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.helpers import eventually, fixture_audio, fixture_texts, sessions_ended, wer
+from tests.helpers import (
+    async_sdk,
+    eventually,
+    fixture_audio,
+    fixture_texts,
+    realtime_connection,
+    sessions_ended,
+    wer,
+)
 from voxserve.audio.resample import resample
 from voxserve.audio.wav import write_wav
 from voxserve.bench.stats import normalize
@@ -176,12 +183,11 @@ async def test_ten_percent_loss_still_transcribes_and_is_counted(call_server: Li
 async def websocket_session(live: LiveServer, name: str, hold: asyncio.Event | None = None) -> str:
     """A /v1/realtime transcription session through the SDK, audio at real time; open after
     its transcript until `hold` is set (closed at once without one)."""
-    client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     pcm = resample(
         np.concatenate([fixture_audio(name), np.zeros(16_000, np.int16)]), 16_000, 24_000
     ).tobytes()
-    async with client.realtime.connect(
-        model="gpt-realtime", extra_query={"intent": "transcription"}
+    async with realtime_connection(
+        live, KEY, model="gpt-realtime", extra_query={"intent": "transcription"}
     ) as conn:
         step = 4800  # 100 ms at 24 kHz
         for i in range(0, len(pcm), step):
@@ -202,23 +208,23 @@ async def call(live: LiveServer, name: str, *, sdk: bool, hold: asyncio.Event | 
     up after its transcript once `hold` is set (its track sends silence meanwhile), at once
     without one."""
     caller = WebRtcCaller(clip_source(speech48(name)))
-    client = AsyncOpenAI(base_url=f"{live.http_url}/v1", api_key=KEY, max_retries=0)
     try:
-        if sdk:
-            offer = await caller.offer()
-            answer = await client.realtime.calls.create(sdp=offer, session=LISTEN_ONLY)  # type: ignore[arg-type]
-            location = answer.response.headers["location"]
-            await caller.attach(answer.text, location, live.http_url, KEY)
-        else:
-            await caller.call(live.http_url, KEY, session=LISTEN_ONLY)
-        final = await caller.wait_for(TRANSCRIPT, timeout_s=40)
-        if hold is not None:
-            await asyncio.wait_for(hold.wait(), 30)
-        if sdk:
-            assert caller.call_id
-            await client.realtime.calls.hangup(caller.call_id)
-        else:
-            assert await caller.hang_up() in (200, 204)
+        async with async_sdk(live, KEY) as client:
+            if sdk:
+                offer = await caller.offer()
+                answer = await client.realtime.calls.create(sdp=offer, session=LISTEN_ONLY)  # type: ignore[arg-type]
+                location = answer.response.headers["location"]
+                await caller.attach(answer.text, location, live.http_url, KEY)
+            else:
+                await caller.call(live.http_url, KEY, session=LISTEN_ONLY)
+            final = await caller.wait_for(TRANSCRIPT, timeout_s=40)
+            if hold is not None:
+                await asyncio.wait_for(hold.wait(), 30)
+            if sdk:
+                assert caller.call_id
+                await client.realtime.calls.hangup(caller.call_id)
+            else:
+                assert await caller.hang_up() in (200, 204)
     finally:
         await caller.close()
     return str(final["transcript"])
