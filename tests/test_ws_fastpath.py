@@ -16,7 +16,15 @@ from websockets.asyncio.client import connect
 from tests.conftest import LiveServer
 from tests.fakes import silence, tone
 from tests.helpers import eventually, sessions_ended
-from tests.wsclient import collect, frame_message, of_type, run_asr, send_audio, start
+from tests.wsclient import (
+    collect,
+    frame_message,
+    frame_messages,
+    of_type,
+    run_asr,
+    send_audio,
+    start,
+)
 from voxserve.server.websocket.fastpath import (
     AudioFastPathProtocol,
     fast_path_of,
@@ -175,6 +183,34 @@ async def test_marks_follow_the_frames_sent_before_them(fake_server: LiveServer)
         events, _ = await collect(ws)
     assert mark["id"] == "m" and mark["acked_seq"] == 49
     assert events[-1]["processed"] == 50
+
+
+async def test_a_read_of_tens_of_thousands_of_frames_keeps_its_order(
+    fake_server: LiveServer,
+) -> None:
+    """42,000 empty pings with the stream's frames and marks among them, in one write: the
+    server handles such reads a turn at a time (fastpath.TURN_S; here ~0.3 s of work),
+    reading paused in between, and nothing is lost or reordered: each mark acknowledges
+    the frames before it, every frame is processed, the transcript and the end follow."""
+    messages = frame_messages(speech())
+    async with connect(fake_server.ws_url) as ws:
+        await start(ws, mode="asr")
+        async with ws.send_context():
+            for seq, message in enumerate(messages):
+                for _ in range(400):
+                    ws.protocol.send_ping(b"")
+                ws.protocol.send_binary(message)
+                if seq % 10 == 9:
+                    ws.protocol.send_text(json.dumps({"type": "mark", "id": str(seq)}).encode())
+            ws.protocol.send_text(json.dumps({"type": "audio.end"}).encode())
+            ws.transport.write(b"".join(ws.protocol.data_to_send()))
+        events, _ = await collect(ws)
+    marks = of_type(events, "mark")
+    assert [(m["id"], m["acked_seq"]) for m in marks] == [
+        (str(seq), seq) for seq in range(9, len(messages), 10)
+    ]
+    assert events[-1]["processed"] == len(messages), events[-1]
+    assert [f["text"] for f in of_type(events, "transcript.final")] == ["tone440"]
 
 
 async def test_other_sample_rates_take_the_queued_path(fake_server: LiveServer) -> None:

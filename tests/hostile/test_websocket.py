@@ -258,20 +258,32 @@ def test_leaving_as_the_session_starts_is_no_asgi_error(
 
 # -- floods of tiny frames -----------------------------------------------------------------
 
-TINY = {"empty pings": b"".join(frame(9, b"") for _ in range(300_000))}  # 1.8 MB
+ASR_START = json.dumps({"type": "session.start", "mode": "asr"}).encode()
+# Each ~1.6-1.8 MB: tens of thousands of frames in every 256 KB read.
+TINY = {
+    "empty pings": frame(1, START) + b"".join(frame(9, b"") for _ in range(300_000)),
+    "unsolicited pongs": frame(1, START) + b"".join(frame(10, b"") for _ in range(300_000)),
+    "empty binary frames": frame(1, ASR_START) + b"".join(frame(2, b"") for _ in range(300_000)),
+    "one-sample binary frames": frame(1, ASR_START)
+    + b"".join(frame(2, b"\0\0") for _ in range(200_000)),
+    "tiny text messages": frame(1, START) + b"".join(frame(1, b"{}") for _ in range(200_000)),
+}
 
 
 @pytest.mark.parametrize("name", list(TINY))
 async def test_floods_of_tiny_frames_leave_the_live_stream_on_time(
     server: LiveServer, name: str
 ) -> None:
+    """A connection's reads take the loop a few ms at a time (AudioFastPathProtocol's turn),
+    however many frames a read holds: **found**: 1.8 MB of empty pings, ~43,000 in each
+    256 KB read, held the loop 0.37 s per read here (over 1 s on a busy CI machine)."""
+
     def flood() -> None:
         with opened(server) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(frame(1, START) + TINY[name])
+            sock.sendall(TINY[name])
             time.sleep(0.3)
 
     async with watched(server.http_url) as watch:
         await asyncio.to_thread(flood)
-    # 1.8 MB of frames cost the loop ~0.2-0.3 s here (before pongs were dropped: seconds).
-    watch.assert_unhurt(max_growth_mb=40, max_p99_lag_ms=1000)
+    watch.assert_unhurt(max_growth_mb=40)

@@ -29,6 +29,14 @@ way, while its receiver waits, and queued together at the hand-over: the JSON an
 still decoded by the receiver, but it wakes (and reading pauses and resumes) once a VAD
 batch, not once a message.
 
+A connection's turn: a read (up to 256 KB) may hold tens of thousands of tiny frames (empty
+pings, pongs, empty binary messages), each a few microseconds of Python: handled at once, one
+read held the loop for a third of a second, and every other stream with it. So a read is
+handled for at most `TURN_S`; what is left waits for the loop's next turn with the socket's
+reading paused, and the other connections' frames are served in between. A client's close is
+read only after its backlog is handled; a connection reset meanwhile loses what was not
+framed yet, as it would in the kernel's buffer (no answer could reach it).
+
 Framing: while websockets' parser waits at a frame boundary, server/websocket/frames.py's
 `FrameSplitter` splits the stream instead: its binary messages are offered here as
 websockets' would have been, every other frame is fed to websockets alone, and what it
@@ -39,7 +47,9 @@ check are server/websocket/send.py's, which this protocol extends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,6 +61,13 @@ from voxserve.server.websocket.frames import FIN_TEXT, FrameSplitter, at_frame_b
 from voxserve.server.websocket.send import DirectSendProtocol
 
 log = logging.getLogger(__name__)
+
+# A connection's turn: what its reads may hold the loop for at a time. A 256 KB read of tiny
+# frames (empty pings: ~43,000, ~0.35 s to handle here) is handled a turn at a time, reading
+# paused in between, so the other connections' frames are served between its turns.
+TURN_S = 0.004
+READ_SLICE = 4096  # bytes given to websockets' parser at a time: at most ~680 frames
+MESSAGES_PER_SPLIT = 64  # binary messages split before the clock is looked at again
 
 FAST_PATH = "voxserve.audio_fast_path"  # key in scope["extensions"]
 
@@ -153,15 +170,60 @@ class AudioFastPathProtocol(DirectSendProtocol):
         self._audio_samples = 0  # their size in samples (bytes // 2)
         self._texts: list[bytes] = []  # whole text messages held (FastPath.holds_text)
         self._text_bytes = 0
+        self._backlog = b""  # read, not yet framed: waits for `_next_turn`
+        self._next_turn: asyncio.Handle | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self.framing:
-            self._split(data)
+        if self._next_turn is not None:  # a turn is owed: this waits behind it, in order
+            self._backlog += data
+            self.transport.pause_reading()  # uvicorn may have resumed it (its queue drained)
             return
-        super().data_received(data)
-        self.framing = self.fast_path is not None and at_frame_boundary(self.conn)
+        self._take(data, time.perf_counter() + TURN_S)
+
+    def _take(self, data: bytes, deadline: float) -> None:
+        """Frame and handle `data` until `deadline`; what is left waits for the next turn
+        of the loop, reading paused (module docstring: "A connection's turn")."""
+        while True:
+            if self.framing:
+                rest = self._split(data, deadline)
+                if rest is None:  # out of time: the splitter holds the rest
+                    self._defer(b"")
+                    return
+                data = rest  # for websockets' parser (it gave up), or nothing
+            while data and not self.framing:
+                piece, data = data[:READ_SLICE], data[READ_SLICE:]
+                super().data_received(piece)
+                self.framing = self.fast_path is not None and at_frame_boundary(self.conn)
+                if data and time.perf_counter() >= deadline:
+                    self._defer(data)
+                    return
+            if not data:
+                if not self.framing:
+                    self.framing = self.fast_path is not None and at_frame_boundary(self.conn)
+                return
+
+    def _defer(self, rest: bytes) -> None:
+        self._backlog = rest + self._backlog
+        self.transport.pause_reading()
+        self._next_turn = self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        """The next turn of a connection that ran out of time: what it left, then reading
+        again (unless uvicorn holds it paused: its queue is full)."""
+        self._next_turn = None
+        data, self._backlog = self._backlog, b""
+        self._take(data, time.perf_counter() + TURN_S)
+        if self._next_turn is None and not self.read_paused:
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._next_turn is not None:
+            # Lost while reading was paused, so by a reset or an abort (a close is read only
+            # once the backlog is handled): no answer can reach the client; what it sent and
+            # was not framed yet goes as it would have in the kernel's buffer.
+            self._next_turn.cancel()
+            self._next_turn = None
+            self._backlog = b""
         self._hand_over()  # before the disconnect is queued
         super().connection_lost(exc)
         if self.fast_path is not None:
@@ -174,37 +236,38 @@ class AudioFastPathProtocol(DirectSendProtocol):
         # Closing the generator ends it and frees its frame (nothing is received after this).
         self.conn.parser.close()
 
-    def _split(self, data: bytes) -> None:
-        """A read while this protocol splits the frames (module docstring)."""
+    def _split(self, data: bytes, deadline: float) -> bytes | None:
+        """A read while this protocol splits the frames (module docstring): what websockets'
+        parser takes next once the splitter gives up (b"": nothing), or None when
+        `deadline` passed with whole frames still held."""
         conn, splitter = self.conn, self._splitter
         assert splitter is not None  # framing is only taken over on an app connection
         if conn.state is not State.OPEN:  # closing (e.g. the server sent a close): websockets'
-            self._give_back(splitter.give_up(data))
-            return
-        while (frame := splitter.split(data)) is not None:
+            return self._give_back(splitter.give_up(data))
+        while (frame := splitter.split(data, MESSAGES_PER_SPLIT)) is not None:
             data = b""
-            if frame[0] == FIN_TEXT and self._hold_text(frame):
-                continue
-            self._hand_over()  # what is held goes before this frame
-            conn.receive_data(frame)  # one whole frame: websockets parses it
-            if conn.parser_exc is not None:
-                self.framing = False
-                splitter.give_up()  # websockets discards what follows its error
-                self.handle_parser_exception()
-                return
-            self.handle_events()
-            if conn.state is not State.OPEN:
-                self._give_back(splitter.give_up())
-                return
+            if frame and not (frame[0] == FIN_TEXT and self._hold_text(frame)):
+                self._hand_over()  # what is held goes before this frame
+                conn.receive_data(frame)  # one whole frame: websockets parses it
+                if conn.parser_exc is not None:
+                    self.framing = False
+                    splitter.give_up()  # websockets discards what follows its error
+                    self.handle_parser_exception()
+                    return b""
+                self.handle_events()
+                if conn.state is not State.OPEN:
+                    return self._give_back(splitter.give_up())
+            if splitter.held and time.perf_counter() >= deadline:
+                return None
         if splitter.rest is not None:  # unmasked, too large, or too long to wait for
-            self._give_back(splitter.rest)
+            return self._give_back(splitter.rest)
+        return b""
 
-    def _give_back(self, rest: bytes) -> None:
+    def _give_back(self, rest: bytes) -> bytes:
         """End the take-over: websockets frames `rest` and everything after it."""
         self._hand_over()
         self.framing = False
-        if rest:
-            super().data_received(rest)
+        return rest
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)

@@ -67,10 +67,12 @@ class FrameSplitter:
         self._fragmented = False  # inside a fragmented message (websockets' current_size)
         self.rest: bytes | None = None
 
-    def split(self, data: bytes) -> bytes | None:
+    def split(self, data: bytes, max_messages: int = 0) -> bytes | None:
         """Split what is held and `data`: whole binary messages, unmasked, to `on_message`
         in order, up to the first other frame, which is returned whole for websockets to
-        parse next (then call `split(b"")` for what follows it). None: everything is split
+        parse next (then call `split(b"")` for what follows it); or b"" after `max_messages`
+        of them (if not 0: the caller looks at its clock, then calls `split(b"")` for the
+        rest, as after a frame). None: everything is split
         but the start of a frame, held for the next read; or, when `rest` is set, the
         splitter gave up: websockets takes `rest` and everything after it, and the splitter
         is empty, ready for the next take-over."""
@@ -82,6 +84,7 @@ class FrameSplitter:
         on_message = self.on_message
         limit = self.max_size
         end = len(buf)
+        messages = 0
         while end - pos >= 2:
             second = buf[pos + 1]
             length = second & 0x7F
@@ -109,6 +112,10 @@ class FrameSplitter:
             if first == FIN_BINARY and not self._fragmented:
                 pos = stop
                 on_message(apply_mask(buf[head + 4 : stop], buf[head : head + 4]))
+                messages += 1
+                if messages == max_messages:
+                    self._buf, self._pos = buf, pos
+                    return b""
                 continue
             opcode = first & 0x0F
             if opcode == _TEXT or opcode == _BINARY:
@@ -119,6 +126,11 @@ class FrameSplitter:
             return buf[pos:stop]
         self._buf, self._pos = buf[pos:], 0  # the start of a frame, held for the next read
         return None
+
+    @property
+    def held(self) -> bool:
+        """Whether bytes are held (whole frames, or the start of one)."""
+        return len(self._buf) > self._pos
 
     def give_up(self, data: bytes = b"") -> bytes:
         """End the take-over: what is held and `data`, for websockets to take."""
