@@ -25,6 +25,11 @@ from enum import Enum
 
 import numpy as np
 
+# np.median imports numpy.ma on its first call (~0.1 s here, several times that on a busy
+# machine): on the event loop, in a session's first turn, every stream would stall. Now, at
+# import, with the server's start.
+import numpy.ma
+
 from voxserve.audio.pcm import Int16Array
 from voxserve.events import Eagerness
 

@@ -17,6 +17,9 @@ import logging
 import time
 from collections.abc import Callable
 
+# pyOpenSSL imports this inside the first call's DTLS handshake, on the event loop (~20 ms
+# here): now, with this module.
+import cryptography.hazmat.primitives.serialization  # noqa: F401
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
