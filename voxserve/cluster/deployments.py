@@ -172,11 +172,14 @@ class TtsCore:
         """The engine's chunks, after the first `skip` (a stream resumed on this replica
         after its first replica was lost: engines cut at text boundaries, so chunk k is
         the same piece of text on any replica)."""
-        loaded = await self._load(serve.get_multiplexed_model_id() or voice)
-        chunks = LockedChunks(loaded.engine.synthesize(text, voice=voice, speed=speed))
+        chunks: LockedChunks | None = None
         index = 0
         finished = False
         try:
+            # Inside the try: a call cancelled while its voice loads (a replica's first
+            # call for it, on a busy machine longer than a chunk's deadline) is counted.
+            loaded = await self._load(serve.get_multiplexed_model_id() or voice)
+            chunks = LockedChunks(loaded.engine.synthesize(text, voice=voice, speed=speed))
             while True:
                 chunk = await asyncio.to_thread(chunks.next_chunk)
                 if chunk is None:
@@ -190,8 +193,9 @@ class TtsCore:
                 self.completed += 1
             else:
                 self.cancelled += 1
-            # Closing waits for a chunk still being made: never on the replica's loop.
-            threading.Thread(target=chunks.close, name="voxserve-tts-close").start()
+            if chunks is not None:
+                # Closing waits for a chunk still being made: never on the replica's loop.
+                threading.Thread(target=chunks.close, name="voxserve-tts-close").start()
 
     async def where(self) -> dict[str, Any]:
         return _where(self._loaded) | {"completed": self.completed, "cancelled": self.cancelled}
