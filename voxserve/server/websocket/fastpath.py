@@ -32,10 +32,11 @@ batch, not once a message.
 A connection's turn: a read (up to 256 KB) may hold tens of thousands of tiny frames (empty
 pings, pongs, empty binary messages), each a few microseconds of Python: handled at once, one
 read held the loop for a third of a second, and every other stream with it. So a read is
-handled for at most `TURN_S`; what is left waits for the loop's next turn with the socket's
-reading paused, and the other connections' frames are served in between. A client's close is
-read only after its backlog is handled; a connection reset meanwhile loses what was not
-framed yet, as it would in the kernel's buffer (no answer could reach it).
+handled for at most a turn (server/session/loop_share.py: 4 ms); what is left waits for the
+loop's next turn with the socket's reading paused, and the other connections' frames are
+served in between. A client's close is read only after its backlog is handled; a connection
+reset meanwhile loses what was not framed yet, as it would in the kernel's buffer (no answer
+could reach it).
 
 Framing: while websockets' parser waits at a frame boundary, server/websocket/frames.py's
 `FrameSplitter` splits the stream instead: its binary messages are offered here as
@@ -57,15 +58,15 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, State
 
+from voxserve.server.session.loop_share import turn_ends
 from voxserve.server.websocket.frames import FIN_TEXT, FrameSplitter, at_frame_boundary, payload_of
 from voxserve.server.websocket.send import DirectSendProtocol
 
 log = logging.getLogger(__name__)
 
-# A connection's turn: what its reads may hold the loop for at a time. A 256 KB read of tiny
-# frames (empty pings: ~43,000, ~0.35 s to handle here) is handled a turn at a time, reading
-# paused in between, so the other connections' frames are served between its turns.
-TURN_S = 0.004
+# A 256 KB read of tiny frames (empty pings: ~43,000, ~0.35 s to handle here) is handled a
+# turn (server/session/loop_share.py) at a time, reading paused in between, so the other
+# connections' frames are served between its turns.
 READ_SLICE = 4096  # bytes given to websockets' parser at a time: at most ~680 frames
 MESSAGES_PER_SPLIT = 64  # binary messages split before the clock is looked at again
 
@@ -178,7 +179,7 @@ class AudioFastPathProtocol(DirectSendProtocol):
             self._backlog += data
             self.transport.pause_reading()  # uvicorn may have resumed it (its queue drained)
             return
-        self._take(data, time.perf_counter() + TURN_S)
+        self._take(data, turn_ends())
 
     def _take(self, data: bytes, deadline: float) -> None:
         """Frame and handle `data` until `deadline`; what is left waits for the next turn
@@ -212,7 +213,7 @@ class AudioFastPathProtocol(DirectSendProtocol):
         again (unless uvicorn holds it paused: its queue is full)."""
         self._next_turn = None
         data, self._backlog = self._backlog, b""
-        self._take(data, time.perf_counter() + TURN_S)
+        self._take(data, turn_ends())
         if self._next_turn is None and not self.read_paused:
             self.transport.resume_reading()
 

@@ -60,6 +60,7 @@ from voxserve.pipeline.recognition.bulk import transcribe
 from voxserve.runtime import Runtime
 from voxserve.server.session.auth import ANONYMOUS
 from voxserve.server.session.events import limit_error
+from voxserve.server.session.loop_share import turn_ends
 from voxserve.server.session.quotas import quotas_of
 from voxserve.server.wyoming.info import server_info
 from voxserve.server.wyoming.protocol import check_event, read_event
@@ -120,8 +121,14 @@ class WyomingHandler(AsyncEventHandler):
             await self._error(exc)
             await lingering_close(self.reader, self.writer)
             return
+        turn_over = turn_ends()
         try:
             while self._is_running:
+                if time.perf_counter() >= turn_over:
+                    # Buffered events are read without a pause: a write of tens of
+                    # thousands of tiny ones would hold the loop (server/session/loop_share.py).
+                    await asyncio.sleep(0)
+                    turn_over = turn_ends()
                 left = expires_at - time.monotonic()
                 if left <= 0:
                     await self._error(self._limit_error(expired=True))
