@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -259,14 +260,14 @@ def test_leaving_as_the_session_starts_is_no_asgi_error(
 # -- floods of tiny frames -----------------------------------------------------------------
 
 ASR_START = json.dumps({"type": "session.start", "mode": "asr"}).encode()
-# Each ~1.6-1.8 MB: tens of thousands of frames in every 256 KB read.
-TINY = {
-    "empty pings": frame(1, START) + b"".join(frame(9, b"") for _ in range(300_000)),
-    "unsolicited pongs": frame(1, START) + b"".join(frame(10, b"") for _ in range(300_000)),
-    "empty binary frames": frame(1, ASR_START) + b"".join(frame(2, b"") for _ in range(300_000)),
-    "one-sample binary frames": frame(1, ASR_START)
-    + b"".join(frame(2, b"\0\0") for _ in range(200_000)),
-    "tiny text messages": frame(1, START) + b"".join(frame(1, b"{}") for _ in range(200_000)),
+# Each ~1.6-1.8 MB: tens of thousands of frames in every 256 KB read. Built by the test
+# that sends it, not at import (where every worker's collection paid ~3 s for all five).
+TINY: dict[str, Callable[[], bytes]] = {
+    "empty pings": lambda: frame(1, START) + frame(9, b"") * 300_000,
+    "unsolicited pongs": lambda: frame(1, START) + frame(10, b"") * 300_000,
+    "empty binary frames": lambda: frame(1, ASR_START) + frame(2, b"") * 300_000,
+    "one-sample binary frames": lambda: frame(1, ASR_START) + frame(2, b"\0\0") * 200_000,
+    "tiny text messages": lambda: frame(1, START) + frame(1, b"{}") * 200_000,
 }
 
 
@@ -277,11 +278,12 @@ async def test_floods_of_tiny_frames_leave_the_live_stream_on_time(
     """A connection's reads take the loop a few ms at a time (AudioFastPathProtocol's turn),
     however many frames a read holds: **found**: 1.8 MB of empty pings, ~43,000 in each
     256 KB read, held the loop 0.37 s per read here (over 1 s on a busy CI machine)."""
+    flood_bytes = TINY[name]()
 
     def flood() -> None:
         with opened(server) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(TINY[name])
+            sock.sendall(flood_bytes)
             time.sleep(0.3)
 
     async with watched(server.http_url) as watch:

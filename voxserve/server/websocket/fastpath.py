@@ -188,7 +188,7 @@ class AudioFastPathProtocol(DirectSendProtocol):
             if self.framing:
                 rest = self._split(data, deadline)
                 if rest is None:  # out of time: the splitter holds the rest
-                    self._defer(b"")
+                    self._defer()
                     return
                 data = rest  # for websockets' parser (it gave up), or nothing
             while data and not self.framing:
@@ -199,12 +199,12 @@ class AudioFastPathProtocol(DirectSendProtocol):
                     self._defer(data)
                     return
             if not data:
-                if not self.framing:
-                    self.framing = self.fast_path is not None and at_frame_boundary(self.conn)
                 return
 
-    def _defer(self, rest: bytes) -> None:
-        self._backlog = rest + self._backlog
+    def _defer(self, rest: bytes = b"") -> None:
+        """Owe a turn: `rest` (read, not framed; the backlog is empty while no turn is
+        owed) and what the splitter holds wait for it, reading paused."""
+        self._backlog = rest
         self.transport.pause_reading()
         self._next_turn = self.loop.call_soon(self._turn)
 
@@ -265,7 +265,8 @@ class AudioFastPathProtocol(DirectSendProtocol):
         return b""
 
     def _give_back(self, rest: bytes) -> bytes:
-        """End the take-over: websockets frames `rest` and everything after it."""
+        """End the take-over: `rest` and everything after it are websockets' to frame (the
+        caller feeds them to it)."""
         self._hand_over()
         self.framing = False
         return rest

@@ -72,10 +72,10 @@ class FrameSplitter:
         in order, up to the first other frame, which is returned whole for websockets to
         parse next (then call `split(b"")` for what follows it); or b"" after `max_messages`
         of them (if not 0: the caller looks at its clock, then calls `split(b"")` for the
-        rest, as after a frame). None: everything is split
-        but the start of a frame, held for the next read; or, when `rest` is set, the
-        splitter gave up: websockets takes `rest` and everything after it, and the splitter
-        is empty, ready for the next take-over."""
+        rest, as after a frame). None: everything is split but the start of a frame, held
+        for the next read; or, when `rest` is set, the splitter gave up: websockets takes
+        `rest` and everything after it, and the splitter is empty, ready for the next
+        take-over."""
         buf, pos = self._buf, self._pos
         if data:
             buf = buf[pos:] + data if buf else data
