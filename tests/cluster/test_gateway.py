@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from tests.cluster.conftest import TwoNodes, pid_alive, wait_until, where
 from tests.conftest import LiveServer, free_port, start_server, stop_server
@@ -72,14 +72,30 @@ async def test_killing_the_asr_replica_mid_stream_loses_no_turn(
     from voxserve.cluster.connect import ASR_DEPLOYMENT, asr_app
 
     asr = serve.get_deployment_handle(ASR_DEPLOYMENT, app_name=asr_app(two_nodes.config()))
-    audio = np.concatenate([fixture_audio("two_turns.wav"), silence(0.8)])
+    # The first turn ends at 1.56 s, the second starts at 3.08 s: the kill falls between them.
+    # Silence goes on at real-time pace until the first final is back (on a loaded machine it
+    # took longer than the second turn lasts), so the second turn always follows the kill.
+    audio = fixture_audio("two_turns.wav")
+    cut = int(2.6 * 16_000)
+    first, second = audio[:cut], np.concatenate([audio[cut:], silence(0.8)])
+    first_final = asyncio.Event()
+
+    async def keep_talking(ws: ClientConnection) -> None:
+        seq = await send_audio(ws, first)
+        while not first_final.is_set():
+            seq = await send_audio(ws, silence(0.1), first_seq=seq)
+        await killed.wait()
+        await send_audio(ws, second, first_seq=seq)
+
+    killed = asyncio.Event()
     async with connect(gateway.ws_url) as ws:
         await start(ws, mode="asr", partials=False)
-        sender = asyncio.create_task(send_audio(ws, audio))
+        sender = asyncio.create_task(keep_talking(ws))
         events, _ = await collect(ws, until="transcript.final", limit_s=30)
-        assert not sender.done(), "the second turn is still to come"
+        first_final.set()
         info = await asyncio.to_thread(where, asr, "en")
         os.kill(int(info["pid"]), signal.SIGKILL)  # the replica that holds English
+        killed.set()
         await sender
         await ws.send(json.dumps({"type": "audio.end"}))
         rest, _ = await collect(ws, limit_s=60)  # never a hang: bounded by limit_s

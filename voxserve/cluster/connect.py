@@ -8,6 +8,7 @@ connected (a test, `cluster up`'s own head) is reused, never re-initialised.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 from pathlib import Path
@@ -45,14 +46,32 @@ def sandbox_env() -> None:
 
 
 def local_token_auth() -> None:
-    """Ray (2.5x+) starts a local head with token auth and the token in ~/.ray/auth_token,
-    but never sends it to an explicit address unless RAY_AUTH_MODE says so: for a cluster
-    on this host with a token here, say so (a value already set is kept). Read when Ray
-    is imported, like the variable above."""
+    """Token auth for a cluster on this host, said explicitly and with the token in place
+    before the first import of Ray (a value already set is kept).
+
+    Ray (2.5x+) turns token auth on for a local head it starts and writes ~/.ray/auth_token
+    if it is missing, but a process decides its own mode once, when it imports Ray, from
+    RAY_AUTH_MODE or (left unset) from whether the file exists then. On a fresh machine the
+    first local head writes the file while other processes have already decided: their
+    clients send no token to a head that wants one (CI: "InvalidAuthToken ... RAY_AUTH_MODE
+    is currently 'disabled'"). So the file is made here as Ray would (256 random bits, hex),
+    atomically, so that a concurrent process never reads it half written, and the mode is
+    set, so every process and the nodes it starts agree."""
     if "RAY_AUTH_MODE" in os.environ or "RAY_AUTH_TOKEN" in os.environ:
         return
-    if (Path.home() / ".ray" / "auth_token").is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    path = Path.home() / ".ray" / "auth_token"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".auth_token.{os.getpid()}")
+        draft.write_text(secrets.token_hex(32))
+        draft.chmod(0o600)
+        try:
+            os.link(draft, path)  # fails if another process got there first: its token stays
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def init_kwargs(address: str | None) -> dict[str, Any]:
