@@ -498,6 +498,10 @@ class ClusterConfig(Section):
     address: str = "auto"  # Ray's address (host:port of the GCS, or "auto")
     namespace: str = "voxserve"
     app_name: str = "voxserve"
+    # The Ray node on this host that a gateway or `cluster` command joins, by its address.
+    # Needed only where one host runs several nodes (scripts/ray_nodes.sh): Ray's driver
+    # otherwise picks the host's head node, whose address the others cannot answer.
+    node_ip_address: str | None = None
     asr: ClusterDeployment = ClusterDeployment()
     tts: ClusterDeployment = ClusterDeployment()
     # ASR engine per language (the multiplexed model id); others use engines.asr.

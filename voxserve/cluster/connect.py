@@ -74,12 +74,15 @@ def local_token_auth() -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def init_kwargs(address: str | None) -> dict[str, Any]:
-    """ray.init options: quiet, loopback node address for a local cluster. `None` starts a
+def init_kwargs(address: str | None, node_ip_address: str | None = None) -> dict[str, Any]:
+    """ray.init options: quiet, loopback node address for a local cluster, or the node this
+    process joins where one host runs several (`cluster.node_ip_address`). `None` starts a
     new local instance (Ray's "local"; never one that RAY_ADDRESS points to), without the
     dashboard."""
     kwargs: dict[str, Any] = {"log_to_driver": False}
-    if is_local(address):
+    if node_ip_address:
+        kwargs["_node_ip_address"] = node_ip_address
+    elif is_local(address):
         kwargs["_node_ip_address"] = "127.0.0.1"
     if address is None:
         kwargs["address"] = "local"
@@ -99,7 +102,7 @@ def connect(config: ClusterConfig) -> None:
         if ray.is_initialized():
             return
         check_reachable(config.address)
-        ray.init(namespace=config.namespace, **init_kwargs(config.address))
+        ray.init(namespace=config.namespace, **init_kwargs(config.address, config.node_ip_address))
 
 
 def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:

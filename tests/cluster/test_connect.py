@@ -1,7 +1,7 @@
-"""Ray's token auth for a cluster on this host (voxserve/cluster/connect.py local_token_auth):
-every process agrees on the mode and the token before it imports Ray, even when several
-start at once on a fresh machine (CI's "InvalidAuthToken ... RAY_AUTH_MODE is currently
-'disabled'"). No Ray is started here."""
+"""How a process joins a cluster (voxserve/cluster/connect.py), without starting Ray: the token
+auth for a cluster on this host, on which every process agrees before it imports Ray, even
+when several start at once on a fresh machine (CI's "InvalidAuthToken ... RAY_AUTH_MODE is
+currently 'disabled'"); and the node a driver joins where one host runs several."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from voxserve.cluster.connect import local_token_auth
+from voxserve.cluster.connect import init_kwargs, local_token_auth
+from voxserve.config import load_settings
 
 
 @pytest.fixture
@@ -62,3 +63,17 @@ def test_processes_starting_at_once_agree_on_one_token(fresh_home: Path) -> None
     ]
     answers = {r.communicate(timeout=60)[0].strip() for r in racers}
     assert answers == {f"token {fresh_home.read_text()}"}, answers
+
+
+def test_a_driver_joins_the_node_its_settings_name() -> None:
+    """scripts/ray_nodes.sh runs three nodes on one host; left to itself Ray's driver joins
+    the head's, whose address the other nodes' replicas cannot answer."""
+    assert init_kwargs("10.77.0.11:6379", "10.77.0.1")["_node_ip_address"] == "10.77.0.1"
+    assert "_node_ip_address" not in init_kwargs("10.77.0.11:6379")  # Ray's own choice
+    assert init_kwargs("127.0.0.1:6379")["_node_ip_address"] == "127.0.0.1"
+    assert init_kwargs(None)["address"] == "local"
+
+
+def test_the_node_address_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOXSERVE_CLUSTER__NODE_IP_ADDRESS", "10.77.0.1")
+    assert load_settings().cluster.node_ip_address == "10.77.0.1"
