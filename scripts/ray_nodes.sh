@@ -58,6 +58,8 @@ node_start() {
 up() {
   local nodes=${1:-2}
   [[ $nodes =~ ^[12]$ ]] || die "NODES is 1 or 2, not '$nodes'"
+  [ "$(id -u)" -eq 0 ] || die "needs root: network namespaces (ip netns) and a bridge"
+  [ -x "$RAY" ] || die "no $RAY: make the project's .venv first (bash scripts/test.sh)"
   [ "$(nproc)" -ge "$nodes" ] || die "$nodes nodes need $nodes cores; this machine has $(nproc)"
   ip link show "$BRIDGE" >/dev/null 2>&1 && die "already up (bash scripts/ray_nodes.sh down first)"
   mkdir -p "$TMP"
