@@ -60,3 +60,27 @@ def test_at_once_sends_the_recording_without_pacing(
     assert row["requests"] == 1 and row["wer"] == 0.0
     assert row["final_s"]["p50"] < 800  # paced, 1.1 s of audio takes 1.1 s to send
     assert row["final_after_stop_s"]["p50"] >= 0
+
+
+def test_a_burst_sends_its_requests_at_once(wyoming_server: LiveServer, tmp_path: Path) -> None:
+    row = bench(wyoming_server, tmp_path, "--tail-ms", "0", "--at-once", "--concurrency", "4")
+    assert row["requests"] == 4 and row["refused"] == 0 and row["wer"] == 0.0
+    assert row["final_after_stop_s"]["count"] == 4
+
+
+def test_refusals_are_counted_with_their_code_not_measured(tmp_path: Path) -> None:
+    """A server that refuses every request (1.1 s of audio past its 0.5 s limit): each
+    refusal is counted with its code and time; no transcript figure comes from them."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    settings = settings.model_copy(
+        update={"wyoming": settings.wyoming.model_copy(update={"max_audio_s": 0.5})}
+    )
+    live = start_server(settings, fake_runtime(settings), wyoming_port=free_port())
+    try:
+        row = bench(live, tmp_path, "--tail-ms", "0", "--at-once", "--concurrency", "3")
+    finally:
+        stop_server(live)
+    assert row["requests"] == 3 and row["refused"] == 3
+    assert row["final_after_stop_s"]["count"] == 0 and row["wer"] is None
+    assert row["refused_codes"] == ["message_too_large"]  # the server's documented code
+    assert row["refused_after_s"]["count"] == 3

@@ -13,6 +13,12 @@ Wyoming 1.7 streaming) has no chunks: its first text is its `transcript`.
 `--at-once`: each recording is sent as fast as the connection takes it, as a one-shot client
 (a file, a phone's recorded command) does; the figure that matters then is `transcript` from
 `audio-stop`.
+
+`--concurrency N`: N requests at once per target (a burst of N clients, the recordings taken
+in turn), the targets one after another, alternating; a request the server refuses (an
+`error` event: `overloaded` and the like) is counted with its code and how long the refusal
+took, not measured as a transcript. What admission promises is read from the two together:
+the admitted requests' `transcript` P99 and how fast the rest were told no.
 """
 
 from __future__ import annotations
@@ -33,6 +39,23 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 READ_TIMEOUT_S = 60.0
+
+
+class Refused(Exception):
+    """The server answered the request with an `error` event."""
+
+    def __init__(self, code: str, after_s: float) -> None:
+        super().__init__(code)
+        self.code = code
+        self.after_s = after_s  # from the first audio sent
+
+
+@dataclass
+class Refusal:
+    target: str
+    clip: int
+    code: str
+    after_s: float  # from the first audio sent
 
 
 @dataclass
@@ -93,7 +116,9 @@ async def one_request(
                 marks["final"] = now
                 break
             elif event.type == "error":
-                raise RuntimeError(f"{name}: error {event.data}")
+                data = event.data or {}
+                sender.cancel()
+                raise Refused(str(data.get("code") or data.get("text")), now - marks["start"])
         await sender
     start, speech_end = marks["start"], marks["speech_end"]
     first = chunks[0][0] if chunks else None
@@ -139,6 +164,12 @@ def add_wyoming_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send each recording as fast as the connection takes it (a one-shot client)",
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests at once per target (a burst); refusals are counted, not measured",
+    )
     parser.add_argument("--language", default="en")
     parser.add_argument(
         "--audio-dir", type=Path, default=FIXTURES, help="WAVs and their fixtures.json"
@@ -155,41 +186,53 @@ METRICS = (
 )
 
 
-def summary(requests: list[Request], names: list[str]) -> dict[str, Any]:
+def summary(
+    requests: list[Request], names: list[str], refusals: list[Refusal] | None = None
+) -> dict[str, Any]:
     from voxserve.bench.stats import summarize, wer
 
     out: dict[str, Any] = {}
     for name in names:
         mine = [r for r in requests if r.target == name]
-        row: dict[str, Any] = {"requests": len(mine)}
+        refused = [r for r in refusals or () if r.target == name]
+        row: dict[str, Any] = {"requests": len(mine) + len(refused), "refused": len(refused)}
         for metric in METRICS:
             values = [v for r in mine if (v := getattr(r, metric)) is not None]
             row[metric] = summarize(values)
+        row["refused_after_s"] = summarize([r.after_s for r in refused])
+        row["refused_codes"] = sorted({r.code for r in refused})
         row["chunks_per_request"] = sum(r.chunks for r in mine) / max(1, len(mine))
         row["chunks_join_to_final"] = all(r.joined for r in mine)
-        row["wer"] = wer((r.reference, r.text) for r in mine)
+        row["wer"] = wer((r.reference, r.text) for r in mine) if mine else None
         out[name] = row
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| target | requests | chunks/req | first chunk from audio start P50 / P90 ms "
+        "| target | requests | refused | chunks/req | first chunk from audio start P50 / P90 ms "
         "| first chunk from end of speech P50 / P90 ms | transcript from end of speech "
-        "P50 / P90 ms | transcript from audio-stop P50 ms | WER |",
-        "|---|---|---|---|---|---|---|---|",
+        "P50 / P90 ms | transcript from audio-stop P50 / P99 ms | refusal after P50 ms | WER |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def pair(row: dict[str, Any], metric: str) -> str:
+    def pair(row: dict[str, Any], metric: str, high: str = "p90") -> str:
         s = row[metric]
-        return "-" if s["p50"] is None else f"{s['p50']:.0f} / {s['p90']:.0f}"
+        return "-" if s["p50"] is None else f"{s['p50']:.0f} / {s[high]:.0f}"
+
+    def ms(row: dict[str, Any], metric: str) -> str:
+        p50 = row[metric]["p50"]
+        return "-" if p50 is None else f"{p50:.0f}"
 
     for name, row in result.items():
-        stop = row["final_after_stop_s"]["p50"]
+        wer = "-" if row["wer"] is None else f"{row['wer']:.3f}"
+        stop = row["final_after_stop_s"]
+        stop_ms = "-" if stop["p50"] is None else f"{stop['p50']:.0f} / {stop['p99']:.0f}"
         lines.append(
-            f"| {name} | {row['requests']} | {row['chunks_per_request']:.1f} "
+            f"| {name} | {row['requests']} | {row['refused']} | {row['chunks_per_request']:.1f} "
             f"| {pair(row, 'first_chunk_s')} | {pair(row, 'first_chunk_after_speech_s')} "
-            f"| {pair(row, 'final_after_speech_s')} | {stop:.0f} | {row['wer']:.3f} |"
+            f"| {pair(row, 'final_after_speech_s')} | {stop_ms} | {ms(row, 'refused_after_s')} "
+            f"| {wer} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -201,20 +244,44 @@ def cmd_wyoming(args: argparse.Namespace) -> int:
     names = [name for name, _, _ in args.target]
     requests: list[Request] = []
 
+    refusals: list[Refusal] = []
+
+    async def burst(name: str, host: str, port: int, first: int) -> None:
+        picks = [(first + i) % len(clips) for i in range(args.concurrency)]
+        done = await asyncio.gather(
+            *(one_request(name, host, port, c, *clips[c], args) for c in picks),
+            return_exceptions=True,
+        )
+        for clip, outcome in zip(picks, done, strict=True):
+            if isinstance(outcome, Refused):
+                refusals.append(Refusal(name, clip, outcome.code, outcome.after_s))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                requests.append(outcome)
+
     async def run() -> None:
         for r in range(args.rounds):
             order = args.target if r % 2 == 0 else args.target[::-1]
+            if args.concurrency > 1:
+                for name, host, port in order:
+                    await burst(name, host, port, r * args.concurrency)
+                continue
             for clip, (pcm, text) in enumerate(clips):
                 for name, host, port in order:
-                    requests.append(await one_request(name, host, port, clip, pcm, text, args))
+                    try:
+                        requests.append(await one_request(name, host, port, clip, pcm, text, args))
+                    except Refused as refused:
+                        refusals.append(Refusal(name, clip, refused.code, refused.after_s))
 
     asyncio.run(run())
-    result = summary(requests, names)
+    result = summary(requests, names, refusals)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(result, indent=2))
     with (args.out / "requests.jsonl").open("w") as f:
-        for request in requests:
-            f.write(json.dumps(asdict(request)) + "\n")
+        records: list[Request | Refusal] = [*requests, *refusals]
+        for record in records:
+            f.write(json.dumps(asdict(record)) + "\n")
     table = markdown(result)
     (args.out / "summary.md").write_text(table)
     eprint(f"bench: wrote {args.out / 'summary.json'}")
