@@ -35,6 +35,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.wake import Detect
 
+from voxserve.bench.procstat import pin
 from voxserve.bench.servers import HOST, free_port, spawn_tcp, spawn_voxserve
 
 RATE = 16_000
@@ -50,13 +51,6 @@ LOAD_ENGINES = {
     "VOXSERVE_ENGINES__DEFAULT_VOICE": "load",
     "VOXSERVE_LIMITS__MAX_SESSIONS": "5000",
 }
-
-
-def pin(pid: int) -> None:
-    """Every thread of the server on core 0 (threads it starts later inherit it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(tid), {0})
 
 
 def cpu_seconds(pid: int) -> float:

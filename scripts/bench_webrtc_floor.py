@@ -30,16 +30,16 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from voxserve.bench.procstat import between, snapshot
-from voxserve.bench.servers import HOST, free_port, running, spawn_voxserve, wait_until
-from voxserve.bench.webrtc_client import FRAME_BYTES, WebRtcCaller, to_48k
+from voxserve.bench.procstat import between, pin, snapshot
+from voxserve.bench.servers import HOST, free_port, spawn_tcp, spawn_voxserve
+from voxserve.bench.webrtc_client import FRAME_BYTES, FrameSource, WebRtcCaller, to_48k
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "fixtures" / "long.wav"
 
 
-def looped_source(seconds: float) -> object:
-    """Frame k of the recording and 1 s of silence, looped for `seconds`."""
+def looped_source() -> FrameSource:
+    """The recording and 1 s of silence, looped for as long as the call lasts."""
     pcm, rate = sf.read(RECORDING, dtype="int16")
     pcm = np.concatenate([pcm, np.zeros(rate, dtype=np.int16)])
     clip = to_48k(pcm, rate)
@@ -54,11 +54,11 @@ def looped_source(seconds: float) -> object:
 
 @contextlib.contextmanager
 def spawn_webrtc_echo(log: Path) -> Iterator[tuple[str, int]]:
+    """The bare aiortc peer on a free port: its base URL and pid once the port accepts."""
     port = free_port()
     cmd = [sys.executable, "-m", "voxserve.bench.webrtc_echo", "--port", str(port)]
-    with running(cmd, log, None) as proc:
-        wait_until(lambda: "webrtc echo on" in log.read_text(), proc, log, 30)
-        yield f"http://{HOST}:{port}", proc.pid
+    with spawn_tcp(cmd, port, log) as pid:
+        yield f"http://{HOST}:{port}", pid
 
 
 @contextlib.contextmanager
@@ -74,7 +74,8 @@ def spawn_target(name: str, log: Path) -> Iterator[tuple[str, int]]:
 
 async def measure(base: str, pid: int, calls: int, seconds: float) -> dict[str, float]:
     """`calls` callers connected, 2 s to settle, then the server's CPU over `seconds`."""
-    callers = [WebRtcCaller(looped_source(seconds + 10)) for _ in range(calls)]
+    source = looped_source()  # read once: every caller says the same
+    callers = [WebRtcCaller(source) for _ in range(calls)]
     try:
         started = time.monotonic()
         await asyncio.gather(*(c.call(base, None) for c in callers))
@@ -103,10 +104,7 @@ async def measure(base: str, pid: int, calls: int, seconds: float) -> dict[str, 
 def run_one(name: str, calls: int, seconds: float, log: Path) -> dict[str, float]:
     """A fresh server per measurement, with a log of its own (readiness is read from it)."""
     with spawn_target(name, log) as (base, pid):
-        os.sched_setaffinity(pid, {0})
-        for child in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(child.name), {0})
+        pin(pid, 0)
         return {"server": name, **asyncio.run(measure(base, pid, calls, seconds))}
 
 

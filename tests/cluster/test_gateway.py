@@ -78,7 +78,7 @@ async def test_killing_the_asr_replica_mid_stream_loses_no_turn(
     audio = fixture_audio("two_turns.wav")
     cut = int(2.6 * 16_000)
     first, second = audio[:cut], np.concatenate([audio[cut:], silence(0.8)])
-    first_final = asyncio.Event()
+    first_final, killed = asyncio.Event(), asyncio.Event()
 
     async def keep_talking(ws: ClientConnection) -> None:
         seq = await send_audio(ws, first)
@@ -87,7 +87,6 @@ async def test_killing_the_asr_replica_mid_stream_loses_no_turn(
         await killed.wait()
         await send_audio(ws, second, first_seq=seq)
 
-    killed = asyncio.Event()
     async with connect(gateway.ws_url) as ws:
         await start(ws, mode="asr", partials=False)
         sender = asyncio.create_task(keep_talking(ws))

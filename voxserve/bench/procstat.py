@@ -63,6 +63,13 @@ def snapshot(pid: int) -> Snapshot:
     return Snapshot(time.monotonic(), cpu, rss, threads, fds, voluntary, involuntary, busy, total)
 
 
+def pin(pid: int, core: int = 0) -> None:
+    """Every thread of process `pid` on `core` (threads it starts later inherit it)."""
+    for tid in os.listdir(PROC / str(pid) / "task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), {core})
+
+
 def listening_inodes(port: int) -> set[str]:
     inodes: set[str] = set()
     for name in ("tcp", "tcp6"):

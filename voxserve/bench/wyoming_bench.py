@@ -41,17 +41,10 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 READ_TIMEOUT_S = 60.0
 
 
-class Refused(Exception):
-    """The server answered the request with an `error` event."""
-
-    def __init__(self, code: str, after_s: float) -> None:
-        super().__init__(code)
-        self.code = code
-        self.after_s = after_s  # from the first audio sent
-
-
 @dataclass
 class Refusal:
+    """A request the server answered with an `error` event."""
+
     target: str
     clip: int
     code: str
@@ -75,7 +68,7 @@ class Request:
 
 async def one_request(
     name: str, host: str, port: int, clip: int, pcm: Pcm, text: str, args: argparse.Namespace
-) -> Request:
+) -> Request | Refusal:
     import numpy as np
     from wyoming.asr import Transcribe, Transcript, TranscriptChunk
     from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -118,7 +111,8 @@ async def one_request(
             elif event.type == "error":
                 data = event.data or {}
                 sender.cancel()
-                raise Refused(str(data.get("code") or data.get("text")), now - marks["start"])
+                code = str(data.get("code") or data.get("text"))
+                return Refusal(name, clip, code, now - marks["start"])
         await sender
     start, speech_end = marks["start"], marks["speech_end"]
     first = chunks[0][0] if chunks else None
@@ -216,23 +210,19 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def pair(row: dict[str, Any], metric: str, high: str = "p90") -> str:
+    def ms(row: dict[str, Any], metric: str, *quantiles: str) -> str:
         s = row[metric]
-        return "-" if s["p50"] is None else f"{s['p50']:.0f} / {s[high]:.0f}"
-
-    def ms(row: dict[str, Any], metric: str) -> str:
-        p50 = row[metric]["p50"]
-        return "-" if p50 is None else f"{p50:.0f}"
+        return "-" if s["p50"] is None else " / ".join(f"{s[q]:.0f}" for q in quantiles)
 
     for name, row in result.items():
         wer = "-" if row["wer"] is None else f"{row['wer']:.3f}"
-        stop = row["final_after_stop_s"]
-        stop_ms = "-" if stop["p50"] is None else f"{stop['p50']:.0f} / {stop['p99']:.0f}"
         lines.append(
             f"| {name} | {row['requests']} | {row['refused']} | {row['chunks_per_request']:.1f} "
-            f"| {pair(row, 'first_chunk_s')} | {pair(row, 'first_chunk_after_speech_s')} "
-            f"| {pair(row, 'final_after_speech_s')} | {stop_ms} | {ms(row, 'refused_after_s')} "
-            f"| {wer} |"
+            f"| {ms(row, 'first_chunk_s', 'p50', 'p90')} "
+            f"| {ms(row, 'first_chunk_after_speech_s', 'p50', 'p90')} "
+            f"| {ms(row, 'final_after_speech_s', 'p50', 'p90')} "
+            f"| {ms(row, 'final_after_stop_s', 'p50', 'p99')} "
+            f"| {ms(row, 'refused_after_s', 'p50')} | {wer} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -243,22 +233,20 @@ def cmd_wyoming(args: argparse.Namespace) -> int:
     clips = fixture_clips(args.audio_dir)
     names = [name for name, _, _ in args.target]
     requests: list[Request] = []
-
     refusals: list[Refusal] = []
+
+    def record(outcome: Request | Refusal) -> None:
+        if isinstance(outcome, Refusal):
+            refusals.append(outcome)
+        else:
+            requests.append(outcome)
 
     async def burst(name: str, host: str, port: int, first: int) -> None:
         picks = [(first + i) % len(clips) for i in range(args.concurrency)]
-        done = await asyncio.gather(
-            *(one_request(name, host, port, c, *clips[c], args) for c in picks),
-            return_exceptions=True,
-        )
-        for clip, outcome in zip(picks, done, strict=True):
-            if isinstance(outcome, Refused):
-                refusals.append(Refusal(name, clip, outcome.code, outcome.after_s))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                requests.append(outcome)
+        for outcome in await asyncio.gather(
+            *(one_request(name, host, port, c, *clips[c], args) for c in picks)
+        ):
+            record(outcome)
 
     async def run() -> None:
         for r in range(args.rounds):
@@ -269,19 +257,15 @@ def cmd_wyoming(args: argparse.Namespace) -> int:
                 continue
             for clip, (pcm, text) in enumerate(clips):
                 for name, host, port in order:
-                    try:
-                        requests.append(await one_request(name, host, port, clip, pcm, text, args))
-                    except Refused as refused:
-                        refusals.append(Refusal(name, clip, refused.code, refused.after_s))
+                    record(await one_request(name, host, port, clip, pcm, text, args))
 
     asyncio.run(run())
     result = summary(requests, names, refusals)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(result, indent=2))
     with (args.out / "requests.jsonl").open("w") as f:
-        records: list[Request | Refusal] = [*requests, *refusals]
-        for record in records:
-            f.write(json.dumps(asdict(record)) + "\n")
+        for line in [*map(asdict, requests), *map(asdict, refusals)]:
+            f.write(json.dumps(line) + "\n")
     table = markdown(result)
     (args.out / "summary.md").write_text(table)
     eprint(f"bench: wrote {args.out / 'summary.json'}")
