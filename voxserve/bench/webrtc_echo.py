@@ -14,15 +14,18 @@ Run: python -m voxserve.bench.webrtc_echo --port PORT   (loopback only)
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import itertools
-import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-from aiohttp import web
+import uvicorn
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaRelay
 from aiortc.mediastreams import MediaStreamTrack
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 CALLS = "/v1/realtime/calls"
 
@@ -35,10 +38,10 @@ class EchoPeer:
         self.relay = MediaRelay()
         self.ids = itertools.count(1)
 
-    async def create(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/sdp":
-            return web.Response(status=415, text="send the offer as application/sdp")
-        offer = await request.text()
+    async def create(self, request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0] != "application/sdp":
+            return Response("send the offer as application/sdp", status_code=415)
+        offer = (await request.body()).decode()
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         call_id = f"echo_{next(self.ids)}"
         self.calls[call_id] = pc
@@ -56,16 +59,16 @@ class EchoPeer:
 
         await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
         await pc.setLocalDescription(await pc.createAnswer())
-        return web.Response(
-            status=201,
-            text=pc.localDescription.sdp,
-            content_type="application/sdp",
+        return Response(
+            pc.localDescription.sdp,
+            status_code=201,
+            media_type="application/sdp",
             headers={"Location": f"{CALLS}/{call_id}"},
         )
 
-    async def delete(self, request: web.Request) -> web.Response:
-        await self._end(request.match_info["call_id"])
-        return web.Response(status=200)
+    async def delete(self, request: Request) -> Response:
+        await self._end(request.path_params["call_id"])
+        return Response(status_code=200)
 
     async def _end(self, call_id: str) -> None:
         pc = self.calls.pop(call_id, None)
@@ -77,26 +80,23 @@ class EchoPeer:
             await self._end(call_id)
 
 
-async def main(port: int) -> None:
+def app() -> Starlette:
     peer = EchoPeer()
-    app = web.Application()
-    app.router.add_post(CALLS, peer.create)
-    app.router.add_delete(CALLS + "/{call_id}", peer.delete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    print(f"webrtc echo on 127.0.0.1:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    with contextlib.suppress(Exception):
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
         await peer.close()
-    await runner.cleanup()
+
+    routes = [
+        Route(CALLS, peer.create, methods=["POST"]),
+        Route(CALLS + "/{call_id}", peer.delete, methods=["DELETE"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(main(parser.parse_args().port))
+    port = parser.parse_args().port
+    uvicorn.run(app(), host="127.0.0.1", port=port, log_level="warning")
