@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
+from voxserve.audio.wav import read_wav
 from voxserve.bench.procstat import between, pin, snapshot
 from voxserve.bench.servers import HOST, free_port, spawn_tcp, spawn_voxserve
 from voxserve.bench.webrtc_client import FRAME_BYTES, FrameSource, WebRtcCaller, to_48k
@@ -40,7 +40,7 @@ RECORDING = ROOT / "tests" / "fixtures" / "long.wav"
 
 def looped_source() -> FrameSource:
     """The recording and 1 s of silence, looped for as long as the call lasts."""
-    pcm, rate = sf.read(RECORDING, dtype="int16")
+    pcm, rate = read_wav(RECORDING.read_bytes())
     pcm = np.concatenate([pcm, np.zeros(rate, dtype=np.int16)])
     clip = to_48k(pcm, rate)
     frames = len(clip) // FRAME_BYTES

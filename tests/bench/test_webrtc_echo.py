@@ -9,9 +9,9 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 from scripts.bench_webrtc_floor import spawn_webrtc_echo
+from voxserve.audio.wav import read_wav
 from voxserve.bench.webrtc_client import (
     FRAME_SAMPLES,
     SOUND_RMS,
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recording() -> bytes:
-    pcm, rate = sf.read(ROOT / "tests" / "fixtures" / "command.wav", dtype="int16")
-    return to_48k(np.asarray(pcm), rate)
+    pcm, rate = read_wav((ROOT / "tests" / "fixtures" / "command.wav").read_bytes())
+    return to_48k(pcm, rate)
 
 
 def _sound_frames(pcm48: bytes) -> int:
