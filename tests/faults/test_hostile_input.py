@@ -423,3 +423,23 @@ async def test_grpc_audio_after_end_is_counted_as_rejected(fault_server: LiveSer
     ended = responses[-1][1]
     assert (ended.received, ended.rejected) == (5, 5)
     assert [e.code for e in of_kind(responses, "error")] == ["invalid_message"]
+
+
+async def test_grpc_client_that_awaits_ended_before_half_closing_gets_it(
+    fault_server: LiveServer,
+) -> None:
+    """After `end`, the call reads on until the half-close (so late requests are counted
+    and never race the status); a client that waits for `ended` first is not left hanging:
+    `ended` and OK come once it has sent nothing for the linger (1 s), not at the 300 s idle
+    limit."""
+    async with grpc.aio.insecure_channel(fault_server.grpc_target) as channel:
+        call = stub(channel).Converse(timeout=10)
+        await call.write(pb.ConverseRequest(config=pb.StreamConfig(mode=pb.MODE_ASR)))
+        await call.write(pb.ConverseRequest(audio=pb.AudioFrames(seq_id=0, pcm=bytes(640))))
+        await call.write(pb.ConverseRequest(end=pb.EndInput()))
+        kinds = []
+        async with asyncio.timeout(5):
+            async for response in call:
+                kinds.append(response.WhichOneof("event"))
+        assert kinds[-1] == "ended"
+        assert await call.code() == grpc.StatusCode.OK

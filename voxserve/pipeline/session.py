@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from voxserve.errors import ErrorCode, VoxError, first_vox_error
@@ -333,9 +333,12 @@ class Session:
 
     # -- running ------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, before_end: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run the session to its end. A failure that ends it surfaces as one VoxError (the
-        first), not as the task groups' nested exception groups, so transports can map it."""
+        first), not as the task groups' nested exception groups, so transports can map it.
+        `before_end`: awaited once the work is done, before `session.ended` is queued (a
+        transport that reads what its client still sends: those messages are answered and
+        counted in `ended`)."""
         replies = self.replies
         try:
             async with asyncio.TaskGroup() as group:
@@ -348,6 +351,8 @@ class Session:
                     await replies.wait()
                 if self.responses is not None:
                     await self.responses.wait()
+                if before_end is not None:
+                    await before_end()
         except BaseExceptionGroup as errors:
             raise first_vox_error(errors) or errors from None
         finally:

@@ -8,6 +8,9 @@ itself:
 
 - Half-closing the request stream is `audio.end` (no more input), not a disconnect; a
   client that cancels the call (or disconnects) cancels the handler and so every task.
+- After an in-band `end`, the call reads on until the client half-closes (or sends nothing
+  for a second) before `ended`: what it still sends is refused and counted there, and its
+  writes never race the status (grpc's client reports such a race as INTERNAL).
 - A fatal error ends the call with a status (codec.status_for) after a final `ended`
   message when a session existed; non-fatal ones are `error` messages in the stream.
 - Audio messages may carry several 20 ms frames; each frame is fed with its own seq_id.
@@ -44,7 +47,9 @@ from voxserve.v1 import voxserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-GRPC = Wire("grpc", in_band_end=False, stalls=False, tasks="voxserve-grpc")
+# linger_s: after `end`, `ended` and the status wait for the half-close, or a second with no
+# request (a client that waits for `ended` before it half-closes).
+GRPC = Wire("grpc", in_band_end=False, stalls=False, tasks="voxserve-grpc", linger_s=1.0)
 TRANSPORT = GRPC.name
 
 Req = TypeVar("Req", pb.ConverseRequest, pb.RecognizeRequest)

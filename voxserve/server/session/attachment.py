@@ -102,6 +102,18 @@ class Attachment(Generic[M]):
                 return
         await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
 
+    async def input_over(self, quiet_s: float) -> None:
+        """Until the client's input ends (the receiver returns) or it has sent nothing for
+        `quiet_s` (counted from its last message or from now, the later)."""
+        receiver, driver = self.receiver, self.driver
+        assert receiver is not None
+        since = time.monotonic()
+        while not receiver.done():
+            quiet_left = max(driver.last_message_at, since) + quiet_s - time.monotonic()
+            if quiet_left <= 0:
+                return
+            await asyncio.wait([receiver], timeout=quiet_left)
+
     def stop_sending(self) -> None:
         """The client stalled: the sender, stuck on the socket, stops."""
         if self.sender is not None:

@@ -48,6 +48,8 @@ class AttachedConnection(Protocol):
 
     def stop_sending(self) -> None: ...
 
+    async def input_over(self, quiet_s: float) -> None: ...
+
 
 class ParkingLot(Protocol):
     """Where a session waits for its client (session_parking.ParkedSessions)."""
@@ -153,7 +155,7 @@ class SessionDriver:
         self._ran = True
         session = self.session
         try:
-            await session.run()
+            await session.run(self._linger if self.wire.linger_s > 0 else None)
             return
         except VoxError as exc:
             exc.fatal = True
@@ -173,6 +175,14 @@ class SessionDriver:
             session.end_reason = error.code.value
             return
         await self.end_fatally(error)
+
+    async def _linger(self) -> None:
+        """Before `ended`: read what the client still sends until its input is over (a
+        message after its end is refused, answered and counted in `ended`; and a gRPC
+        client whose call ended while it still wrote would see INTERNAL from its own
+        library, not the call's status). Not while the server drains."""
+        if self.attachment is not None and self.session.end_reason != "server_shutdown":
+            await self.attachment.input_over(self.wire.linger_s)
 
     def begin_drain(self) -> None:
         """pipeline/drain.py: stop taking input, finish the turn in progress."""

@@ -48,6 +48,9 @@ class Wire:
     stalls: bool  # output waits at most limits.stalled_client_s for the client to read
     tasks: str  # the prefix of its tasks' names
     charges_audio: bool = True  # False: the transport charges the audio quota itself (Wyoming)
+    # > 0: after the client's in-band end, the session's `ended` waits until the client
+    # closes its input (gRPC half-close) or sends nothing for this long (driver.py, linger)
+    linger_s: float = 0.0
 
 
 class InputEnd(enum.Enum):
