@@ -8,7 +8,9 @@ lag a live stream sees: a decode, resample or model call run on the loop (the cl
 tests guard) shows as seconds, a busy CPU as milliseconds. The RSS is sampled every 10 ms,
 of the server's process (`pid`) or of this one (in-process test servers); past `abort_over`
 the run ends at once (exit 3) instead of taking the machine down. On exit the live stream
-ends, and `Watch` holds its figures and its events (the transcript must still arrive)."""
+ends, and `Watch` holds its figures and its events (the transcript must still arrive).
+The watcher shares this process's loop and GIL: a flood whose client work is heavy is sent
+from a child process (flood.py), or the lag measures the attacker's own client."""
 
 from __future__ import annotations
 
