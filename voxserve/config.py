@@ -173,6 +173,15 @@ class AsrConfig(Section):
     # arriving behind a long one waits at most. Larger batches: less CPU per audio second.
     bulk_batch_s: float = Field(default=20.0, ge=5.0, le=600.0)
     bulk_max_batch: int = Field(default=8, ge=1, le=64)
+    # A one-shot transcription's promise (uploads, Wyoming, `voxserve transcribe`): its
+    # transcript within this long after its audio is in, plus one_shot_budget_per_audio
+    # seconds per second of audio (a long recording is not late for being long). A request
+    # predicted to miss it (the bulk work due before it, then its own, at the measured bulk
+    # call time: pipeline/recognition/bulk.py) is refused at once with `overloaded` and a
+    # Retry-After of how late it would be; one with nothing ahead of it is always taken.
+    # The stage timeout (pipeline.asr.timeout_s) plus the audio stays the hard limit.
+    one_shot_budget_ms: int = Field(default=2000, ge=1)
+    one_shot_budget_per_audio: float = Field(default=0.25, ge=0.0, le=10.0)
 
 
 class DegradeConfig(Section):

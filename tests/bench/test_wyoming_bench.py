@@ -56,16 +56,19 @@ def test_one_recording_gives_the_latency_figures(
 def test_at_once_sends_the_recording_without_pacing(
     wyoming_server: LiveServer, tmp_path: Path
 ) -> None:
-    row = bench(wyoming_server, tmp_path, "--tail-ms", "0", "--at-once")
+    row = bench(wyoming_server, tmp_path, "--tail-ms", "0", "--at-once", "--budget-ms", "0")
     assert row["requests"] == 1 and row["wer"] == 0.0
     assert row["final_s"]["p50"] < 800  # paced, 1.1 s of audio takes 1.1 s to send
     assert row["final_after_stop_s"]["p50"] >= 0
+    assert row["late"] == 1  # no transcript comes within 0 ms of audio-stop
 
 
 def test_a_burst_sends_its_requests_at_once(wyoming_server: LiveServer, tmp_path: Path) -> None:
-    row = bench(wyoming_server, tmp_path, "--tail-ms", "0", "--at-once", "--concurrency", "4")
+    flags = ("--tail-ms", "0", "--at-once", "--concurrency", "4", "--budget-ms", "30000")
+    row = bench(wyoming_server, tmp_path, *flags)
     assert row["requests"] == 4 and row["refused"] == 0 and row["wer"] == 0.0
     assert row["final_after_stop_s"]["count"] == 4
+    assert row["late"] == 0  # each within 30 s of its audio-stop
 
 
 def test_refusals_are_counted_with_their_code_not_measured(tmp_path: Path) -> None:

@@ -18,7 +18,11 @@ Wyoming 1.7 streaming) has no chunks: its first text is its `transcript`.
 in turn), the targets one after another, alternating; a request the server refuses (an
 `error` event: `overloaded` and the like) is counted with its code and how long the refusal
 took, not measured as a transcript. What admission promises is read from the two together:
-the admitted requests' `transcript` P99 and how fast the rest were told no.
+the admitted requests' `transcript` P99 and how fast the rest were told no. With
+`--budget-ms B --budget-per-audio F` (voxserve's `asr.one_shot_budget_ms` and
+`asr.one_shot_budget_per_audio`), each admitted request's `transcript` after `audio-stop` is
+also judged against B + F x its audio seconds: `late` counts those past it, for every target
+alike (the peer is held to the same promise).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Request:
     joined: bool  # the chunks joined equal the final (True when there were none)
     text: str
     reference: str
+    audio_s: float = 0.0  # the recording's length (its tail of silence included)
 
 
 async def one_request(
@@ -128,6 +133,7 @@ async def one_request(
         joined=not chunks or "".join(t for _, t in chunks) == final,
         text=final,
         reference=text,
+        audio_s=audio.size / rate,
     )
 
 
@@ -164,6 +170,13 @@ def add_wyoming_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="requests at once per target (a burst); refusals are counted, not measured",
     )
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        default=None,
+        help="judge each transcript against this plus --budget-per-audio x its audio (late)",
+    )
+    parser.add_argument("--budget-per-audio", type=float, default=0.0)
     parser.add_argument("--language", default="en")
     parser.add_argument(
         "--audio-dir", type=Path, default=FIXTURES, help="WAVs and their fixtures.json"
@@ -180,8 +193,18 @@ METRICS = (
 )
 
 
+def late(requests: list[Request], budget_ms: float | None, per_audio: float) -> int | None:
+    """Admitted requests whose transcript came past budget_ms + per_audio x their audio."""
+    if budget_ms is None:
+        return None
+    return sum(r.final_after_stop_s > budget_ms / 1000 + per_audio * r.audio_s for r in requests)
+
+
 def summary(
-    requests: list[Request], names: list[str], refusals: list[Refusal] | None = None
+    requests: list[Request],
+    names: list[str],
+    refusals: list[Refusal] | None = None,
+    budget: tuple[float | None, float] = (None, 0.0),
 ) -> dict[str, Any]:
     from voxserve.bench.stats import summarize, wer
 
@@ -195,6 +218,7 @@ def summary(
             row[metric] = summarize(values)
         row["refused_after_s"] = summarize([r.after_s for r in refused])
         row["refused_codes"] = sorted({r.code for r in refused})
+        row["late"] = late(mine, *budget)
         row["chunks_per_request"] = sum(r.chunks for r in mine) / max(1, len(mine))
         row["chunks_join_to_final"] = all(r.joined for r in mine)
         row["wer"] = wer((r.reference, r.text) for r in mine) if mine else None
@@ -206,8 +230,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| target | requests | refused | chunks/req | first chunk from audio start P50 / P90 ms "
         "| first chunk from end of speech P50 / P90 ms | transcript from end of speech "
-        "P50 / P90 ms | transcript from audio-stop P50 / P99 ms | refusal after P50 ms | WER |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "P50 / P90 ms | transcript from audio-stop P50 / P99 ms | late | refusal after P50 ms "
+        "| WER |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ms(row: dict[str, Any], metric: str, *quantiles: str) -> str:
@@ -222,6 +247,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {ms(row, 'first_chunk_after_speech_s', 'p50', 'p90')} "
             f"| {ms(row, 'final_after_speech_s', 'p50', 'p90')} "
             f"| {ms(row, 'final_after_stop_s', 'p50', 'p99')} "
+            f"| {'-' if row['late'] is None else row['late']} "
             f"| {ms(row, 'refused_after_s', 'p50')} | {wer} |"
         )
     return "\n".join(lines) + "\n"
@@ -260,7 +286,7 @@ def cmd_wyoming(args: argparse.Namespace) -> int:
                     record(await one_request(name, host, port, clip, pcm, text, args))
 
     asyncio.run(run())
-    result = summary(requests, names, refusals)
+    result = summary(requests, names, refusals, (args.budget_ms, args.budget_per_audio))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(result, indent=2))
     with (args.out / "requests.jsonl").open("w") as f:

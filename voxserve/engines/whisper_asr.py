@@ -46,6 +46,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import ctranslate2
@@ -171,6 +172,10 @@ class WhisperAsr:
             local_files_only=True,
         )
         self._ct2: Any = self.whisper_model.model
+        # What the memory bound counts at least (pipeline/models/loading.py): its weights.
+        self.weights_bytes = sum(
+            f.stat().st_size for f in Path(resolved.path).iterdir() if f.is_file()
+        )
         self._features = FeatureExtractor(**self.whisper_model.feat_kwargs)
         self._tokenizer = Tokenizer(
             self.whisper_model.hf_tokenizer,

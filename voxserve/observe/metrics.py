@@ -363,7 +363,14 @@ class _RuntimeCollector(Collector):
             "Stage slots held by bulk calls (at most pipeline.<stage>.bulk_slots)",
             labels=["stage"],
         )
+        refused_late = CounterMetricFamily(
+            "voxserve_stage_refused_late",
+            "One-shot requests refused at once as predicted past their budget "
+            "(asr: pipeline/recognition/bulk.py; tts: voxserve_tts_refused_total)",
+            labels=["stage"],
+        )
         for name, stage in list(self.state.stages.items()):
+            refused_late.add_metric([name], stage.refused_late)
             waiting.add_metric([name], stage.waiting)
             running.add_metric([name], stage.running)
             inline.add_metric([name], stage.inline_calls)
@@ -374,6 +381,7 @@ class _RuntimeCollector(Collector):
         yield inline
         yield bulk_waiting
         yield bulk_running
+        yield refused_late
         stats = self.state.executor.stats
         yield GaugeMetricFamily("voxserve_executor_workers", "Executor threads", stats.workers)
         yield GaugeMetricFamily(

@@ -2,7 +2,12 @@
 
 A load may take minutes (a download): the event loop and the model executor never wait on
 it, and a server stopped mid-download exits at once. One load at a time, so the RSS a load
-adds is what the model holds: the size the table's memory bound counts (table.py).
+adds is what the model holds: the size the table's memory bound counts (table.py). RSS
+growth under-counts a load that reuses heap the allocator kept from an earlier one (a
+second tiny.en grew RSS by 16 KB where the first grew it 63 MB: the first load's read
+buffer, freed but kept by malloc) and memory other threads free meanwhile: an engine that
+knows its weights' size (`weights_bytes`: Whisper's model files) counts at least that. It
+may over-count (a float16 file held as int8): the bound then unloads sooner, never later.
 
 Apart from the table because this is the one part that runs off the event loop: it builds
 the engine and hands the result back to the loop; what the table then does with it (count
@@ -62,7 +67,7 @@ def _build(settings: Settings, entry: ModelEntry, lock: threading.Lock) -> tuple
     with lock:
         before = rss_bytes()
         engine, took = build_engine(entry.kind, spec, settings.engines.default_threads, parallel)
-        grown = max(0, rss_bytes() - before)
+        grown = max(0, rss_bytes() - before, int(getattr(engine, "weights_bytes", 0)))
     return engine, grown, took
 
 

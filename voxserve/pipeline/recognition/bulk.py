@@ -28,6 +28,7 @@ start within its budget is refused at once (`overloaded`, retry hint) instead of
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -38,6 +39,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.audio.resample import resample
+from voxserve.config import Settings
 from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.context import EngineContext
 from voxserve.pipeline.generations import Generation, Lease
@@ -50,8 +52,8 @@ from voxserve.pipeline.recognition.speech_windows import (
 )
 from voxserve.pipeline.recognition.upload_vad import speech_probs
 from voxserve.pipeline.recognition.word_times import Span, clip_to_speech
-from voxserve.pipeline.scheduling.asr_batch import float_audio
-from voxserve.pipeline.scheduling.stage import PRIORITY_BULK
+from voxserve.pipeline.scheduling.asr_batch import AsrBatcher, float_audio
+from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage
 from voxserve.pipeline.scheduling.work_pools import WorkPool
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
 
@@ -108,6 +110,41 @@ async def transcribe_windows(
         lease.release()
 
 
+def one_shot_budget_s(settings: Settings, audio_s: float) -> float:
+    """How soon after its audio is in a one-shot transcript is promised (asr config)."""
+    asr = settings.asr
+    return asr.one_shot_budget_ms / 1000 + audio_s * asr.one_shot_budget_per_audio
+
+
+def admit_one_shot(
+    ctx: EngineContext,
+    stage: EngineStage,
+    batcher: AsrBatcher | None,
+    audio_s: float,
+    deadline: float,
+) -> None:
+    """Refuse (`overloaded`, Retry-After: how late it would be) a recording whose transcript
+    is predicted past its budget: the bulk work due before it, then its own windows, at the
+    measured cost of bulk batches (module docstring). Nothing ahead of it: always taken."""
+    windows = max(1, math.ceil(audio_s / ctx.settings.asr.bulk_window_s))
+    if batcher is not None:
+        outlook = batcher.bulk_outlook(deadline, windows, audio_s)
+    else:
+        outlook = stage.bulk_outlook(deadline, windows)
+    predicted_s, budget_s = outlook.done_s, one_shot_budget_s(ctx.settings, audio_s)
+    if predicted_s <= budget_s or outlook.ahead == 0:
+        return
+    stage.refused_late += 1
+    raise VoxError(
+        ErrorCode.OVERLOADED,
+        f"speech recognition is saturated: this transcript would come {predicted_s:.1f} s "
+        f"after its audio, past its budget of {budget_s:.1f} s (asr.one_shot_budget_ms); "
+        "retry later",
+        stage="asr",
+        retry_after_s=max(1, math.ceil(predicted_s - budget_s)),
+    )
+
+
 def _float_audio(samples: Int16Array | Float32Array, sample_rate: int) -> Recording:
     """The recording at 16 kHz; one there already (an upload, int16, decoded in its pool)
     is used as it is: no copy of hours of audio made on the event loop. Each window
@@ -130,20 +167,12 @@ async def _recognise(
     budget = stage.timeout_s + audio.size / SAMPLE_RATE
     began = time.monotonic()
     expires = began + budget
-    max_s = ctx.settings.asr.bulk_window_s
 
     def due(end: int) -> float:
         """A window's deadline: the stage's timeout after the audio up to its end."""
         return began + stage.timeout_s + end / SAMPLE_RATE
 
-    first_due = due(min(audio.size, int(max_s * SAMPLE_RATE)))
-    ahead_s = batcher.bulk_done_s(first_due) if batcher else stage.bulk_done_s(first_due)
-    if ahead_s > budget:
-        raise VoxError(
-            ErrorCode.OVERLOADED,
-            "the asr stage's bulk work would not reach this upload in time; retry later",
-            retry_after_s=ctx.settings.flow.retry_after_s,
-        )
+    admit_one_shot(ctx, stage, batcher, audio.size / SAMPLE_RATE, due(audio.size))
     # only when asked: an engine written before `options` still serves plain uploads
     extra: dict[str, Any] = {"options": options} if options is not None else {}
     # Word times are clipped to the VAD's speech (word_times.py), found beside the decodes.

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage
+from voxserve.pipeline.scheduling.batch_cost import BatchCost, batches_for
+from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, BulkOutlook, EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
 BULK_GATHER_S = 0.02  # an idle engine gathers concurrent uploads' windows this long
@@ -104,6 +105,8 @@ class Batcher(Generic[Req, Res]):
         self.bulk_key: Callable[[Req], Hashable] = lambda _: None
         self._bulk_pending: list[_Item[Req, Res]] = []
         self._bulk_running: set[asyncio.Task[None]] = set()
+        self._bulk_sizes: dict[asyncio.Task[None], int] = {}  # requests per running batch
+        self.bulk_cost_fit = BatchCost()  # a bulk batch's wall time by its size
         self._bulk_timer: asyncio.TimerHandle | None = None
         self.batches = 0
         self.requests = 0
@@ -140,23 +143,32 @@ class Batcher(Generic[Req, Res]):
             self._bulk_timer = loop.call_later(BULK_GATHER_S, self._flush_bulk)
         return await future
 
-    def bulk_done_s(self, deadline: float) -> float:
-        """A rough time until a new bulk request due at `deadline` would be done: the bulk
-        batches running and those its elders due first make, over the slots bulk may hold,
-        then its own, each the stage's smoothed bulk call time. For refusing up front what
-        could not finish in its time (pipeline/recognition/bulk.py)."""
+    def bulk_outlook(
+        self, deadline: float, own_items: int = 1, own_cost: float = 0.0
+    ) -> BulkOutlook:
+        """When a new bulk request due at `deadline`, of `own_items` requests (an upload's
+        windows) bringing `own_cost` of work, would be done, roughly: the bulk batches
+        running (counted whole: the estimate errs late), then the batches its elders due
+        first and it make, over the slots bulk may hold, each at the fitted cost of a batch
+        of its size (`bulk_cost_fit`, batch_cost.py; before any bulk batch, a live batch's
+        time per request: 0 before either, and nothing is refused). For refusing up front
+        what could not finish within its budget (pipeline/recognition/bulk.py)."""
         ahead = [
             item
             for item in self._bulk_pending
             if not item.future.done() and (item.deadline or 0.0) <= deadline
         ]
-        cost = sum(item.cost for item in ahead)
-        batches = max(
-            math.ceil(len(ahead) / self.max_bulk_batch),
-            math.ceil(cost / self.bulk_cost) if math.isfinite(self.bulk_cost) else 0,
-        )
-        slots = self._bulk_inflight()
-        return ((batches + len(self._bulk_running)) / slots + 1) * self.stage.bulk_call_s
+        items = len(ahead) + max(1, own_items)
+        cost = sum(item.cost for item in ahead) + own_cost
+        batches = batches_for(items, self.max_bulk_batch, cost, self.bulk_cost)
+        fit = self.bulk_cost_fit
+        if fit.batches:
+            running = sum(fit.batch_seconds(size) for size in self._bulk_sizes.values())
+            work = running + fit.seconds(items, batches)
+        else:
+            work = (sum(self._bulk_sizes.values()) + items) * self._run_s
+        running_items = sum(self._bulk_sizes.values())
+        return BulkOutlook(work / self._bulk_inflight(), len(ahead) + running_items)
 
     def _bulk_inflight(self) -> int:
         """Bulk batches run at once: what the stage lets bulk hold, within the engine's."""
@@ -189,11 +201,13 @@ class Batcher(Generic[Req, Res]):
             pending = rest
             task = asyncio.get_running_loop().create_task(self._run(batch, bulk=True))
             self._bulk_running.add(task)
+            self._bulk_sizes[task] = len(batch)
             task.add_done_callback(self._bulk_batch_done)
         self._bulk_pending = pending
 
     def _bulk_batch_done(self, task: asyncio.Task[None]) -> None:
         self._bulk_running.discard(task)
+        self._bulk_sizes.pop(task, None)
         if self._bulk_pending and not self._closed:
             self._flush_bulk()
 
@@ -359,7 +373,7 @@ class Batcher(Generic[Req, Res]):
         due = [item.deadline for item in batch if item.deadline is not None]
         expiries = [item.expires for item in batch if item.expires is not None]
         try:
-            return list(
+            results: list[Res | BaseException] = list(
                 await self.stage.run(
                     self.run_many,
                     [item.request for item in batch],
@@ -370,6 +384,9 @@ class Batcher(Generic[Req, Res]):
             )
         except VoxError as exc:
             return [exc] * len(batch)
+        # Its wait for a slot included: live work taking the slots slows bulk as much.
+        self.bulk_cost_fit.observe(len(batch), time.monotonic() - now)
+        return results
 
     def close(self) -> None:
         """Cancel running batches and anything still gathered or held (their callers see

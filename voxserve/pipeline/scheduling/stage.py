@@ -47,6 +47,7 @@ import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 from typing import TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
@@ -54,6 +55,16 @@ from voxserve.errors import ErrorCode, VoxError
 T = TypeVar("T")
 CallObserver = Callable[[str, str, float, float], None]
 """on_call(stage, work class "live" or "bulk", seconds in all, seconds waiting for a slot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkOutlook:
+    """A new bulk request's predicted wait: when it would be done (seconds from now) and
+    how many calls or items are before it (0: it would start at once)."""
+
+    done_s: float
+    ahead: int
+
 
 # The work class of a call (module docstring). Between equal deadlines live goes first;
 # otherwise deadlines, not classes, decide the order, so nothing starves.
@@ -111,7 +122,8 @@ class EngineStage:
         self.bulk_waiting = 0  # bulk callers among them
         self.bulk_held = 0  # slots bulk calls hold (handed over or running)
         self.bulk_timeouts = 0
-        self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_done_s)
+        self.bulk_call_s = 0.0  # smoothed time a bulk call holds its slot (bulk_outlook)
+        self.refused_late = 0  # one-shot requests refused as predicted past their budget
         self._bulk_costed = False
         # Batches' worth of requests a batcher holds back while the engine is busy
         # (pipeline/scheduling/batcher.py): they wait as queued callers do, so they count in
@@ -156,15 +168,16 @@ class EngineStage:
         while no live caller waits (module docstring)."""
         return self.concurrency if self.work_conserving and not live_waits else self.bulk_slots
 
-    def bulk_done_s(self, deadline: float) -> float:
-        """A rough time until a new bulk call due at `deadline` would be done: the bulk
-        calls holding or queued ahead of it, over the bulk slots, then its own, each the
-        smoothed bulk call time (0 before any). For refusing up front what could not
-        finish in its time (recognition.py)."""
-        ahead = sum(
+    def bulk_outlook(self, deadline: float, own_calls: int = 1) -> BulkOutlook:
+        """When a new bulk request due at `deadline`, of `own_calls` calls, would be done,
+        roughly: the bulk calls holding or queued ahead of it, then its own, over the bulk
+        slots, each the smoothed bulk call time (0 before any). For refusing up front what
+        could not finish within its budget (pipeline/recognition/bulk.py)."""
+        ahead = self.bulk_held + sum(
             1 for due, _, _, handoff in self._bulk_queue if due <= deadline and not handoff.done()
         )
-        return ((ahead + self.bulk_held) / self.bulk_slots + 1) * self.bulk_call_s
+        done_s = ((ahead + max(1, own_calls) - 1) / self.bulk_slots + 1) * self.bulk_call_s
+        return BulkOutlook(done_s, ahead)
 
     async def run(
         self,
@@ -241,7 +254,7 @@ class EngineStage:
             self._note_bulk(seconds)
 
     def _note_bulk(self, seconds: float) -> None:
-        """Smooth how long a bulk call holds its slot (bulk_done_s); the first sets it."""
+        """Smooth how long a bulk call holds its slot (bulk_outlook); the first sets it."""
         weight = BULK_COST_SMOOTHING if self._bulk_costed else 1.0
         self._bulk_costed = True
         self.bulk_call_s += (seconds - self.bulk_call_s) * weight

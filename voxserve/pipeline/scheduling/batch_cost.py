@@ -1,0 +1,73 @@
+"""What a batch of n requests costs an engine: a fixed part plus a part per request, fitted
+online from the batches it ran.
+
+Batched engines share a call's overhead: a CTranslate2 batch of 8 Whisper windows costs
+less than 8 batches of one, and how much less is the engine's and the machine's. A cost
+per request measured on small batches over-prices a burst that will run in big ones (a
+burst refused that would have fit); one per batch under-prices a single big batch. So
+both parts are fitted, by least squares over exponentially weighted means of the batch
+size, its time and their products: `seconds = fixed + per_item x size`. Until the sizes
+seen differ (a quiet server runs batches of one), the fixed part is 0 and the whole cost
+is per request: the estimate errs late, never early. Pure: tested with made-up batches
+(tests/test_batch_cost.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_SIZE_VARIANCE = 0.25  # below this the sizes seen are too alike to split the cost
+
+
+@dataclass
+class BatchCost:
+    smoothing: float = 0.3
+    batches: int = 0
+    _size: float = 0.0  # the weighted means of size, seconds, size^2, size x seconds
+    _seconds: float = 0.0
+    _size2: float = 0.0
+    _size_seconds: float = 0.0
+
+    def observe(self, size: int, seconds: float) -> None:
+        """A batch of `size` requests took `seconds` (the first sets the means)."""
+        if size < 1 or seconds < 0:
+            return
+        weight = self.smoothing if self.batches else 1.0
+        self.batches += 1
+        self._size += (size - self._size) * weight
+        self._seconds += (seconds - self._seconds) * weight
+        self._size2 += (size * size - self._size2) * weight
+        self._size_seconds += (size * seconds - self._size_seconds) * weight
+
+    def parts(self) -> tuple[float, float]:
+        """(fixed seconds per batch, seconds per request); (0, 0) before any batch."""
+        if not self.batches or self._size <= 0:
+            return 0.0, 0.0
+        variance = self._size2 - self._size * self._size
+        if variance < MIN_SIZE_VARIANCE:
+            return 0.0, self._seconds / self._size
+        per_item = (self._size_seconds - self._size * self._seconds) / variance
+        per_item = max(0.0, per_item)
+        fixed = self._seconds - per_item * self._size
+        if fixed < 0:  # noise: a line through the origin instead
+            return 0.0, self._seconds / self._size
+        return fixed, per_item
+
+    def seconds(self, items: int, batches: int) -> float:
+        """What `items` requests cost run as `batches` batches."""
+        fixed, per_item = self.parts()
+        return batches * fixed + items * per_item
+
+    def batch_seconds(self, size: int) -> float:
+        return self.seconds(size, 1)
+
+
+def batches_for(items: int, max_batch: int, cost: float = 0.0, max_cost: float = math.inf) -> int:
+    """How many batches `items` requests bringing `cost` of work make, at most `max_batch`
+    requests and `max_cost` of work a batch (a rough count: requests of other kinds, which
+    share no batch, are not told apart)."""
+    if items <= 0:
+        return 0
+    by_cost = math.ceil(cost / max_cost) if math.isfinite(max_cost) and max_cost > 0 else 0
+    return max(math.ceil(items / max(1, max_batch)), by_cost, 1)
