@@ -1,12 +1,18 @@
-"""A batch's cost fitted online as fixed + per request (pipeline/scheduling/batch_cost.py)."""
+"""A batch's cost fitted online as fixed + per request (pipeline/scheduling/batch_cost.py),
+and the bulk outlook that reads it (pipeline/scheduling/batcher.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from voxserve.pipeline.scheduling.batch_cost import BatchCost, batches_for
+from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish
+from voxserve.pipeline.scheduling.batcher import Batcher
+from voxserve.pipeline.scheduling.stage import EngineStage
 
 
 def test_nothing_seen_costs_nothing() -> None:
@@ -52,17 +58,64 @@ def test_noise_that_would_make_a_part_negative_prices_per_request() -> None:
     assert fit.batch_seconds(1) > 0
 
 
-@pytest.mark.parametrize(
-    ("items", "max_batch", "cost", "max_cost", "expected"),
-    [
-        (0, 8, 0.0, math.inf, 0),
-        (1, 8, 0.0, math.inf, 1),
-        (17, 8, 0.0, math.inf, 3),
-        (4, 8, 60.0, 20.0, 3),  # four 15 s windows: 20 s of audio a batch
-        (16, 8, 10.0, 20.0, 2),
-    ],
-)
-def test_batches_for(
-    items: int, max_batch: int, cost: float, max_cost: float, expected: int
-) -> None:
-    assert batches_for(items, max_batch, cost, max_cost) == expected
+def test_edf_finish_serves_in_deadline_order_in_batches() -> None:
+    """Batches of at most 2 at 0.1 + 0.1 per request, one slot: the job due first goes
+    first whatever its place in the list; a job's end is its last request's batch's."""
+    fit = BatchCost()
+    for size in (1, 2, 1, 2):
+        fit.observe(size, 0.1 + 0.1 * size)
+    jobs = [Job(5.0, 2, 2.0), Job(1.0, 1, 1.0), Job(3.0, 1, 1.0)]
+    done = edf_finish(jobs, fit, max_batch=2, max_cost=math.inf, slots=1, start_s=0.5)
+    # order: job 1, job 2 (batch 0.3 s), job 0's two (batch 0.3 s)
+    assert done == [pytest.approx(1.1), pytest.approx(0.8), pytest.approx(0.8)]
+    # a cost cap of 1.5 per batch: every request (1.0 each) is a batch of its own
+    done = edf_finish(jobs, fit, max_batch=8, max_cost=1.5, slots=1)
+    assert done == [pytest.approx(0.8), pytest.approx(0.2), pytest.approx(0.4)]
+
+
+async def test_work_admitted_and_not_yet_submitted_counts_ahead() -> None:
+    """Two uploads admitted in one loop turn: the second's outlook holds the first's
+    reserved windows (without them both see an empty queue and a burst is all admitted);
+    each submission takes one off, and a release takes the rest."""
+    with ThreadPoolExecutor(2) as pool:
+        stage = EngineStage("asr", 2, 5.0, pool)
+        batcher = Batcher("asr", stage, lambda items: items, max_wait_ms=0, max_batch=8)
+        batcher.bulk_cost_fit.observe(1, 0.2)  # 0.2 s a request
+        later = time.monotonic() + 10  # the new request's promise: after the others'
+        assert batcher.bulk_outlook(later, 1).ahead == 0
+        first = batcher.reserve(3, 15.0, time.monotonic() + 5)
+        outlook = batcher.bulk_outlook(later, 1)
+        assert outlook.ahead == 3 and outlook.done_s == pytest.approx(4 * 0.2, abs=0.01)
+        submitted = asyncio.ensure_future(
+            batcher.submit_bulk(
+                "w",
+                deadline=time.monotonic() + 1,
+                expires=time.monotonic() + 5,
+                cost=5.0,
+                reservation=first,
+            )
+        )
+        await asyncio.sleep(0)  # submitted: pending now, no longer reserved
+        assert (first.items, first.cost) == (2, 10.0)
+        assert batcher.bulk_outlook(later, 1).ahead == 3
+        batcher.release(first)
+        assert await submitted == "w"
+        assert batcher.bulk_outlook(later, 1).ahead == 0
+        batcher.close()
+
+
+async def test_a_request_due_sooner_is_refused_when_it_would_make_admitted_work_late() -> None:
+    """EDF serves a request due sooner first: its outlook says how late that makes work
+    admitted before it and on time now (the admission rule refuses it then)."""
+    with ThreadPoolExecutor(2) as pool:
+        stage = EngineStage("asr", 2, 5.0, pool)
+        batcher = Batcher("asr", stage, lambda items: items, max_wait_ms=0, max_batch=1)
+        batcher.bulk_cost_fit.observe(1, 0.5)  # 0.5 s a request, one a batch
+        now = time.monotonic()
+        batcher.reserve(2, 2.0, now + 1.05)  # on time: done at 1.0 s
+        tight = batcher.bulk_outlook(now + 0.6, 1)  # due sooner: goes first
+        assert tight.done_s == pytest.approx(0.5, abs=0.01) and tight.ahead == 0
+        assert tight.harms_s == pytest.approx(0.45, abs=0.02)  # the reserved end at 1.5 s
+        loose = batcher.bulk_outlook(now + 2.0, 1)  # due later: goes last, harms nobody
+        assert loose.done_s == pytest.approx(1.5, abs=0.01) and loose.harms_s == 0
+        batcher.close()

@@ -53,6 +53,7 @@ from voxserve.pipeline.recognition.speech_windows import (
 from voxserve.pipeline.recognition.upload_vad import speech_probs
 from voxserve.pipeline.recognition.word_times import Span, clip_to_speech
 from voxserve.pipeline.scheduling.asr_batch import AsrBatcher, float_audio
+from voxserve.pipeline.scheduling.batcher import BulkReservation
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, EngineStage
 from voxserve.pipeline.scheduling.work_pools import WorkPool
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult, Segment
@@ -122,26 +123,34 @@ def admit_one_shot(
     batcher: AsrBatcher | None,
     audio_s: float,
     deadline: float,
-) -> None:
+) -> BulkReservation | None:
     """Refuse (`overloaded`, Retry-After: how late it would be) a recording whose transcript
     is predicted past its budget: the bulk work due before it, then its own windows, at the
-    measured cost of bulk batches (module docstring). Nothing ahead of it: always taken."""
+    measured cost of bulk batches (module docstring). Nothing ahead of it: always taken.
+    Admitted through the batcher: its windows are reserved there until submitted (the
+    caller releases the reservation when it is done)."""
     windows = max(1, math.ceil(audio_s / ctx.settings.asr.bulk_window_s))
     if batcher is not None:
         outlook = batcher.bulk_outlook(deadline, windows, audio_s)
     else:
         outlook = stage.bulk_outlook(deadline, windows)
     predicted_s, budget_s = outlook.done_s, one_shot_budget_s(ctx.settings, audio_s)
-    if predicted_s <= budget_s or outlook.ahead == 0:
-        return
+    late_s = predicted_s - budget_s if outlook.ahead else 0.0  # alone: always taken
+    if late_s <= 0 and outlook.harms_s <= 0:
+        return batcher.reserve(windows, audio_s, deadline) if batcher is not None else None
     stage.refused_late += 1
+    if late_s > 0:
+        why = (
+            f"this transcript would come {predicted_s:.1f} s after its audio, past its "
+            f"budget of {budget_s:.1f} s (asr.one_shot_budget_ms)"
+        )
+    else:
+        why = f"taking it would make admitted transcripts {outlook.harms_s:.1f} s late"
     raise VoxError(
         ErrorCode.OVERLOADED,
-        f"speech recognition is saturated: this transcript would come {predicted_s:.1f} s "
-        f"after its audio, past its budget of {budget_s:.1f} s (asr.one_shot_budget_ms); "
-        "retry later",
+        f"speech recognition is saturated: {why}; retry later",
         stage="asr",
-        retry_after_s=max(1, math.ceil(predicted_s - budget_s)),
+        retry_after_s=max(1, math.ceil(max(late_s, outlook.harms_s))),
     )
 
 
@@ -169,10 +178,10 @@ async def _recognise(
     expires = began + budget
 
     def due(end: int) -> float:
-        """A window's deadline: the stage's timeout after the audio up to its end."""
-        return began + stage.timeout_s + end / SAMPLE_RATE
+        """A window's deadline: the request's promise for the audio up to its end."""
+        return began + one_shot_budget_s(ctx.settings, end / SAMPLE_RATE)
 
-    admit_one_shot(ctx, stage, batcher, audio.size / SAMPLE_RATE, due(audio.size))
+    reservation = admit_one_shot(ctx, stage, batcher, audio.size / SAMPLE_RATE, due(audio.size))
     # only when asked: an engine written before `options` still serves plain uploads
     extra: dict[str, Any] = {"options": options} if options is not None else {}
     # Word times are clipped to the VAD's speech (word_times.py), found beside the decodes.
@@ -184,7 +193,12 @@ async def _recognise(
         clip = window.audio(audio)
         if batcher is not None:
             return await batcher.bulk(
-                clip, language, options, deadline=due(window.end), expires=expires
+                clip,
+                language,
+                options,
+                deadline=due(window.end),
+                expires=expires,
+                reservation=reservation,
             )
         asr = generation.engines.asr
         result: AsrResult = await stage.run(
@@ -216,6 +230,8 @@ async def _recognise(
             timed = on_recording(window, result)
             yield timed if spans is None else clip_to_speech(timed, await spans)
     finally:
+        if batcher is not None and reservation is not None:
+            batcher.release(reservation)
         for task in tasks:
             task.cancel()
         if spans is not None:

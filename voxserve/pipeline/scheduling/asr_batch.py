@@ -29,7 +29,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Float32Array, Int16Array, to_float32
 from voxserve.engines.base import AsrEngine, inline_safe
-from voxserve.pipeline.scheduling.batcher import Batcher
+from voxserve.pipeline.scheduling.batcher import Batcher, BulkReservation
 from voxserve.pipeline.scheduling.stage import EngineStage
 from voxserve.types import SAMPLE_RATE, AsrOptions, AsrResult
 
@@ -124,9 +124,15 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
         *,
         deadline: float,
         expires: float,
+        reservation: BulkReservation | None = None,
     ) -> AsrResult:
-        """An upload's window (16 kHz), batched with other bulk windows (module docstring)."""
+        """An upload's window (16 kHz), batched with other bulk windows (module docstring);
+        one of `reservation`'s (its upload's admission: Batcher.reserve)."""
         seconds = audio.size / SAMPLE_RATE
         return await self.submit_bulk(
-            (audio, language, options), deadline=deadline, expires=expires, cost=seconds
+            (audio, language, options),
+            deadline=deadline,
+            expires=expires,
+            cost=seconds,
+            reservation=reservation,
         )

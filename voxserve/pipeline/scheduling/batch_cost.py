@@ -8,16 +8,16 @@ burst refused that would have fit); one per batch under-prices a single big batc
 both parts are fitted, by least squares over exponentially weighted means of the batch
 size, its time and their products: `seconds = fixed + per_item x size`. Until the sizes
 seen differ (a quiet server runs batches of one), the fixed part is 0 and the whole cost
-is per request: the estimate errs late, never early. Pure: tested with made-up batches
-(tests/test_batch_cost.py).
+is per request: the estimate errs late, never early. `edf_finish` plays a queue of bulk
+work through the batcher's order with these costs (the admission rule's prediction). Pure:
+tested with made-up batches (tests/test_batch_cost.py).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-MIN_SIZE_VARIANCE = 0.25  # below this the sizes seen are too alike to split the cost
+MIN_SIZE_VARIANCE = 0.1  # below this the sizes seen are too alike to split the cost
 
 
 @dataclass
@@ -63,11 +63,48 @@ class BatchCost:
         return self.seconds(size, 1)
 
 
-def batches_for(items: int, max_batch: int, cost: float = 0.0, max_cost: float = math.inf) -> int:
-    """How many batches `items` requests bringing `cost` of work make, at most `max_batch`
-    requests and `max_cost` of work a batch (a rough count: requests of other kinds, which
-    share no batch, are not told apart)."""
-    if items <= 0:
-        return 0
-    by_cost = math.ceil(cost / max_cost) if math.isfinite(max_cost) and max_cost > 0 else 0
-    return max(math.ceil(items / max(1, max_batch)), by_cost, 1)
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Bulk work as the admission rule sees it: due `deadline_s` from now, `items` requests
+    bringing `cost` of work in all."""
+
+    deadline_s: float
+    items: int
+    cost: float
+
+
+def edf_finish(
+    jobs: list[Job],
+    fit: BatchCost,
+    *,
+    max_batch: int,
+    max_cost: float,
+    slots: int,
+    start_s: float = 0.0,
+) -> list[float]:
+    """When each job would be done (seconds from now), served as the batcher serves bulk
+    work: every request in deadline order, cut into batches of at most `max_batch` requests
+    and `max_cost` of work, each at the fitted cost of its size, over `slots` at once
+    (spread evenly: a rough model), after `start_s` of work already running."""
+    units = sorted(
+        (job.deadline_s, index, job.cost / max(1, job.items))
+        for index, job in enumerate(jobs)
+        for _ in range(max(1, job.items))
+    )
+    done = [0.0] * len(jobs)
+    clock, batch, cost = start_s, list[int](), 0.0
+
+    def close() -> float:
+        finished = clock + fit.batch_seconds(len(batch)) / max(1, slots)
+        for index in batch:
+            done[index] = max(done[index], finished)
+        return finished
+
+    for _, index, unit_cost in units:
+        if batch and (len(batch) >= max_batch or cost + unit_cost > max_cost):
+            clock, batch, cost = close(), [], 0.0
+        batch.append(index)
+        cost += unit_cost
+    if batch:
+        close()
+    return done

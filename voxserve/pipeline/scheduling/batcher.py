@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.scheduling.batch_cost import BatchCost, batches_for
+from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, BulkOutlook, EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
@@ -49,6 +49,17 @@ BULK_GATHER_S = 0.02  # an idle engine gathers concurrent uploads' windows this 
 BUSY_TAU_S = 2.0  # the engine's busy share is smoothed over about this long
 Req = TypeVar("Req")
 Res = TypeVar("Res")
+
+
+@dataclass(eq=False)
+class BulkReservation:
+    """Bulk work admitted and not yet handed over (an upload between its admission and its
+    windows' submission, which may be a loop turn or a VAD pass later): counted ahead of
+    later arrivals, so requests admitted in one loop turn do not all see an empty queue."""
+
+    items: int
+    cost: float
+    deadline: float  # its promise (time.monotonic())
 
 
 @dataclass(slots=True)
@@ -106,6 +117,7 @@ class Batcher(Generic[Req, Res]):
         self._bulk_pending: list[_Item[Req, Res]] = []
         self._bulk_running: set[asyncio.Task[None]] = set()
         self._bulk_sizes: dict[asyncio.Task[None], int] = {}  # requests per running batch
+        self._reserved: set[BulkReservation] = set()  # admitted, not yet submitted
         self.bulk_cost_fit = BatchCost()  # a bulk batch's wall time by its size
         self._bulk_timer: asyncio.TimerHandle | None = None
         self.batches = 0
@@ -131,11 +143,32 @@ class Batcher(Generic[Req, Res]):
             self._gather(loop, self._gather_delay())
         return await future
 
+    def reserve(self, items: int, cost: float, deadline: float) -> BulkReservation:
+        """Hold `items` requests bringing `cost` of work, due at `deadline`, in the outlook
+        until they are submitted (each `submit_bulk` naming it takes one off) or
+        `release`d."""
+        reservation = BulkReservation(items, cost, deadline)
+        self._reserved.add(reservation)
+        return reservation
+
+    def release(self, reservation: BulkReservation) -> None:
+        self._reserved.discard(reservation)
+
     async def submit_bulk(
-        self, request: Req, *, deadline: float, expires: float, cost: float = 0.0
+        self,
+        request: Req,
+        *,
+        deadline: float,
+        expires: float,
+        cost: float = 0.0,
+        reservation: BulkReservation | None = None,
     ) -> Res:
         """A bulk request (module docstring), due at `deadline` for the stage's EDF order,
-        abandoned by its caller at `expires` (both time.monotonic())."""
+        abandoned by its caller at `expires` (both time.monotonic()); one of `reservation`'s
+        requests, if given."""
+        if reservation is not None:
+            reservation.items = max(0, reservation.items - 1)
+            reservation.cost = max(0.0, reservation.cost - cost)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Res] = loop.create_future()
         self._bulk_pending.append(_Item(request, deadline, future, cost=cost, expires=expires))
@@ -146,29 +179,53 @@ class Batcher(Generic[Req, Res]):
     def bulk_outlook(
         self, deadline: float, own_items: int = 1, own_cost: float = 0.0
     ) -> BulkOutlook:
-        """When a new bulk request due at `deadline`, of `own_items` requests (an upload's
-        windows) bringing `own_cost` of work, would be done, roughly: the bulk batches
-        running (counted whole: the estimate errs late), then the batches its elders due
-        first and it make, over the slots bulk may hold, each at the fitted cost of a batch
-        of its size (`bulk_cost_fit`, batch_cost.py; before any bulk batch, a live batch's
-        time per request: 0 before either, and nothing is refused). For refusing up front
-        what could not finish within its budget (pipeline/recognition/bulk.py)."""
-        ahead = [
-            item
+        """What admitting a new bulk request due at `deadline` (its promise), of
+        `own_items` requests (an upload's windows) bringing `own_cost` of work, would do:
+        when it would be done, and how late it would make work admitted before it that is
+        on time now (EDF: a request due sooner overtakes it). Simulated as the batcher
+        serves bulk (batch_cost.edf_finish): the batches running first (counted whole:
+        the estimate errs late), then every request pending or admitted and not yet
+        submitted (`reserve`) and its own, in deadline order, in batches each at the fitted
+        cost of its size (`bulk_cost_fit`; before any bulk batch, a live batch's time per
+        request: 0 before either, and nothing is refused). For refusing up front what
+        could not finish within its promise (pipeline/recognition/bulk.py)."""
+        now = time.monotonic()
+        jobs = [
+            Job((item.deadline or now) - now, 1, item.cost)
             for item in self._bulk_pending
-            if not item.future.done() and (item.deadline or 0.0) <= deadline
+            if not item.future.done()
         ]
-        items = len(ahead) + max(1, own_items)
-        cost = sum(item.cost for item in ahead) + own_cost
-        batches = batches_for(items, self.max_bulk_batch, cost, self.bulk_cost)
+        jobs += [Job(r.deadline - now, r.items, r.cost) for r in self._reserved if r.items]
+        own = Job(deadline - now, max(1, own_items), own_cost)
         fit = self.bulk_cost_fit
-        if fit.batches:
-            running = sum(fit.batch_seconds(size) for size in self._bulk_sizes.values())
-            work = running + fit.seconds(items, batches)
-        else:
-            work = (sum(self._bulk_sizes.values()) + items) * self._run_s
-        running_items = sum(self._bulk_sizes.values())
-        return BulkOutlook(work / self._bulk_inflight(), len(ahead) + running_items)
+        if not fit.batches:  # a live batch's time per request, until bulk is measured
+            fit = BatchCost()
+            fit.observe(1, self._run_s)
+        slots = self._bulk_inflight()
+        start = sum(fit.batch_seconds(size) for size in self._bulk_sizes.values()) / slots
+
+        def finish(batch: list[Job]) -> list[float]:
+            return edf_finish(
+                batch,
+                fit,
+                max_batch=self.max_bulk_batch,
+                max_cost=self.bulk_cost,
+                slots=slots,
+                start_s=start,
+            )
+
+        before, after = finish(jobs), finish([*jobs, own])
+        harms = max(
+            (
+                late - job.deadline_s
+                for job, on_time, late in zip(jobs, before, after, strict=False)
+                if on_time <= job.deadline_s < late
+            ),
+            default=0.0,
+        )
+        running = sum(self._bulk_sizes.values())
+        ahead = running + sum(job.items for job in jobs if job.deadline_s <= own.deadline_s)
+        return BulkOutlook(after[-1], ahead, harms)
 
     def _bulk_inflight(self) -> int:
         """Bulk batches run at once: what the stage lets bulk hold, within the engine's."""

@@ -59,11 +59,13 @@ CallObserver = Callable[[str, str, float, float], None]
 
 @dataclass(frozen=True, slots=True)
 class BulkOutlook:
-    """A new bulk request's predicted wait: when it would be done (seconds from now) and
-    how many calls or items are before it (0: it would start at once)."""
+    """A new bulk request's predicted wait: when it would be done (seconds from now), how
+    many calls or items are before it (0: it would start at once), and how late it would
+    make admitted work that is on time now (the most, in seconds)."""
 
     done_s: float
     ahead: int
+    harms_s: float = 0.0
 
 
 # The work class of a call (module docstring). Between equal deadlines live goes first;
