@@ -1,5 +1,8 @@
-"""A short real run: a server with the load engines in this process, `bench stream` with
-4 streams for 3 s from one load process, then the files it wrote."""
+"""A short real run: `bench stream` with 4 streams for 3 s against a server with the load
+engines, then the files it wrote. The stream bench spawns its server (`--spawn`), as a real
+run does: beside a server in this process its load generator shared the GIL, and one stall
+of the process (47 ms, once in CI) made the run invalid as "load generator behind
+schedule", a verdict about the test's layout, not the bench or the server."""
 
 from __future__ import annotations
 
@@ -15,13 +18,14 @@ from voxserve.bench.__main__ import main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_stream_smoke(load_server: LiveServer, tmp_path: Path) -> None:
+def test_stream_smoke(tmp_path: Path) -> None:
     out = tmp_path / "run"
     code = main(
         [
             "stream",
-            "--url",
-            f"ws://127.0.0.1:{load_server.settings.port}",
+            "--spawn",
+            "--server-config",
+            str(ROOT / "bench" / "load-engines.toml"),
             "--streams",
             "4",
             "--duration",
