@@ -5,7 +5,8 @@ requests at once: ~100-200 ms of Python) would delay the watcher's pings on the 
 and under the same GIL, and the live stream's lag would measure the attacker, not the
 server. A child process has its own interpreter: the test's loop only waits for its answer.
 
-`python -m tests.hostile.flood` reads one JSON spec on stdin and writes the answers as JSON.
+`python -m tests.hostile.flood` reads one JSON spec on stdin (its `kind`: "http", or
+"wyoming-tiny-chunks") and writes the answers as JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ async def flood(
     """`count` concurrent `POST path` with the JSON `body`, sent by a child process; the
     answers in the order sent."""
     spec = {"base_url": base_url, "path": path, "count": count, "body": body, "headers": headers}
+    answers = await _in_child({"kind": "http", **spec})
+    return [Answer(a["status"], a["headers"], a["body"].encode("latin-1")) for a in answers]
+
+
+async def wyoming_tiny_chunks(port: int, chunks: int, rounds: int) -> list[list[str]]:
+    """On one Wyoming connection, a wake-word `detect` and `audio-start`, then `rounds` of
+    `chunks` one-sample `audio-chunk`s each followed by a ping, then `audio-stop` and a
+    ping, sent by a child process with the `wyoming` package: the types of the events that
+    came before each pong (rounds + 1 lists)."""
+    events: list[list[str]] = await _in_child(
+        {"kind": "wyoming-tiny-chunks", "port": port, "chunks": chunks, "rounds": rounds}
+    )
+    return events
+
+
+async def _in_child(spec: dict[str, Any]) -> Any:
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -48,7 +65,7 @@ async def flood(
     )
     out, _ = await child.communicate(json.dumps(spec).encode())
     assert child.returncode == 0, f"the flood's process exited {child.returncode}"
-    return [Answer(a["status"], a["headers"], a["body"].encode("latin-1")) for a in json.loads(out)]
+    return json.loads(out)
 
 
 async def _send(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,5 +87,37 @@ async def _send(spec: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+async def _tiny_chunks(spec: dict[str, Any]) -> list[list[str]]:
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.ping import Ping
+    from wyoming.wake import Detect
+
+    audio = {"rate": 16000, "width": 2, "channels": 1}
+    seen: list[list[str]] = []
+    async with AsyncTcpClient("127.0.0.1", spec["port"]) as wyoming:
+
+        async def until_pong() -> None:
+            await wyoming.write_event(Ping(text="alive").event())
+            types: list[str] = []
+            async with asyncio.timeout(30):
+                while (event := await wyoming.read_event()) is not None and event.type != "pong":
+                    types.append(event.type)
+            seen.append(types if event is not None else [*types, "closed"])
+
+        await wyoming.write_event(Detect(names=["okay_nabu"]).event())
+        await wyoming.write_event(AudioStart(**audio).event())
+        one = AudioChunk(audio=b"\x01\x00", **audio).event()
+        for _ in range(spec["rounds"]):
+            for _ in range(spec["chunks"]):
+                await wyoming.write_event(one)
+            await until_pong()
+        await wyoming.write_event(AudioStop().event())
+        await until_pong()
+    return seen
+
+
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(asyncio.run(_send(json.load(sys.stdin)))))
+    request = json.load(sys.stdin)
+    run = {"http": _send, "wyoming-tiny-chunks": _tiny_chunks}[request["kind"]]
+    sys.stdout.write(json.dumps(asyncio.run(run(request))))

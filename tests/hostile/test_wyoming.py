@@ -49,6 +49,7 @@ from wyoming.wake import Detect
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
 from tests.fakes import EchoResponder, FakeAsr, FakeTts, FakeVad
+from tests.hostile.flood import wyoming_tiny_chunks
 from tests.hostile.watch import Watch, watched
 from voxserve.config import load_settings
 from voxserve.engines.loaded import Engines
@@ -299,16 +300,13 @@ async def test_a_transcription_past_max_audio_s_ends(live: LiveServer) -> None:
 
 
 async def test_a_flood_of_tiny_chunks_costs_the_live_stream_nothing(live: LiveServer) -> None:
-    async with watched_live(live) as watch, client(live) as wyoming:
-        await wyoming.write_event(Detect(names=["okay_nabu"]).event())
-        await wyoming.write_event(AudioStart(**FORMAT).event())
-        one = AudioChunk(audio=b"\x01\x00", **FORMAT).event()
-        for _ in range(5):
-            for _ in range(1000):
-                await wyoming.write_event(one)
-            assert not await until_pong(wyoming)  # all taken, nothing said
-        await wyoming.write_event(AudioStop().event())
-        assert [e.type for e in await until_pong(wyoming)] == ["not-detected"]
+    """5,000 one-sample chunks, sent from a child process (tests/hostile/flood.py): the
+    `wyoming` package's work for them on this loop delayed the watcher's pings under the
+    same GIL (CI: live P99 252 ms, the attacker's client, not the server)."""
+    async with watched_live(live) as watch:
+        seen = await wyoming_tiny_chunks(live.settings.wyoming_port, chunks=1000, rounds=5)
+    assert seen[:5] == [[]] * 5, seen  # all taken, nothing said
+    assert seen[5] == ["not-detected"], seen
     watch.assert_unhurt(max_growth_mb=100)
 
 
