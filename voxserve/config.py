@@ -176,9 +176,10 @@ class AsrConfig(Section):
     # A one-shot transcription's promise (uploads, Wyoming, `voxserve transcribe`): its
     # transcript within this long after its audio is in, plus one_shot_budget_per_audio
     # seconds per second of audio (a long recording is not late for being long). A request
-    # predicted to miss it (the bulk work due before it, then its own, at the measured bulk
-    # call time: pipeline/recognition/bulk.py) is refused at once with `overloaded` and a
-    # Retry-After of how late it would be; one with nothing ahead of it is always taken.
+    # predicted to miss it, or to make admitted work miss its own (the bulk work played in
+    # deadline order at a batch cost fitted online: pipeline/recognition/bulk.py), is
+    # refused at once with `overloaded` and a Retry-After of how late; one with nothing
+    # ahead of it is always taken.
     # The stage timeout (pipeline.asr.timeout_s) plus the audio stays the hard limit.
     one_shot_budget_ms: int = Field(default=2000, ge=1)
     one_shot_budget_per_audio: float = Field(default=0.25, ge=0.0, le=10.0)

@@ -366,7 +366,8 @@ class _RuntimeCollector(Collector):
         refused_late = CounterMetricFamily(
             "voxserve_stage_refused_late",
             "One-shot requests refused at once as predicted past their budget "
-            "(asr: pipeline/recognition/bulk.py; tts: voxserve_tts_refused_total)",
+            "(asr: pipeline/recognition/bulk.py; TTS counts its own: "
+            'voxserve_tts_refusals_total{reason="late"})',
             labels=["stage"],
         )
         for name, stage in list(self.state.stages.items()):

@@ -16,13 +16,15 @@ each of its windows; a batch holds windows with equal options only. Word times a
 segments. A segment Whisper did not break where two pieces of a window meet covers both
 (its start in the first, its end in the second), as in faster-whisper's batched pipeline.
 
-Time: the request has the stage timeout plus its audio's length (a long upload is not late
-for being long). Window k is due, for the earliest-deadline-first order of bulk batches and
-of the stage, when that budget spread over the audio says (start + timeout + the window's
-end in the audio): a short upload arriving behind long ones is due before their later
-windows, so it runs next rather than after them, and uploads interleave. One that could not
-start within its budget is refused at once (`overloaded`, retry hint) instead of answering
-504 after the wait.
+Time: the request is promised its transcript within `asr.one_shot_budget_ms` plus
+`asr.one_shot_budget_per_audio` x its audio (a long upload is not late for being long).
+Window k is due, for the earliest-deadline-first order of bulk batches and of the stage,
+when that promise spread over the audio says (start + the promise for the audio up to the
+window's end): a short upload arriving behind long ones is due before their later windows,
+so it runs next rather than after them, and uploads interleave. Admission is a
+schedulability test (`admit_one_shot`, Batcher.bulk_outlook): one that would be late, or
+would make admitted work late, is refused at once (`overloaded`, Retry-After: how late)
+instead of answering late. The stage timeout plus the audio's length is the hard limit.
 """
 
 from __future__ import annotations
@@ -173,9 +175,9 @@ async def _recognise(
 ) -> AsyncIterator[AsrResult]:
     stage = ctx.stages.stage("asr")
     batcher = generation.asr_batcher()
-    budget = stage.timeout_s + audio.size / SAMPLE_RATE
+    limit_s = stage.timeout_s + audio.size / SAMPLE_RATE  # the hard limit, not the promise
     began = time.monotonic()
-    expires = began + budget
+    expires = began + limit_s
 
     def due(end: int) -> float:
         """A window's deadline: the request's promise for the audio up to its end."""
@@ -225,7 +227,7 @@ async def _recognise(
                     result = await (tasks[index] if tasks else decode(window))
             except TimeoutError:
                 raise VoxError(
-                    ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {budget:g} s", stage="asr"
+                    ErrorCode.STAGE_TIMEOUT, f"asr did not answer within {limit_s:g} s", stage="asr"
                 ) from None
             timed = on_recording(window, result)
             yield timed if spans is None else clip_to_speech(timed, await spans)

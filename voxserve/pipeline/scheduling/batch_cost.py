@@ -93,9 +93,10 @@ def edf_finish(
     )
     done = [0.0] * len(jobs)
     clock, batch, cost = start_s, list[int](), 0.0
+    fixed, per_item = fit.parts()  # once: every batch below is priced by the same line
 
     def close() -> float:
-        finished = clock + fit.batch_seconds(len(batch)) / max(1, slots)
+        finished = clock + (fixed + per_item * len(batch)) / max(1, slots)
         for index in batch:
             done[index] = max(done[index], finished)
         return finished
