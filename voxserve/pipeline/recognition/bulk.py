@@ -147,7 +147,7 @@ def admit_one_shot(
             f"budget of {budget_s:.1f} s (asr.one_shot_budget_ms)"
         )
     else:
-        why = f"taking it would make admitted transcripts {outlook.harms_s:.1f} s late"
+        why = f"taking it would make admitted transcripts {outlook.harms_s * 1000:.0f} ms late"
     raise VoxError(
         ErrorCode.OVERLOADED,
         f"speech recognition is saturated: {why}; retry later",
