@@ -1,5 +1,6 @@
 """A batch's cost fitted online as fixed + per request (pipeline/scheduling/batch_cost.py),
-and the bulk outlook that reads it (pipeline/scheduling/batcher.py)."""
+the bulk outlook that reads it, and the predicted lateness of held live finals
+(pipeline/scheduling/batcher.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish
+from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish, live_lateness
 from voxserve.pipeline.scheduling.batcher import Batcher
 from voxserve.pipeline.scheduling.stage import EngineStage
 
@@ -118,4 +119,70 @@ async def test_a_request_due_sooner_is_refused_when_it_would_make_admitted_work_
         assert tight.harms_s == pytest.approx(0.45, abs=0.02)  # the reserved end at 1.5 s
         loose = batcher.bulk_outlook(now + 2.0, 1)  # due later: goes last, harms nobody
         assert loose.done_s == pytest.approx(1.5, abs=0.01) and loose.harms_s == 0
+        batcher.close()
+
+
+def _line(fixed: float, per_item: float) -> BatchCost:
+    fit = BatchCost()
+    for size in (1, 2, 1, 2):
+        fit.observe(size, fixed + per_item * size)
+    return fit
+
+
+def test_live_lateness_serves_held_finals_in_deadline_order_on_the_first_free_slot() -> None:
+    """0.1 + 0.1 per final, batches of 2. One slot, busy for 0.25 s: the two due first
+    start at 0.25 (0.05 s past the one due at 0.2), the third at 0.55, in time for 1.0.
+    A second, idle slot takes the first batch at once and the next at 0.25: on time."""
+    fit = _line(0.1, 0.1)
+    held = [1.0, 0.3, 0.2]
+    assert live_lateness(held, fit, max_batch=2, free_at_s=[0.25]) == pytest.approx(0.05)
+    assert live_lateness(held, fit, max_batch=2, free_at_s=[0.25, 0.0]) == 0.0
+    assert live_lateness([], fit, max_batch=2, free_at_s=[5.0]) == 0.0
+
+
+def test_live_lateness_judges_time_not_count() -> None:
+    """Sixteen finals that one batch serves in time are not pressure; two behind a long
+    batch are, by how late the first would start."""
+    cheap = _line(0.02, 0.005)
+    assert live_lateness([0.5] * 16, cheap, max_batch=16, free_at_s=[0.0]) == 0.0
+    dear = _line(0.3, 0.2)
+    assert live_lateness([0.1, 0.4], dear, max_batch=8, free_at_s=[0.5]) == pytest.approx(0.4)
+
+
+async def test_the_batcher_predicts_its_held_finals_late_from_the_batches_it_ran() -> None:
+    """A live batch costs 0.15 s a final (slept): once measured, finals held behind a
+    running batch with deadlines shorter than the work ahead are predicted late; with
+    room in their deadlines they are not. Before any batch is measured, only a final held
+    past its deadline counts (by how much)."""
+    with ThreadPoolExecutor(2) as pool:
+        stage = EngineStage("asr", 1, 5.0, pool)
+
+        def run_many(items: list[float]) -> list[float]:
+            time.sleep(0.15 * len(items))
+            return items
+
+        batcher = Batcher("asr", stage, run_many, max_wait_ms=0, max_batch=4, max_inflight=1)
+        first = asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() + 5))
+        await asyncio.sleep(0.01)  # running, not measured
+        overdue = asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() - 0.05))
+        soon = asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() + 0.01))
+        await asyncio.sleep(0)
+        assert batcher.live_cost_fit.batches == 0
+        assert batcher.live_lateness() == pytest.approx(0.05, abs=0.02)
+        await asyncio.gather(first, overdue, soon)
+        assert batcher.live_cost_fit.batches == 2
+        running = asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() + 5))
+        await asyncio.sleep(0.01)  # its batch runs: the next ones are held
+        roomy = [
+            asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() + 2))
+            for _ in range(3)
+        ]
+        await asyncio.sleep(0)
+        assert batcher.pending == 3 and batcher.live_lateness() == 0.0
+        tight = asyncio.ensure_future(batcher.submit(1.0, deadline=time.monotonic() + 0.05))
+        await asyncio.sleep(0)
+        # The running batch frees the engine in ~0.14 s: the tight final starts ~0.09 late.
+        assert batcher.live_lateness() == pytest.approx(0.09, abs=0.04)
+        await asyncio.gather(running, tight, *roomy)
+        assert batcher.live_lateness() == 0.0
         batcher.close()

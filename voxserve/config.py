@@ -423,12 +423,15 @@ class FlowConfig(Section):
     """Credit windows (docs/protocol.md, `credit`) and admission by measured load.
 
     Every `tick_ms` each model stage is judged: under pressure when more than
-    `queue_limit` calls wait for it, when callers wait longer than `wait_limit_ms` for a
-    slot (smoothed), or when a call timed out or started past its deadline since the last
-    tick. Under pressure each stream's input window (VAD batches of audio in flight;
-    default 8) halves, down to 1; without, it grows back by one a tick. New sessions are
-    refused (`overloaded`, retry hint) once a spell of pressure on any stage (TTS only with
-    `shed_tts`) has lasted `shed_after_s`; a spell ends after `calm_s` without pressure.
+    `queue_limit` calls wait for it (with `predict_lateness`, on a stage that predicts:
+    when the live work held for it would start past its deadlines, at the batch cost
+    fitted from its recent batches: ASR finals), when callers wait longer than
+    `wait_limit_ms` for a slot (smoothed), or when a call timed out or started past its
+    deadline since the last tick. Under pressure each stream's input window (VAD batches of
+    audio in flight; default 8) halves, down to 1; without, it grows back by one a tick. New
+    sessions are refused (`overloaded`, retry hint) once a spell of pressure on any stage
+    (TTS only with `shed_tts`) has lasted `shed_after_s`; a spell ends after `calm_s`
+    without pressure.
     """
 
     credit_window: int = Field(default=8, ge=1)
@@ -438,6 +441,9 @@ class FlowConfig(Section):
     shed_after_s: float = Field(default=1.0, ge=0)
     calm_s: float = Field(default=2.0, ge=0)
     retry_after_s: int = Field(default=2, ge=1)
+    # Whether a stage that predicts the lateness of its held live work (ASR finals) is
+    # judged by that prediction instead of `queue_limit` (false: the count, as before).
+    predict_lateness: bool = True
     # Whether pressure on the TTS stage sheds new sessions and requests too. Off: TTS
     # admission is per synthesis, by predicted lateness (tts.degrade.predict), so a burst
     # the engine can serve in time is queued, not refused for the queue's length.

@@ -4,6 +4,7 @@ hand-off: pure units with an injected clock."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,17 @@ def test_stage_pressure_from_queue_timeouts_and_late_starts() -> None:
     assert judge.since is None and judge.lasted(5.0) == 0.0
 
 
+def test_a_stage_that_predicts_is_judged_by_its_prediction_not_its_count() -> None:
+    """Held finals predicted on time are no pressure however many; one predicted to start
+    late is, with an empty queue count. Waits, timeouts and late starts still count."""
+    judge = StagePressure(queue_limit=2)
+    assert not judge.judge(0.0, waiting=12, timeouts=0, late=0, predicted_late=0.0)
+    assert judge.judge(1.0, waiting=0, timeouts=0, late=0, predicted_late=0.05)
+    assert judge.judge(2.0, waiting=0, timeouts=0, late=1, predicted_late=0.0)
+    assert not judge.judge(3.0, waiting=0, timeouts=0, late=1, predicted_late=0.0)
+    assert judge.judge(4.0, waiting=3, timeouts=0, late=1)  # no prediction: the count
+
+
 @dataclass
 class StageLoad:
     """What the flow monitor reads of an EngineStage."""
@@ -70,9 +82,32 @@ class StageLoad:
         0  # bulk callers among `waiting`: not pressure (pipeline/scheduling/stage.py)
     )
 
+    name: str = "asr"
+    predicted_late: Callable[[], float] | None = None  # where the stage predicts (ASR)
+
     @property
     def live_waiting(self) -> int:
         return self.waiting - self.bulk_waiting
+
+
+def test_monitor_reads_a_stages_prediction_unless_told_to_count() -> None:
+    """The monitor asks a stage that predicts (and shows the answer as a metric); with
+    `flow.predict_lateness` off it judges the count, as before."""
+    late = [0.0]
+    asr = StageLoad(waiting=9, predicted_late=lambda: late[0])
+    monitor = FlowMonitor(FlowConfig(queue_limit=4), {"asr": asr})  # type: ignore[dict-item]
+    monitor.tick()
+    assert monitor.stage_windows["asr"].size == 8 and monitor.predicted_late == {"asr": 0.0}
+    late[0] = 0.3
+    asr.waiting = 0
+    monitor.tick()
+    assert monitor.stage_windows["asr"].size == 4 and monitor.predicted_late["asr"] == 0.3
+    counting = FlowMonitor(
+        FlowConfig(queue_limit=4, predict_lateness=False),
+        {"asr": StageLoad(waiting=9, predicted_late=lambda: 0.0)},  # type: ignore[dict-item]
+    )
+    counting.tick()
+    assert counting.stage_windows["asr"].size == 4 and counting.predicted_late == {}
 
 
 def test_monitor_moves_stream_windows_and_sheds_after_sustained_pressure() -> None:

@@ -121,6 +121,58 @@ async def test_slow_stage_shrinks_credit_sheds_new_sessions_and_recovers(
     assert 'voxserve_credit_window{stage="asr"} 8.0' in body
 
 
+@pytest.fixture
+def slow_batched_asr_server() -> Iterator[LiveServer]:
+    # Finals through the ASR batcher (0.25 s a final, one batch at a time). The count and
+    # the smoothed wait are out of reach (a queue limit of 100, a 60 s wait limit), so
+    # pressure can only come from the prediction, or later from a late start.
+    settings = configured(
+        flow={"tick_ms": 50, "queue_limit": 100, "wait_limit_ms": 60000, "shed_after_s": 0.3},
+    )
+    pipeline = settings.pipeline.model_copy(
+        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
+    )
+    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.25)) as live:
+        yield live
+
+
+async def test_asr_pressure_is_predicted_lateness_before_any_final_starts_late(
+    slow_batched_asr_server: LiveServer,
+) -> None:
+    """Six streams' finals behind a batch that runs seconds: the finals held behind it
+    cannot start within their 0.5 s, which the flow monitor sees at once from the batch
+    cost it fitted, while no final has started late yet; new sessions are refused and
+    the admitted streams lose nothing. What it checks: pressure comes from the prediction
+    (a late start would come ~1 s later; the count and wait limits are out of reach)."""
+    live = slow_batched_asr_server
+    runtime = live.runtime
+
+    async def stream() -> list[dict[str, Any]]:
+        async with connect(live.ws_url) as ws:
+            await start(ws, mode="asr", partials=False)
+            await send_audio(ws, utterances(2), speedup=4)
+            await ws.send(json.dumps({"type": "audio.end"}))
+            events, _ = await collect(ws, limit_s=90)
+            return events
+
+    streams = [asyncio.create_task(stream()) for _ in range(6)]
+    window = runtime.flow.stage_windows
+    await eventually(lambda: "asr" in window and window["asr"].size < 8, 30)
+    stage = runtime.stages["asr"]
+    assert stage.late == 0 and stage.timeouts == 0  # pressure before any late start
+    assert runtime.flow.predicted_late["asr"] > 0
+    body = (await asyncio.to_thread(_metrics, live)).splitlines()
+    gauge = [line for line in body if line.startswith("voxserve_stage_predicted_late_seconds")]
+    assert gauge and gauge[0].startswith('voxserve_stage_predicted_late_seconds{stage="asr"}')
+    await eventually(lambda: runtime.flow.overloaded() == "asr", 10)
+    event, code, _ = await refused(live.ws_url)
+    assert event["code"] == "overloaded" and "asr" in event["message"] and code == 1013
+    for events in await asyncio.gather(*streams):
+        assert len(of_type(events, "transcript.final")) == 2  # admitted streams finish
+        ended = events[-1]
+        assert ended["type"] == "session.ended" and ended["processed"] == ended["received"]
+
+
 def _metrics(live: LiveServer) -> str:
     import httpx
 

@@ -1,5 +1,5 @@
-"""Scrape-time gauges of flow control: credit windows per stage, streams under credit,
-and the drain."""
+"""Scrape-time gauges of flow control: credit windows per stage, the predicted lateness of
+held live work, streams under credit, and the drain."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ class FlowCollector(Collector):
         for name, window in list(flow.stage_windows.items()):
             windows.add_metric([name], window.size)
         yield windows
+        late = GaugeMetricFamily(
+            "voxserve_stage_predicted_late_seconds",
+            "How late the held live work that fares worst would start, as flow control last "
+            "predicted it (stages that predict: ASR finals; 0: on time; above 0: pressure)",
+            labels=["stage"],
+        )
+        for name, seconds in list(flow.predicted_late.items()):
+            late.add_metric([name], seconds)
+        yield late
         yield GaugeMetricFamily(
             "voxserve_credit_streams", "Streams whose input is under a credit window", flow.streams
         )

@@ -106,6 +106,9 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
             return (window, language, options)
 
         self.bulk_key = bulk_key
+        # Finals carry deadlines: flow control judges this stage by whether the held ones
+        # can still start in time (Batcher.live_lateness), not by their count.
+        stage.predicted_late = self.live_lateness
         if bulk_batch_s is not None:
             self.bulk_cost = bulk_batch_s
         if max_bulk_batch is not None:

@@ -9,12 +9,14 @@ both parts are fitted, by least squares over exponentially weighted means of the
 size, its time and their products: `seconds = fixed + per_item x size`. Until the sizes
 seen differ (a quiet server runs batches of one), the fixed part is 0 and the whole cost
 is per request: the estimate errs late, never early. `edf_finish` plays a queue of bulk
-work through the batcher's order with these costs (the admission rule's prediction). Pure:
+work through the batcher's order with these costs (the admission rule's prediction);
+`live_lateness` plays held live finals through it (the flow monitor's pressure). Pure:
 tested with made-up batches (tests/test_batch_cost.py).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 MIN_SIZE_VARIANCE = 0.1  # below this the sizes seen are too alike to split the cost
@@ -109,3 +111,27 @@ def edf_finish(
     if batch:
         close()
     return done
+
+
+def live_lateness(
+    deadlines_s: list[float], fit: BatchCost, *, max_batch: int, free_at_s: list[float]
+) -> float:
+    """How late the latest of some held live requests would get its engine call, in seconds
+    past its deadline (0: every one on time): `deadlines_s` (seconds from now) served in
+    deadline order, `max_batch` to a batch, each batch at the fitted cost of its size on the
+    slot that comes free first (`free_at_s`: when each of the engine's slots is free,
+    seconds from now; 0 for an idle one). The live half of the lateness rule: a stage whose
+    held finals would start late is under pressure (pipeline/scheduling/flow.py), whatever
+    their count."""
+    if not deadlines_s or not free_at_s:
+        return 0.0
+    fixed, per_item = fit.parts()
+    slots = sorted(free_at_s)
+    ordered = sorted(deadlines_s)
+    worst = 0.0
+    for first in range(0, len(ordered), max(1, max_batch)):
+        batch = ordered[first : first + max(1, max_batch)]
+        start = heapq.heappop(slots)
+        worst = max(worst, start - batch[0])  # its earliest deadline is the batch's
+        heapq.heappush(slots, start + fixed + per_item * len(batch))
+    return worst

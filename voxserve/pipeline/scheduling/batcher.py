@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
-from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish
+from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish, live_lateness
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, BulkOutlook, EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
@@ -109,6 +109,8 @@ class Batcher(Generic[Req, Res]):
         self._last_arrival = 0.0
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self._run_s = 0.0  # smoothed wall time of one batch at the engine
+        self.live_cost_fit = BatchCost()  # a live batch's wall time by its size
+        self._live_started: dict[asyncio.Task[None], tuple[float, int]] = {}  # perf, size
         self.bulk_cost = math.inf  # work one bulk batch may hold (module docstring)
         self.max_bulk_batch = self.max_batch  # requests one bulk batch may hold
         # Bulk requests share a batch only when their keys are equal (what the engine runs
@@ -328,12 +330,14 @@ class Batcher(Generic[Req, Res]):
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._track_busy()
             self._running.add(task)
+            self._live_started[task] = (time.perf_counter(), len(batch))
             task.add_done_callback(self._batch_done)
         self._report_held()
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._track_busy()
         self._running.discard(task)
+        self._live_started.pop(task, None)
         if self._pending and self._timer is None and not self._closed:
             delay = self._gather_delay() if len(self._pending) < self.max_batch else 0.0
             if delay > 0:
@@ -413,8 +417,36 @@ class Batcher(Generic[Req, Res]):
                 )
                 return [one if isinstance(one, BaseException) else one[0] for one in alone]
             return [exc] * len(requests)
-        self._run_s += 0.2 * (time.perf_counter() - started - self._run_s)
+        took = time.perf_counter() - started
+        self._run_s += 0.2 * (took - self._run_s)
+        self.live_cost_fit.observe(len(requests), took)
         return results
+
+    def live_lateness(self) -> float:
+        """How late the held live request that fares worst would start, in seconds past its
+        deadline (0: all on time): the requests gathered or held,
+        in deadline order (none: the stage timeout from now), in batches at the fitted
+        cost of their size (`live_cost_fit`), each on the first of the engine's
+        `max_inflight` slots to come free; a running batch frees its slot when its fitted
+        cost has passed (now, if it overran). Before any batch is measured every cost is
+        0: only a final already past its deadline while held counts (the first batch of a
+        burst can run for seconds before it is measured). The flow monitor's pressure for
+        this stage (pipeline/scheduling/flow.py): whether the finals waiting now can be
+        served in time, not how many they are."""
+        fit = self.live_cost_fit
+        now, clock = time.monotonic(), time.perf_counter()
+        free_at = [
+            max(0.0, fit.batch_seconds(size) - (clock - began))
+            for began, size in self._live_started.values()
+        ]
+        free_at += [0.0] * max(0, self.max_inflight - len(free_at))
+        fallback = self.stage.timeout_s
+        deadlines = [
+            fallback if item.deadline is None else item.deadline - now
+            for item in self._pending
+            if not item.future.done()
+        ]
+        return live_lateness(deadlines, fit, max_batch=self.max_batch, free_at_s=free_at)
 
     async def _call_bulk(self, batch: list[_Item[Req, Res]]) -> list[Res | BaseException]:
         """One bulk engine call (counted as a batch): a bulk call on the stage, due at its

@@ -46,9 +46,11 @@ class CreditWindow:
 
 
 class StagePressure:
-    """Judges one engine stage tick by tick: pressure is a queue longer than `queue_limit`,
-    a smoothed wait for a slot longer than `wait_limit_s`, or a timeout or late start (a
-    call that got its slot after its deadline) since the last tick.
+    """Judges one engine stage tick by tick: pressure is a queue longer than `queue_limit`
+    (or, where the stage predicts it, held work that would start past its deadline: then
+    that prediction, not the count), a smoothed wait for a slot longer than `wait_limit_s`,
+    or a timeout or late start (a call that got its slot after its deadline) since the
+    last tick.
 
     Remembers since when the pressure has lasted, for load shedding: a spell of pressure
     ends only after `calm_s` without any, so a queue that empties for a moment between
@@ -76,12 +78,25 @@ class StagePressure:
         self.under = False
 
     def judge(
-        self, now: float, *, waiting: int, timeouts: int, late: int, queue_wait: float = 0.0
+        self,
+        now: float,
+        *,
+        waiting: int,
+        timeouts: int,
+        late: int,
+        queue_wait: float = 0.0,
+        predicted_late: float | None = None,
     ) -> bool:
-        """`timeouts` and `late` are the stage's running totals."""
+        """`timeouts` and `late` are the stage's running totals; `predicted_late` the
+        seconds past its deadline the held work that fares worst would start (None: the
+        stage predicts nothing, and `waiting` is judged against `queue_limit`)."""
         missed = timeouts > self._timeouts or late > self._late
         self._timeouts, self._late = timeouts, late
-        self.under = waiting > self.queue_limit or queue_wait > self.wait_limit_s or missed
+        if predicted_late is None:
+            backlog = waiting > self.queue_limit
+        else:
+            backlog = predicted_late > 0
+        self.under = backlog or queue_wait > self.wait_limit_s or missed
         if self.under:
             self._calm_since = None
             if self.since is None:

@@ -3,8 +3,12 @@ every stream's credit window, and tells admission when the process is overloaded
 
 Streams register their input window (a weak reference: a session that ends simply drops
 out). Pressure on any stage a stream's audio feeds (VAD, ASR) shrinks its window; a tick
-without pressure grows it back. The process keeps a window per stage too: new streams start
-at it (not at the maximum) while the stage is under pressure, and it is the exported metric.
+without pressure grows it back. A stage's queue is pressure when it is longer than
+`flow.queue_limit`, or, where the stage predicts it (ASR finals held by its batcher:
+Batcher.live_lateness), when the held work would start past its deadlines: a count says
+nothing about whether 12 finals on a fast engine are late or 3 on a slow one are. The
+process keeps a window per stage too: new streams start at it (not at the maximum) while
+the stage is under pressure, and it is the exported metric.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class FlowMonitor:
         self._clock = clock
         self._pressure: dict[str, StagePressure] = {}
         self.stage_windows: dict[str, CreditWindow] = {}
+        # The last tick's prediction per stage that makes one (seconds past its deadline
+        # the held live work that fares worst would start; 0: on time): a metric.
+        self.predicted_late: dict[str, float] = {}
         self._streams: weakref.WeakSet[CreditWindow] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0
@@ -71,6 +78,7 @@ class FlowMonitor:
                 late=stage.late,
                 # The smoothed wait only moves when calls come: it counts while some wait.
                 queue_wait=stage.queue_wait if stage.live_waiting else 0.0,
+                predicted_late=self._predicted_late(stage),
             )
             window = self.stage_windows[name]
             if under:
@@ -83,6 +91,15 @@ class FlowMonitor:
                 stream.pressure()
             else:
                 stream.healthy()
+
+    def _predicted_late(self, stage: EngineStage) -> float | None:
+        """Where the stage predicts it (ASR finals through its batcher) and the config
+        asks for it: how late its held live work would start. None: judge the count."""
+        predict = stage.predicted_late
+        if predict is None or not self.cfg.predict_lateness:
+            return None
+        late = self.predicted_late[stage.name] = predict()
+        return late
 
     def overloaded(self) -> str | None:
         """The stage that has been under pressure for `shed_after_s` or longer, if any:

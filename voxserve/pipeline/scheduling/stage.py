@@ -142,6 +142,9 @@ class EngineStage:
         self.cost_s = 0.0  # smoothed run time of inline-able calls, wherever they ran
         self._costed = 0  # inline-able calls measured so far
         self.on_call: CallObserver | None = None
+        # The predicted lateness of the live work held for this stage, where a batcher
+        # predicts it (Batcher.live_lateness: ASR finals); flow control's pressure then.
+        self.predicted_late: Callable[[], float] | None = None
 
     @property
     def waiting(self) -> int:
