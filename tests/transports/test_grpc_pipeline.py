@@ -330,3 +330,51 @@ async def test_fatal_pipeline_error_ends_the_call_after_ended() -> None:
         assert live.runtime.active_sessions == 0
     finally:
         stop_server(live)
+
+
+async def test_a_client_writing_on_after_a_fatal_error_gets_the_status_after_its_half_close() -> (
+    None
+):
+    """The session fails while the client streams on: `ended` comes at once, and the
+    status only after the client's half-close, which it sends 0.5 s of paced writes
+    later. What it checks: no write of the client's can race the status (grpc's client
+    reports that race as INTERNAL, as a loaded CI machine saw), not a timing bound."""
+    live = start_fake_server({"vad": BrokenVad()})
+    try:
+        async with grpc.aio.insecure_channel(live.grpc_target) as channel:
+            call = stub(channel).Recognize(timeout=10)
+            await call.write(pb.RecognizeRequest(config=pb.RecognitionConfig()))
+            ended = asyncio.Event()
+
+            async def write_on() -> float:
+                seq = 0
+                while not ended.is_set():  # real-time pace until `ended` comes
+                    await call.write(
+                        pb.RecognizeRequest(audio=pb.AudioFrames(seq_id=seq, pcm=bytes(640)))
+                    )
+                    seq += 1
+                    await asyncio.sleep(0.02)
+                for _ in range(25):  # and 0.5 s more, as a client that reacts late
+                    await call.write(
+                        pb.RecognizeRequest(audio=pb.AudioFrames(seq_id=seq, pcm=bytes(640)))
+                    )
+                    seq += 1
+                    await asyncio.sleep(0.02)
+                await call.done_writing()
+                return time.monotonic()
+
+            writer = asyncio.create_task(write_on())
+            kinds = []
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async with asyncio.timeout(8):
+                    async for response in call:
+                        kinds.append(response.WhichOneof("event"))
+                        if kinds[-1] == "ended":
+                            ended.set()
+            status_at = time.monotonic()
+            half_closed_at = await writer
+            assert kinds[0] == "started" and kinds[-1] == "ended"
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert half_closed_at <= status_at
+    finally:
+        stop_server(live)

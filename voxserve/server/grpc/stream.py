@@ -13,6 +13,9 @@ itself:
   writes never race the status (grpc's client reports such a race as INTERNAL).
 - A fatal error ends the call with a status (codec.status_for) after a final `ended`
   message when a session existed; non-fatal ones are `error` messages in the stream.
+  Between `ended` and the status the call reads on, as after `end`, until the client
+  half-closes or sends nothing for a second (at most `FATAL_LINGER_S` in all): a client
+  still writing audio when its session failed would otherwise see INTERNAL, not the status.
 - Audio messages may carry several 20 ms frames; each frame is fed with its own seq_id.
 - Idle and lifetime limits as on the WebSocket (`limits.idle_timeout_s` while input is
   open, `limits.max_session_s` always): `ended`, then DEADLINE_EXCEEDED with the code.
@@ -24,6 +27,7 @@ itself:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -50,6 +54,8 @@ log = logging.getLogger(__name__)
 # linger_s: after `end`, `ended` and the status wait for the half-close, or a second with no
 # request (a client that waits for `ended` before it half-closes).
 GRPC = Wire("grpc", in_band_end=False, stalls=False, tasks="voxserve-grpc", linger_s=1.0)
+# After a fatal `ended`, the most the status waits for a client that keeps writing.
+FATAL_LINGER_S = 3.0
 TRANSPORT = GRPC.name
 
 Req = TypeVar("Req", pb.ConverseRequest, pb.RecognizeRequest)
@@ -177,16 +183,22 @@ class SessionCall(Generic[Req, Resp]):
         source: ClientInput[Req | codec.Undecodable] = GrpcInput(
             requests, self.parse, rate, max_frame_ms
         )
-        async with attach(driver, source, since=self.opened_at):
+        async with attach(driver, source, since=self.opened_at) as attachment:
             while (item := await session.outbox.next()) is not None:
                 response = self._encode(item)
                 if response is not None:
                     yield response
-        await driver.stop()
-        if driver.fatal is not None:  # the output ended: session.ended, then the status
-            ended = grpc_events.encode_event(session.ended_event(), self.response_type)
-            if ended is not None:
-                yield ended
+            await driver.stop()
+            if driver.fatal is not None:  # the output ended: session.ended, then the status
+                ended = grpc_events.encode_event(session.ended_event(), self.response_type)
+                if ended is not None:
+                    yield ended
+                # The receiver reads on (and drops: the session is closing) until the
+                # client half-closes or goes quiet, so no write of its races the status.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FATAL_LINGER_S):
+                        await attachment.input_over(GRPC.linger_s)
+        if driver.fatal is not None:
             await abort(self.context, driver.fatal, session.trace_id)
 
     def _encode(self, item: Outgoing) -> Resp | None:

@@ -130,7 +130,8 @@ class Attachment(Generic[M]):
             if isinstance(message, InputEnd):
                 if message is InputEnd.CLOSED:
                     self.input_open = False
-                    await session.end_input()
+                    if not driver.closing:  # after a fatal error nothing is left to end
+                        await session.end_input()
                 return
             if driver.closing:
                 continue  # a fatal error was sent; the session ends after it
