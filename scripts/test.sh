@@ -46,8 +46,9 @@ mypy_pid=$!
 # each process spent ~10 s of CPU doing it again).
 unset PYTHONDONTWRITEBYTECODE
 status=0
+# --durations: each run names its slowest tests, so the suite's time is read off CI's log.
 .venv/bin/python -m pytest -q -n 3 --dist loadgroup -m "not serial" --cov --cov-report= \
-  || status=$?
+  --durations=15 || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
 cat "$mypy_log"
@@ -56,6 +57,6 @@ rm -f "$mypy_log"
 # The serial run collects only the SERIAL paths, not the whole tree to deselect it.
 mapfile -t serial < <(.venv/bin/python -c \
   'from tests.conftest import SERIAL; print("\n".join("tests/" + p for p in SERIAL))')
-.venv/bin/python -m pytest -q -m serial -p no:cov "${serial[@]}" || status=$?
+.venv/bin/python -m pytest -q -m serial -p no:cov --durations=15 "${serial[@]}" || status=$?
 .venv/bin/python scripts/coverage_areas.py || true
 exit "$status"
