@@ -16,6 +16,7 @@ from voxserve.errors import ErrorCode, VoxError
 from voxserve.pipeline.outbox import Outbox
 from voxserve.pipeline.scheduling.credit import CreditWindow, StagePressure
 from voxserve.pipeline.scheduling.flow import FlowMonitor
+from voxserve.pipeline.scheduling.session_demand import SessionDemand
 from voxserve.pipeline.synthesis.ahead import AudioAhead
 
 
@@ -84,6 +85,7 @@ class StageLoad:
 
     name: str = "asr"
     predicted_late: Callable[[], float] | None = None  # where the stage predicts (ASR)
+    busy_share: Callable[[], float] | None = None  # where a batcher measures it (ASR)
 
     @property
     def live_waiting(self) -> int:
@@ -212,3 +214,56 @@ async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -
         told.append(event["window"])
     assert told == [4, 2, 8]
     session.release()
+
+
+def test_a_streams_share_is_learned_from_the_settled_streams_and_bounds_a_burst() -> None:
+    """Ten streams in long enough to show keep the engine 50% busy: 5% each. A burst may
+    add streams while the busy share plus theirs stays within 0.88: seven (0.5 + 7 x 0.05
+    = 0.85); the eighth is refused (0.9); once they settle, what they really cost decides."""
+    now, busy = [0.0], [0.5]
+    demand = SessionDemand(lambda: busy[0], limit=0.88, settle_s=5.0, clock=lambda: now[0])
+    assert not demand.refuses()  # nothing measured: nothing refused
+    for _ in range(20):
+        demand.tick(10)
+    assert demand.per_stream == pytest.approx(0.05)
+    admitted = 0
+    while not demand.refuses():
+        demand.admitted()
+        admitted += 1
+    assert admitted == 7
+    now[0] = 6.0  # settled: 18 streams now, and they turned out cheap (55% busy)
+    busy[0] = 0.55
+    demand.tick(18)
+    assert not demand.refuses()
+
+
+def test_a_quiet_engine_teaches_nothing_and_a_saturated_one_refuses() -> None:
+    now, busy = [0.0], [0.01]
+    demand = SessionDemand(lambda: busy[0], limit=0.9, settle_s=5.0, clock=lambda: now[0])
+    demand.tick(30)
+    assert demand.per_stream is None and not demand.refuses()  # idle streams: unknown
+    busy[0] = 1.0
+    demand.tick(30)
+    assert demand.refuses()  # saturated: one more is past the limit whatever it costs
+
+
+def test_the_monitor_counts_new_streams_into_the_asr_stages_demand() -> None:
+    busy = [0.6]
+    asr = StageLoad(busy_share=lambda: busy[0])
+    monitor = FlowMonitor(
+        FlowConfig(asr_busy_limit=0.85, stream_settle_s=5.0),
+        {"asr": asr},  # type: ignore[dict-item]
+        clock=lambda: 10.0,
+    )
+    assert monitor.refuses_streams() is None  # no share learned yet
+    streams = [monitor.input_window() for _ in range(6)]  # in long since
+    monitor.tick()
+    assert monitor.demand is not None and monitor.demand.per_stream == pytest.approx(0.1)
+    monitor.stream_admitted()  # 0.6 + 2 x 0.1 = 0.8: one more fits
+    assert monitor.refuses_streams() is None
+    monitor.stream_admitted()  # 0.6 + 3 x 0.1 = 0.9: the next does not
+    assert monitor.refuses_streams() == "asr"
+    off = FlowMonitor(FlowConfig(asr_busy_limit=0), {"asr": asr})  # type: ignore[dict-item]
+    off.stream_admitted()
+    assert off.demand is None and off.refuses_streams() is None
+    del streams

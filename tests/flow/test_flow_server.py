@@ -173,6 +173,93 @@ async def test_asr_pressure_is_predicted_lateness_before_any_final_starts_late(
         assert ended["type"] == "session.ended" and ended["processed"] == ended["received"]
 
 
+@pytest.fixture
+def busy_asr_server() -> Iterator[LiveServer]:
+    # Finals through the batcher on one slot at 0.2 s each; every stream speaks a 0.5 s
+    # tone every 1.2 s: about 1/6 of the engine each. Streams count as settled after 1 s.
+    # The queue rules are out of reach (limit 100, 60 s wait): only the streams' learned
+    # cost can refuse.
+    settings = configured(
+        flow={
+            "tick_ms": 50,
+            "queue_limit": 100,
+            "wait_limit_ms": 60000,
+            "shed_after_s": 0.3,
+            "asr_busy_limit": 0.9,
+            "stream_settle_s": 1.0,
+        },
+    )
+    pipeline = settings.pipeline.model_copy(
+        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
+    )
+    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.2)) as live:
+        yield live
+
+
+async def test_a_burst_of_arrivals_is_admitted_up_to_what_the_asr_engine_serves(
+    busy_asr_server: LiveServer,
+) -> None:
+    """Four streams keep the engine about 2/3 busy; then six arrive at once, before any of
+    them has said a word. Their cost is known from the four (about 1/6 each), so only as
+    many are admitted as keep the engine within 0.9 (one, perhaps two); the rest are
+    refused at once with `overloaded` and a retry hint. What it checks: admission by the
+    streams' learned cost, before the cost of the new ones shows in the queue (the queue
+    and wait rules are out of reach here); the admitted streams lose nothing."""
+    live = busy_asr_server
+    runtime = live.runtime
+    stop = asyncio.Event()
+
+    async def speaker() -> list[dict[str, Any]]:
+        async with connect(live.ws_url) as ws:
+            started = await start(ws, mode="asr", partials=False)
+            assert started["type"] == "session.started", started
+            while not stop.is_set():
+                await send_audio(ws, utterances(1))
+            await ws.send(json.dumps({"type": "audio.end"}))
+            events, _ = await collect(ws, limit_s=30)
+            return events
+
+    speakers = [asyncio.create_task(speaker()) for _ in range(4)]
+    # The estimate is learned over a few seconds (the busy share is smoothed over ~2 s,
+    # a stream's share over ~1 s of 50 ms ticks): until it is near 1/6.
+    await eventually(lambda: 0.1 < (getattr(runtime.flow.demand, "per_stream", 0) or 0), 20)
+    await eventually(lambda: runtime.flow.refuses_streams() is None, 10)
+    assert runtime.flow.demand is not None
+    share = runtime.flow.demand.per_stream
+    assert share is not None and 0.1 < share < 0.4, share
+
+    async def arrive() -> dict[str, Any]:
+        """A refusal comes at connect, before any message of the client's (`refused`);
+        an admitted connection hears nothing until it starts its session."""
+        async with connect(live.ws_url) as ws:
+            try:
+                event: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 1.0))
+                return event
+            except TimeoutError:
+                pass
+            await ws.send(json.dumps({"type": "session.start", "mode": "asr"}))
+            event = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            await asyncio.sleep(0.5)  # admitted: in, and silent so far
+            return event
+
+    began = time.monotonic()
+    burst = await asyncio.gather(*(arrive() for _ in range(6)))
+    admitted = [e for e in burst if e["type"] == "session.started"]
+    refused = [e for e in burst if e["type"] == "error"]
+    assert 1 <= len(admitted) <= 3 and len(admitted) + len(refused) == 6, burst
+    for event in refused:
+        assert event["code"] == "overloaded" and "limit of live streams" in event["message"]
+        assert event["retry_after_ms"] == 2000
+    assert time.monotonic() - began < 4.0
+    body = (await asyncio.to_thread(_metrics, live)).splitlines()
+    assert any(line.startswith("voxserve_asr_stream_share ") for line in body)
+    stop.set()
+    for events in await asyncio.gather(*speakers):
+        assert of_type(events, "transcript.final")
+        ended = events[-1]
+        assert ended["type"] == "session.ended" and ended["processed"] == ended["received"]
+
+
 def _metrics(live: LiveServer) -> str:
     import httpx
 

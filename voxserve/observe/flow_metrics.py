@@ -35,6 +35,14 @@ class FlowCollector(Collector):
         for name, seconds in list(flow.predicted_late.items()):
             late.add_metric([name], seconds)
         yield late
+        share = self.state.flow.stream_share
+        if share is not None:
+            yield GaugeMetricFamily(
+                "voxserve_asr_stream_share",
+                "What one live stream has been costing the ASR engine: its busy share with "
+                "finals over the streams in long enough to count (admission's estimate)",
+                share,
+            )
         yield GaugeMetricFamily(
             "voxserve_credit_streams", "Streams whose input is under a credit window", flow.streams
         )

@@ -109,6 +109,7 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
         # Finals carry deadlines: flow control judges this stage by whether the held ones
         # can still start in time (Batcher.live_lateness), not by their count.
         stage.predicted_late = self.live_lateness
+        stage.busy_share = self.busy_share
         if bulk_batch_s is not None:
             self.bulk_cost = bulk_batch_s
         if max_bulk_batch is not None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from voxserve.config import FlowConfig
 from voxserve.pipeline.scheduling.credit import CreditWindow, StagePressure
+from voxserve.pipeline.scheduling.session_demand import SessionDemand
 from voxserve.pipeline.scheduling.stage import EngineStage
 
 INPUT_STAGES = ("vad", "asr")  # the stages a stream's audio flows into
@@ -44,6 +45,9 @@ class FlowMonitor:
         self._streams: weakref.WeakSet[CreditWindow] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0
+        # What a live stream costs the ASR engine, once the stage exists and measures its
+        # busy share (session_demand.py); None: not yet, or `flow.asr_busy_limit` is 0 (off).
+        self.demand: SessionDemand | None = None
 
     def input_window(self) -> CreditWindow:
         """A new stream's input window, registered; it starts at the tightest input-stage
@@ -55,6 +59,27 @@ class FlowMonitor:
         window = CreditWindow(self.cfg.credit_window, size=start)
         self._streams.add(window)
         return window
+
+    def stream_admitted(self) -> None:
+        """Admission let a session in (server/session/admission.py): counted at once, so
+        a burst admitted in one loop turn does not all see the same room."""
+        demand = self._demand()
+        if demand is not None:
+            demand.admitted()
+
+    def _demand(self) -> SessionDemand | None:
+        """The ASR stream-cost model, made once the ASR stage measures its busy share."""
+        if self.demand is None and self.cfg.asr_busy_limit > 0:
+            stage = self._stages.get("asr")
+            busy = None if stage is None else stage.busy_share
+            if busy is not None:
+                self.demand = SessionDemand(
+                    busy,
+                    limit=self.cfg.asr_busy_limit,
+                    settle_s=self.cfg.stream_settle_s,
+                    clock=self._clock,
+                )
+        return self.demand
 
     def tick(self) -> None:
         """Judge every stage once and move the windows (the task calls this each tick)."""
@@ -86,6 +111,9 @@ class FlowMonitor:
             else:
                 window.healthy()
             input_pressure |= under and name in INPUT_STAGES
+        demand = self._demand()
+        if demand is not None:
+            demand.tick(len(self._streams))
         for stream in list(self._streams):
             if input_pressure:
                 stream.pressure()
@@ -111,6 +139,19 @@ class FlowMonitor:
             if judge.lasted(now) >= self.cfg.shed_after_s:
                 return name
         return None
+
+    def refuses_streams(self) -> str | None:
+        """The stage a new live stream would take past its limit (session_demand.py):
+        admission refuses new sessions then, before their cost shows in the queue."""
+        demand = self._demand()
+        if demand is not None and demand.refuses():
+            return "asr"
+        return None
+
+    @property
+    def stream_share(self) -> float | None:
+        """What a live stream has been costing the ASR engine (None: not known yet)."""
+        return None if self.demand is None else self.demand.per_stream
 
     @property
     def streams(self) -> int:

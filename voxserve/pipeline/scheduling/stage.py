@@ -145,6 +145,9 @@ class EngineStage:
         # The predicted lateness of the live work held for this stage, where a batcher
         # predicts it (Batcher.live_lateness: ASR finals); flow control's pressure then.
         self.predicted_late: Callable[[], float] | None = None
+        # The engine's recent busy share with live work, where a batcher measures it (ASR
+        # finals): what a live stream costs is learned from it (session_demand.py).
+        self.busy_share: Callable[[], float] | None = None
 
     @property
     def waiting(self) -> int:

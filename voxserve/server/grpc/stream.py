@@ -166,7 +166,7 @@ class SessionCall(Generic[Req, Resp]):
             ) from None
         # Admission after the first request: refusing while the client is still writing
         # it makes grpc's client report INTERNAL instead of the status we send.
-        admit(self.runtime)
+        admit(self.runtime, stream=True)
         return SessionDriver.open(
             self.runtime, lambda: self.parse_first(first), wire=GRPC, principal=self.principal
         )

@@ -159,7 +159,7 @@ class RealtimeConnection:
         token = bearer_token(headers.get("authorization")) or key_subprotocol(self.offered)
         key_id, session = realtime_principal(self.keys, self.secrets, token)
         runtime = self.runtime
-        admit(runtime)
+        admit(runtime, stream=True)
         intent: Kind = "transcription" if self.intent == "transcription" else "realtime"
         kind = session_kind(session, intent)
         present = installed_of(

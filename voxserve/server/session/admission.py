@@ -5,7 +5,10 @@ Refusals are immediate and carry a retry hint (`retry_after_s`): the WebSocket c
 (`limits.max_sessions`, `voxserve serve --max-sessions`), admission looks at measured load:
 while a model stage has been under pressure for `flow.shed_after_s` (queue over its limit,
 timeouts, calls starting past their deadline: pipeline/scheduling/flow.py), new work is refused so
-the streams already admitted keep their latency; and while the process is over its memory
+the streams already admitted keep their latency; a new live stream, while one more would
+take the ASR engine past `flow.asr_busy_limit` at what a stream has been costing it (its
+cost shows only once it speaks: pipeline/scheduling/session_demand.py); and while the
+process is over its memory
 threshold (pipeline/scheduling/memory_guard.py), new work is refused so the work admitted can
 finish.
 """
@@ -46,11 +49,23 @@ def admit_request(runtime: Runtime, what: str = "request") -> None:
         )
 
 
-def admit(runtime: Runtime, *, parked: int = 0) -> None:
+def admit(runtime: Runtime, *, parked: int = 0, stream: bool = False) -> None:
     """For sessions (WebSocket, gRPC Converse, Wyoming): the request rule, then the limit on
     live sessions. `parked` sessions (WebSocket, waiting for a resume) do not count: they
-    hold no connection and take no new input."""
+    hold no connection and take no new input. `stream`: a live stream's door (WebSocket,
+    Realtime, gRPC, WebRTC): refused while one more would take the ASR engine past its
+    limit at what a stream has been costing it (pipeline/scheduling/session_demand.py),
+    and counted there when admitted; Wyoming's requests have their share and the one-shot
+    rule instead."""
     admit_request(runtime, "session")
+    stage = runtime.flow.refuses_streams() if stream else None
+    if stage is not None:
+        runtime.metrics.shed.labels(stage).inc()
+        raise _refuse(
+            ErrorCode.OVERLOADED,
+            f"the {stage} stage is at its limit of live streams; retry later",
+            runtime.settings.flow.retry_after_s,
+        )
     limit = runtime.settings.limits.max_sessions
     if runtime.active_sessions - parked >= limit:
         raise _refuse(
@@ -58,3 +73,5 @@ def admit(runtime: Runtime, *, parked: int = 0) -> None:
             f"server is at its limit of {limit} sessions; retry later",
             runtime.settings.flow.retry_after_s,
         )
+    if stream:
+        runtime.flow.stream_admitted()

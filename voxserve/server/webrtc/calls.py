@@ -296,7 +296,7 @@ class CallService:
         key_id, secret_session = realtime_principal(self.keys, secrets_of(runtime), token)
         principal = key_id or ANONYMOUS
         try:
-            admit(runtime)
+            admit(runtime, stream=True)
         except VoxError as exc:
             count_refusal(runtime, exc, WEBRTC.name)
             raise

@@ -110,7 +110,7 @@ class StreamConnection:
         hand back the parked session it resumes or open a new one (the key's quotas)."""
         self._authenticate()
         # Refused before the first message is read, so a refused client learns it at once.
-        admit(self.runtime, parked=len(self.parked))
+        admit(self.runtime, parked=len(self.parked), stream=True)
         first = await self._first_message()
         if isinstance(first, ResumeMessage):
             return self.parked.take(first.session_id, self.key_id), True
