@@ -441,12 +441,11 @@ class FlowConfig(Section):
     shed_after_s: float = Field(default=1.0, ge=0)
     calm_s: float = Field(default=2.0, ge=0)
     retry_after_s: int = Field(default=2, ge=1)
-    # New live sessions are refused while the ASR engine's busy share with finals plus the
-    # learned share of each stream admitted in the last `stream_settle_s` (its cost does
-    # not show before its first utterance ends), the new one's included, would pass this
+    # New live streams are refused while the ASR engine's busy share with finals plus the
+    # learned share of each live stream that has not asked for a final yet (its cost does
+    # not show before), the new one's included, would pass this
     # (pipeline/scheduling/session_demand.py). 0: off.
     asr_busy_limit: float = Field(default=0.9, ge=0)
-    stream_settle_s: float = Field(default=5.0, gt=0)
     # Whether a stage that predicts the lateness of its held live work (ASR finals) is
     # judged by that prediction instead of `queue_limit` (false: the count, as before).
     predict_lateness: bool = True

@@ -84,8 +84,14 @@ class StageLoad:
     )
 
     name: str = "asr"
-    predicted_late: Callable[[], float] | None = None  # where the stage predicts (ASR)
-    busy_share: Callable[[], float] | None = None  # where a batcher measures it (ASR)
+    predict: Callable[[], float] | None = None  # where a batcher predicts (ASR)
+    busy: Callable[[], float] | None = None  # where a batcher measures it (ASR)
+
+    def predicted_late(self) -> float | None:
+        return None if self.predict is None else self.predict()
+
+    def busy_share(self) -> float | None:
+        return None if self.busy is None else self.busy()
 
     @property
     def live_waiting(self) -> int:
@@ -96,7 +102,7 @@ def test_monitor_reads_a_stages_prediction_unless_told_to_count() -> None:
     """The monitor asks a stage that predicts (and shows the answer as a metric); with
     `flow.predict_lateness` off it judges the count, as before."""
     late = [0.0]
-    asr = StageLoad(waiting=9, predicted_late=lambda: late[0])
+    asr = StageLoad(waiting=9, predict=lambda: late[0])
     monitor = FlowMonitor(FlowConfig(queue_limit=4), {"asr": asr})  # type: ignore[dict-item]
     monitor.tick()
     assert monitor.stage_windows["asr"].size == 8 and monitor.predicted_late == {"asr": 0.0}
@@ -106,7 +112,7 @@ def test_monitor_reads_a_stages_prediction_unless_told_to_count() -> None:
     assert monitor.stage_windows["asr"].size == 4 and monitor.predicted_late["asr"] == 0.3
     counting = FlowMonitor(
         FlowConfig(queue_limit=4, predict_lateness=False),
-        {"asr": StageLoad(waiting=9, predicted_late=lambda: 0.0)},  # type: ignore[dict-item]
+        {"asr": StageLoad(waiting=9, predict=lambda: 0.0)},  # type: ignore[dict-item]
     )
     counting.tick()
     assert counting.stage_windows["asr"].size == 4 and counting.predicted_late == {}
@@ -216,53 +222,68 @@ async def test_session_tells_a_shrinking_window_at_once_and_growth_sparingly() -
     session.release()
 
 
-def test_a_streams_share_is_learned_from_the_settled_streams_and_bounds_a_burst() -> None:
-    """Ten streams in long enough to show keep the engine 50% busy: 5% each. A burst may
-    add streams while the busy share plus theirs stays within 0.88: seven (0.5 + 7 x 0.05
-    = 0.85); the eighth is refused (0.9); once they settle, what they really cost decides."""
+def test_a_streams_share_is_learned_from_the_streams_that_showed_and_bounds_a_burst() -> None:
+    """Ten streams that have asked for finals keep the engine 50% busy: 5% each. A burst
+    may add streams while the busy share plus theirs stays within 0.88: seven (0.5 + 7 x
+    0.05 = 0.85), the eighth is refused (0.9), counted from admission (before their input
+    starts) and as live streams that have not shown; once they show, what they really
+    cost decides. An admission whose stream never starts is forgotten after 2 s."""
     now, busy = [0.0], [0.5]
-    demand = SessionDemand(lambda: busy[0], limit=0.88, settle_s=5.0, clock=lambda: now[0])
-    assert not demand.refuses()  # nothing measured: nothing refused
+    demand = SessionDemand(lambda: busy[0], limit=0.88, clock=lambda: now[0])
+    assert not demand.refuses(0)  # nothing measured: nothing refused
     for _ in range(20):
         demand.tick(10)
     assert demand.per_stream == pytest.approx(0.05)
     admitted = 0
-    while not demand.refuses():
+    while not demand.refuses(0):
         demand.admitted()
         admitted += 1
     assert admitted == 7
-    now[0] = 6.0  # settled: 18 streams now, and they turned out cheap (55% busy)
-    busy[0] = 0.55
-    demand.tick(18)
-    assert not demand.refuses()
+    for _ in range(7):
+        demand.started()  # their input windows: live, not shown yet
+    assert demand.refuses(7) and not demand.refuses(6)
+    busy[0] = 0.55  # they showed, and turned out cheap
+    demand.tick(17)
+    assert not demand.refuses(0)
+    demand.admitted()  # a TTS session: admitted, no input window
+    now[0] = 3.0
+    assert demand.refuses(0) is False and not demand._admitted
 
 
 def test_a_quiet_engine_teaches_nothing_and_a_saturated_one_refuses() -> None:
-    now, busy = [0.0], [0.01]
-    demand = SessionDemand(lambda: busy[0], limit=0.9, settle_s=5.0, clock=lambda: now[0])
+    busy = [0.01]
+    demand = SessionDemand(lambda: busy[0], limit=0.9)
     demand.tick(30)
-    assert demand.per_stream is None and not demand.refuses()  # idle streams: unknown
+    assert demand.per_stream is None and not demand.refuses(0)  # idle streams: unknown
     busy[0] = 1.0
     demand.tick(30)
-    assert demand.refuses()  # saturated: one more is past the limit whatever it costs
+    assert demand.refuses(0)  # saturated: one more is past the limit whatever it costs
 
 
 def test_the_monitor_counts_new_streams_into_the_asr_stages_demand() -> None:
+    """Streams that asked for a final teach the share; those that have not count against
+    the room left; ended streams drop out."""
     busy = [0.6]
-    asr = StageLoad(busy_share=lambda: busy[0])
+    asr = StageLoad(busy=lambda: busy[0])
     monitor = FlowMonitor(
-        FlowConfig(asr_busy_limit=0.85, stream_settle_s=5.0),
+        FlowConfig(asr_busy_limit=0.85),
         {"asr": asr},  # type: ignore[dict-item]
         clock=lambda: 10.0,
     )
     assert monitor.refuses_streams() is None  # no share learned yet
-    streams = [monitor.input_window() for _ in range(6)]  # in long since
+    streams = [monitor.input_window() for _ in range(6)]
+    for window in streams:
+        window.shown = True
     monitor.tick()
     assert monitor.demand is not None and monitor.demand.per_stream == pytest.approx(0.1)
-    monitor.stream_admitted()  # 0.6 + 2 x 0.1 = 0.8: one more fits
+    assert monitor.stream_share == pytest.approx(0.1)
+    quiet = monitor.input_window()  # live, silent so far: 0.6 + 2 x 0.1 = 0.8 with a new one
     assert monitor.refuses_streams() is None
-    monitor.stream_admitted()  # 0.6 + 3 x 0.1 = 0.9: the next does not
+    monitor.stream_admitted()  # 0.6 + 3 x 0.1 = 0.9: the next does not fit
     assert monitor.refuses_streams() == "asr"
+    quiet.ended = True  # its session ended (its window may live on until a GC pass)
+    assert monitor.refuses_streams() is None  # the room is back (the admitted one counted)
+    del quiet
     off = FlowMonitor(FlowConfig(asr_busy_limit=0), {"asr": asr})  # type: ignore[dict-item]
     off.stream_admitted()
     assert off.demand is None and off.refuses_streams() is None

@@ -168,6 +168,7 @@ def wire(
         listener.last_item_id = responses.conversation.last_id
     listener.turn_done = emit_turn
     audio = AudioInput(ctx, config.sample_rate, buffer, ring, listener, outbox)
+    listener.stream_window = audio.credit  # marked once its first final is asked for
     return SessionParts(
         speaker,
         replies,

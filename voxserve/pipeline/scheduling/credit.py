@@ -16,7 +16,7 @@ from collections.abc import Callable
 class CreditWindow:
     """A stream's window; `on_change(size)` is called whenever the size changes."""
 
-    __slots__ = ("__weakref__", "maximum", "on_change", "shrinks", "size")
+    __slots__ = ("__weakref__", "ended", "maximum", "on_change", "shown", "shrinks", "size")
 
     def __init__(self, maximum: int, *, size: int | None = None) -> None:
         if maximum < 1:
@@ -25,6 +25,10 @@ class CreditWindow:
         self.size = maximum if size is None else max(1, min(size, maximum))
         self.shrinks = 0
         self.on_change: Callable[[int], None] | None = None
+        # The stream has asked the ASR engine for a final: its cost shows in the engine's
+        # busy share from now on (pipeline/scheduling/session_demand.py).
+        self.shown = False
+        self.ended = False  # its session is over (a window in a cycle lives until a GC pass)
 
     def pressure(self) -> bool:
         """Halve; True if the size changed."""

@@ -58,6 +58,9 @@ class FlowMonitor:
         )
         window = CreditWindow(self.cfg.credit_window, size=start)
         self._streams.add(window)
+        demand = self._demand()
+        if demand is not None:
+            demand.started()
         return window
 
     def stream_admitted(self) -> None:
@@ -71,14 +74,12 @@ class FlowMonitor:
         """The ASR stream-cost model, made once the ASR stage measures its busy share."""
         if self.demand is None and self.cfg.asr_busy_limit > 0:
             stage = self._stages.get("asr")
-            busy = None if stage is None else stage.busy_share
-            if busy is not None:
-                self.demand = SessionDemand(
-                    busy,
-                    limit=self.cfg.asr_busy_limit,
-                    settle_s=self.cfg.stream_settle_s,
-                    clock=self._clock,
-                )
+            if stage is not None and stage.busy_share() is not None:
+
+                def busy() -> float:  # the stage's current batcher (a reload makes a new one)
+                    return stage.busy_share() or 0.0
+
+                self.demand = SessionDemand(busy, limit=self.cfg.asr_busy_limit, clock=self._clock)
         return self.demand
 
     def tick(self) -> None:
@@ -113,7 +114,7 @@ class FlowMonitor:
             input_pressure |= under and name in INPUT_STAGES
         demand = self._demand()
         if demand is not None:
-            demand.tick(len(self._streams))
+            demand.tick(self._shown())
         for stream in list(self._streams):
             if input_pressure:
                 stream.pressure()
@@ -123,10 +124,11 @@ class FlowMonitor:
     def _predicted_late(self, stage: EngineStage) -> float | None:
         """Where the stage predicts it (ASR finals through its batcher) and the config
         asks for it: how late its held live work would start. None: judge the count."""
-        predict = stage.predicted_late
-        if predict is None or not self.cfg.predict_lateness:
+        if not self.cfg.predict_lateness:
             return None
-        late = self.predicted_late[stage.name] = predict()
+        late = stage.predicted_late()
+        if late is not None:
+            self.predicted_late[stage.name] = late
         return late
 
     def overloaded(self) -> str | None:
@@ -144,9 +146,15 @@ class FlowMonitor:
         """The stage a new live stream would take past its limit (session_demand.py):
         admission refuses new sessions then, before their cost shows in the queue."""
         demand = self._demand()
-        if demand is not None and demand.refuses():
-            return "asr"
-        return None
+        if demand is None:
+            return None
+        live = [window for window in list(self._streams) if not window.ended]
+        shown = sum(1 for window in live if window.shown)
+        return "asr" if demand.refuses(len(live) - shown) else None
+
+    def _shown(self) -> int:
+        """Live streams that have asked for a final (their cost shows in the busy share)."""
+        return sum(1 for window in list(self._streams) if window.shown and not window.ended)
 
     @property
     def stream_share(self) -> float | None:

@@ -1,16 +1,17 @@
 """What one live stream costs the ASR engine, learned from the streams already served, so a
 burst of arrivals is admitted up to what the engine can serve, not past it.
 
-A live session's cost shows only when its first utterance ends, seconds after it was
+A live stream's cost shows only once it asks for its first final, seconds after it was
 admitted: pressure judged from the engine's queue (flow.py) lets in everything that arrives
-in those seconds (100 streams in 5 s were all admitted against 40 that fit: every final
-then came 10 s late). So the share of the engine's time its finals take (the ASR batcher's
-busy share) is divided among the streams that have been in long enough to be counted in it
-(`settle_s`): a stream's share. A new stream is refused while the busy share plus the
-shares of the streams admitted too recently to show, its own included, would pass `limit`.
-Until a share is measured (a quiet or cold server, nothing settled), nothing is refused
-here: what it costs is not known yet. Pure, with an injected clock: the flow monitor ticks
-it and asks it.
+in those seconds (100 streams in 5 s were all admitted against ~45 that fit: every final
+then came 4-9 s late). So the share of the engine's time finals take (the ASR batcher's
+busy share) is divided among the live streams that have asked for a final (`shown`): a
+stream's share. A new stream is refused while the busy share plus the shares of the streams
+that have not shown yet (live, or admitted and not yet started), its own included, would
+pass `limit`. Streams that end drop out (the monitor holds their windows weakly), so
+short sessions coming and going are not counted twice. Until a share is measured (a quiet
+or cold server), nothing is refused here: what a stream costs is not known yet. Pure, with
+an injected clock: the flow monitor ticks it and asks it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 SHARE_SMOOTHING = 0.05  # weight of the newest tick (~4 s at 200 ms ticks): finals come in bursts
 MIN_BUSY = 0.05  # a busy share under this says too little to divide among the streams
+ADMITTED_FOR_S = 2.0  # an admission not followed by its stream's start is forgotten then
 
 
 class SessionDemand:
@@ -29,43 +31,42 @@ class SessionDemand:
         busy: Callable[[], float],
         *,
         limit: float,
-        settle_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`busy`: the engine's recent busy share (1.0: every slot all the time)."""
         self._busy = busy
         self.limit = limit
-        self.settle_s = settle_s
         self._clock = clock
-        self._recent: deque[float] = deque()  # when each recent stream was admitted
+        self._admitted: deque[float] = deque()  # admissions whose stream has not started
         self.per_stream: float | None = None  # a stream's smoothed share; None: unknown
 
     def admitted(self) -> None:
-        """A stream began (its input window was made)."""
-        self._recent.append(self._clock())
+        """Admission let a stream in; its input window is not made yet."""
+        self._admitted.append(self._clock())
 
-    def tick(self, streams: int) -> None:
-        """Learn from the busy share over the `streams` live now (the monitor's tick)."""
-        self._forget_settled()
-        settled = streams - len(self._recent)
+    def started(self) -> None:
+        """A stream's input window was made: from now on it counts as a live stream."""
+        if self._admitted:
+            self._admitted.popleft()
+
+    def tick(self, shown: int) -> None:
+        """Learn from the busy share over the `shown` live streams (the monitor's tick)."""
         busy = self._busy()
-        if settled < 1 or busy < MIN_BUSY:
+        if shown < 1 or busy < MIN_BUSY:
             return
-        share = busy / settled
+        share = busy / shown
         if self.per_stream is None:
             self.per_stream = share
         else:
             self.per_stream += (share - self.per_stream) * SHARE_SMOOTHING
 
-    def refuses(self) -> bool:
-        """Whether one more stream would take the engine past `limit`."""
+    def refuses(self, unshown: int) -> bool:
+        """Whether one more stream, beside `unshown` live streams that have not shown their
+        cost yet, would take the engine past `limit`."""
         if self.per_stream is None:
             return False
-        self._forget_settled()
-        predicted = self._busy() + self.per_stream * (len(self._recent) + 1)
-        return predicted > self.limit
-
-    def _forget_settled(self) -> None:
-        horizon = self._clock() - self.settle_s
-        while self._recent and self._recent[0] <= horizon:
-            self._recent.popleft()
+        horizon = self._clock() - ADMITTED_FOR_S
+        while self._admitted and self._admitted[0] <= horizon:
+            self._admitted.popleft()  # admitted, never started (a TTS session, a failure)
+        waiting = unshown + len(self._admitted) + 1
+        return self._busy() + self.per_stream * waiting > self.limit

@@ -45,6 +45,7 @@ import asyncio
 import heapq
 import itertools
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -142,12 +143,30 @@ class EngineStage:
         self.cost_s = 0.0  # smoothed run time of inline-able calls, wherever they ran
         self._costed = 0  # inline-able calls measured so far
         self.on_call: CallObserver | None = None
-        # The predicted lateness of the live work held for this stage, where a batcher
-        # predicts it (Batcher.live_lateness: ASR finals); flow control's pressure then.
-        self.predicted_late: Callable[[], float] | None = None
-        # The engine's recent busy share with live work, where a batcher measures it (ASR
-        # finals): what a live stream costs is learned from it (session_demand.py).
-        self.busy_share: Callable[[], float] | None = None
+        # The batcher that serves this stage's live work, where one predicts and measures
+        # it (ASR finals: `watch_live`), held weakly: the stage outlives a reloaded engine,
+        # whose batcher (and engine) must be free to go.
+        self._predict_late: weakref.WeakMethod[Callable[[], float]] | None = None
+        self._busy_share: weakref.WeakMethod[Callable[[], float]] | None = None
+
+    def watch_live(
+        self, predict_late: Callable[[], float], busy_share: Callable[[], float]
+    ) -> None:
+        """A batcher's bound methods: how late the live work it holds would start
+        (Batcher.live_lateness: flow control's pressure then) and the engine's recent busy
+        share with it (what a live stream costs is learned from it: session_demand.py)."""
+        self._predict_late = weakref.WeakMethod(predict_late)  # type: ignore[arg-type]
+        self._busy_share = weakref.WeakMethod(busy_share)  # type: ignore[arg-type]
+
+    def predicted_late(self) -> float | None:
+        """`watch_live`'s prediction; None where no live batcher predicts."""
+        predict = None if self._predict_late is None else self._predict_late()
+        return None if predict is None else predict()
+
+    def busy_share(self) -> float | None:
+        """`watch_live`'s busy share; None where no live batcher measures it."""
+        busy = None if self._busy_share is None else self._busy_share()
+        return None if busy is None else busy()
 
     @property
     def waiting(self) -> int:

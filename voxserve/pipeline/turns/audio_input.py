@@ -309,3 +309,4 @@ class AudioInput:
         self.buffer.release()
         self.listener.release()
         self.credit.on_change = None
+        self.credit.ended = True  # not a live stream any more, even before it is collected

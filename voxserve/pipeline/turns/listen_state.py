@@ -23,6 +23,7 @@ from voxserve.events import ConversationConfig, TurnDetection, speech_item_id
 from voxserve.observe.tracing import TurnMarks
 from voxserve.pipeline.context import SessionContext
 from voxserve.pipeline.outbox import Outbox
+from voxserve.pipeline.scheduling.credit import CreditWindow
 from voxserve.pipeline.scheduling.stage import deadline_in
 from voxserve.pipeline.turns.detection import SpeechEnd, TurnDetector, TurnEvent, session_vad
 from voxserve.pipeline.turns.wake_gate import WakeGate
@@ -67,6 +68,7 @@ class ListenState:
         self.ctx = ctx
         self.ring = ring
         self.outbox = outbox
+        self.stream_window: CreditWindow | None = None  # the session's input window (wiring)
         self.language = language
         self.partials = partials
         settings = ctx.settings
@@ -141,6 +143,8 @@ class ListenState:
     async def recognise(self, audio: Int16Array, *, partial_result: bool) -> AsrResult:
         """The one ASR call of every part: a final goes to the ASR batcher where there is
         one; a partial (and a final without one) is a stage call of its own."""
+        if not partial_result and self.stream_window is not None:
+            self.stream_window.shown = True  # its cost shows from now on (session_demand.py)
         batcher = None if partial_result else self.ctx.asr_batcher()
         if batcher is not None:
             return await batcher.final(
