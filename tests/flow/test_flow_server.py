@@ -35,6 +35,14 @@ def configured(**sections: dict[str, Any]) -> Settings:
     return settings.model_copy(update=update)
 
 
+def one_asr_slot(settings: Settings) -> Settings:
+    """`settings` with one ASR slot (30 s timeout): a slow fake ASR's finals queue there."""
+    pipeline = settings.pipeline.model_copy(
+        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
+    )
+    return settings.model_copy(update={"pipeline": pipeline})
+
+
 @contextlib.contextmanager
 def serving(settings: Settings, **engines: Any) -> Iterator[LiveServer]:
     """A live server on fake engines (these tests are about the pipeline)."""
@@ -73,10 +81,7 @@ def slow_asr_server() -> Iterator[LiveServer]:
         flow={"tick_ms": 50, "queue_limit": 1, "wait_limit_ms": 300, "shed_after_s": 0.3},
         pipeline={"asr_batch_enabled": False},
     )
-    pipeline = settings.pipeline.model_copy(
-        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
-    )
-    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.4)) as live:
+    with serving(one_asr_slot(settings), asr=FakeAsr(0.4)) as live:
         yield live
 
 
@@ -129,10 +134,7 @@ def slow_batched_asr_server() -> Iterator[LiveServer]:
     settings = configured(
         flow={"tick_ms": 50, "queue_limit": 100, "wait_limit_ms": 60000, "shed_after_s": 0.3},
     )
-    pipeline = settings.pipeline.model_copy(
-        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
-    )
-    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.25)) as live:
+    with serving(one_asr_slot(settings), asr=FakeAsr(0.25)) as live:
         yield live
 
 
@@ -191,10 +193,7 @@ def busy_asr_server() -> Iterator[LiveServer]:
             "asr_busy_limit": 0.9,
         },
     )
-    pipeline = settings.pipeline.model_copy(
-        update={"asr": StageConfig(concurrency=1, timeout_s=30.0)}
-    )
-    with serving(settings.model_copy(update={"pipeline": pipeline}), asr=FakeAsr(0.2)) as live:
+    with serving(one_asr_slot(settings), asr=FakeAsr(0.2)) as live:
         yield live
 
 

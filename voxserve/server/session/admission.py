@@ -25,6 +25,16 @@ def _refuse(code: ErrorCode, message: str, retry_after_s: int) -> VoxError:
     return VoxError(code, message, fatal=True, retry_after_s=retry_after_s)
 
 
+def _shed(runtime: Runtime, stage: str, why: str) -> VoxError:
+    """A refusal for measured load on `stage`, counted in the shed metric."""
+    runtime.metrics.shed.labels(stage).inc()
+    return _refuse(
+        ErrorCode.OVERLOADED,
+        f"the {stage} stage {why}; retry later",
+        runtime.settings.flow.retry_after_s,
+    )
+
+
 def admit_request(runtime: Runtime, what: str = "request") -> None:
     """For one-shot requests (HTTP, gRPC Synthesize): readiness, drain, memory and measured
     load. `what` labels a memory refusal in the metrics."""
@@ -41,12 +51,7 @@ def admit_request(runtime: Runtime, what: str = "request") -> None:
     runtime.memory_guard.check(what)
     stage = runtime.flow.overloaded()
     if stage is not None:
-        runtime.metrics.shed.labels(stage).inc()
-        raise _refuse(
-            ErrorCode.OVERLOADED,
-            f"the {stage} stage is saturated; retry later",
-            runtime.settings.flow.retry_after_s,
-        )
+        raise _shed(runtime, stage, "is saturated")
 
 
 def admit(runtime: Runtime, *, parked: int = 0, stream: bool = False) -> None:
@@ -60,12 +65,7 @@ def admit(runtime: Runtime, *, parked: int = 0, stream: bool = False) -> None:
     admit_request(runtime, "session")
     stage = runtime.flow.refuses_streams() if stream else None
     if stage is not None:
-        runtime.metrics.shed.labels(stage).inc()
-        raise _refuse(
-            ErrorCode.OVERLOADED,
-            f"the {stage} stage is at its limit of live streams; retry later",
-            runtime.settings.flow.retry_after_s,
-        )
+        raise _shed(runtime, stage, "is at its limit of live streams")
     limit = runtime.settings.limits.max_sessions
     if runtime.active_sessions - parked >= limit:
         raise _refuse(
