@@ -444,8 +444,11 @@ class FlowConfig(Section):
     # New live streams are refused while the ASR engine's busy share with finals plus the
     # learned share of each live stream that has not asked for a final yet (its cost does
     # not show before), the new one's included, would pass this
-    # (pipeline/scheduling/session_demand.py). 0: off.
-    asr_busy_limit: float = Field(default=0.9, ge=0)
+    # (pipeline/scheduling/session_demand.py); 0.9 is the measured setting. 0: off, the
+    # default for now: the share is an average over the streams in, so learned from a few
+    # streams (batches of one) it over-prices a burst of many that batch together (CI: one
+    # of twenty concurrent streams refused on a busy machine after a test of few).
+    asr_busy_limit: float = Field(default=0.0, ge=0)
     # Whether a stage that predicts the lateness of its held live work (ASR finals) is
     # judged by that prediction instead of `queue_limit` (false: the count, as before).
     predict_lateness: bool = True
