@@ -9,7 +9,9 @@ each is INVALID_ARGUMENT `invalid_message`, with a server-made trace id in the m
 a valid one is still echoed. Client metadata of every class (long keys and values, `-bin`
 keys, many keys, our own key names) is ignored or refused by grpc's metadata bound
 (RESOURCE_EXHAUSTED), as are messages past `limits.max_message_bytes`; floods of bad
-messages each get their in-stream error. Nothing is logged as an error.
+messages each get their in-stream error. A client whose session failed and that floods on
+without half-closing is cut off within the fatal linger's bound. Nothing is logged as an
+error.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from pydantic import SecretStr
 
 from tests.conftest import LiveServer, free_port, start_server, stop_server
-from tests.fakes import fake_runtime
+from tests.fakes import FakeVad, fake_runtime
 from tests.helpers import ErrorRecords
 from tests.hostile.watch import watched
 from tests.transports.grpc_client import collect, error_code, of_kind, stub
@@ -195,3 +198,74 @@ async def test_oversized_and_flooded_messages(live: LiveServer, errors: ErrorRec
             (ended,) = of_kind(responses, "ended")
             assert ended.rejected == 1_000, ended
     watch.assert_unhurt(max_growth_mb=150)
+
+
+MARK = 0x1234  # a PCM sample value the failing VAD below breaks on
+
+
+class FailsOnMarkedAudio(FakeVad):
+    """Fails on a stream whose audio is all one marked sample: that session ends fatally
+    (`engine_error`), the live stream beside it goes on."""
+
+    def speech_probs(self, state: Any, audio: np.ndarray) -> np.ndarray:
+        if audio.size and np.all(np.abs(audio - MARK / 32768) < 1e-6):
+            raise RuntimeError("the marked stream's VAD broke")
+        return super().speech_probs(state, audio)
+
+
+@pytest.fixture(scope="module")
+def short_lived() -> Iterator[LiveServer]:
+    """A session whose audio is all MARK ends fatally on demand."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    live = start_server(
+        settings, fake_runtime(settings, vad=FailsOnMarkedAudio()), grpc_port=free_port()
+    )
+    yield live
+    stop_server(live)
+
+
+async def test_a_client_that_floods_on_after_a_fatal_end_is_cut_off_in_bounded_time(
+    short_lived: LiveServer, errors: ErrorRecords
+) -> None:
+    """After a fatal `ended` the call reads on until the client half-closes or goes quiet
+    (so a client still writing is not told INTERNAL), but at most FATAL_LINGER_S: a client
+    that writes at 50x real time and never half-closes gets `ended`, then its status
+    within that bound, the other streams unhurt and memory flat meanwhile."""
+    from voxserve.server.grpc.stream import FATAL_LINGER_S
+
+    async with watched(short_lived.http_url) as watch:
+        async with grpc.aio.insecure_channel(short_lived.grpc_target) as channel:
+            call = stub(channel).Converse(timeout=20)
+            await call.write(pb.ConverseRequest(config=pb.StreamConfig(mode=pb.MODE_ASR)))
+            over = asyncio.Event()
+
+            async def flood() -> int:
+                sent = 0
+                pcm = np.full(320, MARK, dtype="<i2").tobytes()
+                frame = pb.ConverseRequest(audio=pb.AudioFrames(seq_id=0, pcm=pcm))
+                while not over.is_set():
+                    try:
+                        await call.write(frame)
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        break  # the call is over
+                    sent += 1
+                    await asyncio.sleep(0.0004)  # ~50x real time (20 ms frames)
+                return sent
+
+            writer = asyncio.create_task(flood())
+            kinds: list[str] = []
+            ended_at = None
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for response in call:
+                    kinds.append(response.WhichOneof("event"))
+                    if kinds[-1] == "ended":
+                        ended_at = asyncio.get_running_loop().time()
+            status_at = asyncio.get_running_loop().time()
+            over.set()
+            sent = await writer
+    assert kinds[0] == "started" and kinds[-1] == "ended" and ended_at is not None
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert error_code(caught.value) == "engine_error"
+    assert status_at - ended_at <= FATAL_LINGER_S + 1.0, status_at - ended_at
+    assert sent > 1_000  # it really flooded
+    watch.assert_unhurt(max_growth_mb=100)

@@ -3,7 +3,7 @@ held live work, streams under credit, and the drain."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -17,24 +17,18 @@ class FlowCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         flow = self.state.flow
-        windows = GaugeMetricFamily(
+        yield _per_stage(
             "voxserve_credit_window",
             "The stage's credit window (chunks in flight per stream; halves under pressure, "
             "grows back by one a tick); new streams start at it",
-            labels=["stage"],
+            {name: window.size for name, window in list(flow.stage_windows.items())},
         )
-        for name, window in list(flow.stage_windows.items()):
-            windows.add_metric([name], window.size)
-        yield windows
-        late = GaugeMetricFamily(
+        yield _per_stage(
             "voxserve_stage_predicted_late_seconds",
             "How late the held live work that fares worst would start, as flow control last "
             "predicted it (stages that predict: ASR finals; 0: on time; above 0: pressure)",
-            labels=["stage"],
+            dict(flow.predicted_late),
         )
-        for name, seconds in list(flow.predicted_late.items()):
-            late.add_metric([name], seconds)
-        yield late
         share = self.state.flow.stream_share
         if share is not None:
             yield GaugeMetricFamily(
@@ -51,3 +45,11 @@ class FlowCollector(Collector):
             "1 while the server drains for shutdown",
             1 if self.state.drain.draining else 0,
         )
+
+
+def _per_stage(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    """A gauge with one sample per stage."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["stage"])
+    for stage, value in values.items():
+        gauge.add_metric([stage], value)
+    return gauge

@@ -114,7 +114,7 @@ class FlowMonitor:
             input_pressure |= under and name in INPUT_STAGES
         demand = self._demand()
         if demand is not None:
-            demand.tick(self._shown())
+            demand.tick(self._live_streams()[1])
         for stream in list(self._streams):
             if input_pressure:
                 stream.pressure()
@@ -148,13 +148,14 @@ class FlowMonitor:
         demand = self._demand()
         if demand is None:
             return None
-        live = [window for window in list(self._streams) if not window.ended]
-        shown = sum(1 for window in live if window.shown)
-        return "asr" if demand.refuses(len(live) - shown) else None
+        live, shown = self._live_streams()
+        return "asr" if demand.refuses(live - shown) else None
 
-    def _shown(self) -> int:
-        """Live streams that have asked for a final (their cost shows in the busy share)."""
-        return sum(1 for window in list(self._streams) if window.shown and not window.ended)
+    def _live_streams(self) -> tuple[int, int]:
+        """Streams whose session is not over, and those of them that have asked for a final
+        (their cost shows in the busy share)."""
+        live = [window for window in list(self._streams) if not window.ended]
+        return len(live), sum(1 for window in live if window.shown)
 
     @property
     def stream_share(self) -> float | None:
