@@ -104,13 +104,14 @@ class Batcher(Generic[Req, Res]):
         self._held = 0  # what this batcher has added to stage.held
         self._timer: asyncio.Handle | None = None
         self._timer_at = 0.0  # loop time the timer fires at
-        self._running: set[asyncio.Task[None]] = set()  # owned here, awaited by their callers
+        # Live batches running (owned here, awaited by their callers): when each began
+        # (perf_counter) and its size, for live_lateness.
+        self._running: dict[asyncio.Task[None], tuple[float, int]] = {}
         self._closed = False
         self._last_arrival = 0.0
         self._mean_gap_s = 1.0  # smoothed time between requests (all sessions)
         self._run_s = 0.0  # smoothed wall time of one batch at the engine
         self.live_cost_fit = BatchCost()  # a live batch's wall time by its size
-        self._live_started: dict[asyncio.Task[None], tuple[float, int]] = {}  # perf, size
         self.bulk_cost = math.inf  # work one bulk batch may hold (module docstring)
         self.max_bulk_batch = self.max_batch  # requests one bulk batch may hold
         # Bulk requests share a batch only when their keys are equal (what the engine runs
@@ -329,15 +330,13 @@ class Batcher(Generic[Req, Res]):
             del self._pending[: self.max_batch]
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._track_busy()
-            self._running.add(task)
-            self._live_started[task] = (time.perf_counter(), len(batch))
+            self._running[task] = (time.perf_counter(), len(batch))
             task.add_done_callback(self._batch_done)
         self._report_held()
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._track_busy()
-        self._running.discard(task)
-        self._live_started.pop(task, None)
+        self._running.pop(task, None)
         if self._pending and self._timer is None and not self._closed:
             delay = self._gather_delay() if len(self._pending) < self.max_batch else 0.0
             if delay > 0:
@@ -437,7 +436,7 @@ class Batcher(Generic[Req, Res]):
         now, clock = time.monotonic(), time.perf_counter()
         free_at = [
             max(0.0, fit.batch_seconds(size) - (clock - began))
-            for began, size in self._live_started.values()
+            for began, size in self._running.values()
         ]
         free_at += [0.0] * max(0, self.max_inflight - len(free_at))
         fallback = self.stage.timeout_s
