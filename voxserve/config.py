@@ -444,11 +444,13 @@ class FlowConfig(Section):
     # New live streams are refused while the ASR engine's busy share with finals plus the
     # learned share of each live stream that has not asked for a final yet (its cost does
     # not show before), the new one's included, would pass this
-    # (pipeline/scheduling/session_demand.py); 0.9 is the measured setting. 0: off, the
-    # default for now: the share is an average over the streams in, so learned from a few
-    # streams (batches of one) it over-prices a burst of many that batch together (CI: one
-    # of twenty concurrent streams refused on a busy machine after a test of few).
-    asr_busy_limit: float = Field(default=0.0, ge=0)
+    # (pipeline/scheduling/session_demand.py: learned from 3 or more streams, and only
+    # while the engine is at least half busy: an average learned from few streams
+    # over-prices a burst whose finals batch together). 0: off.
+    asr_busy_limit: float = Field(default=0.9, ge=0)
+    # Under this busy share of the ASR engine the stream-cost rule refuses nothing: a burst
+    # there is held by the queue's pressure alone (0: the rule judges at any load).
+    asr_busy_floor: float = Field(default=0.5, ge=0, le=1)
     # Whether a stage that predicts the lateness of its held live work (ASR finals) is
     # judged by that prediction instead of `queue_limit` (false: the count, as before).
     predict_lateness: bool = True

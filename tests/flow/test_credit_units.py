@@ -260,6 +260,27 @@ def test_a_quiet_engine_teaches_nothing_and_a_saturated_one_refuses() -> None:
     assert demand.refuses(0)  # saturated: one more is past the limit whatever it costs
 
 
+def test_few_streams_teach_nothing_and_a_lightly_used_engine_admits_a_burst() -> None:
+    """An average learned from one or two streams (finals in batches of one, each paying a
+    whole engine call) over-prices a burst whose finals batch together: such ticks teach
+    nothing. And while the engine is under half busy the rule refuses nothing, whatever
+    the share: twenty streams arriving at once are all admitted (the queue's pressure is
+    what holds a burst there). Past the floor, the same share refuses."""
+    busy = [0.3]
+    demand = SessionDemand(lambda: busy[0], limit=0.9)
+    for _ in range(20):
+        demand.tick(2)
+    assert demand.per_stream is None  # two streams: nothing learned
+    for _ in range(20):
+        demand.tick(3)
+    assert demand.per_stream == pytest.approx(0.1)
+    for _ in range(20):
+        assert not demand.refuses(0)
+        demand.admitted()  # 0.3 + 20 x 0.1 = 2.3 projected, but the engine is at 0.3
+    busy[0] = 0.6
+    assert demand.refuses(0)  # the same twenty, the engine past half busy: refused
+
+
 def test_the_monitor_counts_new_streams_into_the_asr_stages_demand() -> None:
     """Streams that asked for a final teach the share; those that have not count against
     the room left; ended streams drop out."""

@@ -191,6 +191,7 @@ def busy_asr_server() -> Iterator[LiveServer]:
             "wait_limit_ms": 60000,
             "shed_after_s": 0.3,
             "asr_busy_limit": 0.9,
+            "asr_busy_floor": 0.3,  # four streams keep it 0.4-0.67 busy: the rule judges
         },
     )
     with serving(one_asr_slot(settings), asr=FakeAsr(0.2)) as live:

@@ -79,7 +79,10 @@ class FlowMonitor:
                 def busy() -> float:  # the stage's current batcher (a reload makes a new one)
                     return stage.busy_share() or 0.0
 
-                self.demand = SessionDemand(busy, limit=self.cfg.asr_busy_limit, clock=self._clock)
+                cfg = self.cfg
+                self.demand = SessionDemand(
+                    busy, limit=cfg.asr_busy_limit, floor=cfg.asr_busy_floor, clock=self._clock
+                )
         return self.demand
 
     def tick(self) -> None:

@@ -10,8 +10,16 @@ stream's share. A new stream is refused while the busy share plus the shares of 
 that have not shown yet (live, or admitted and not yet started), its own included, would
 pass `limit`. Streams that end drop out (the monitor holds their windows weakly), so
 short sessions coming and going are not counted twice. Until a share is measured (a quiet
-or cold server), nothing is refused here: what a stream costs is not known yet. Pure, with
-an injected clock: the flow monitor ticks it and asks it.
+or cold server), nothing is refused here: what a stream costs is not known yet.
+
+The share is an average, and it errs high where the engine is lightly used: a few streams'
+finals run in batches of one, each paying the whole fixed cost of an engine call, while a
+burst's finals batch together (CI saw one of twenty concurrent streams refused after a test
+of one or two). So the share is learned only from ticks with `MIN_SHOWN` streams or more,
+and the rule refuses nothing while the engine's busy share is under `floor`
+(flow.asr_busy_floor, 0.5): below it, a burst is left to the queue's pressure (flow.py), as
+on a cold server. Pure, with an
+injected clock: the flow monitor ticks it and asks it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections.abc import Callable
 SHARE_SMOOTHING = 0.05  # weight of the newest tick (~4 s at 200 ms ticks): finals come in bursts
 MIN_BUSY = 0.05  # a busy share under this says too little to divide among the streams
 ADMITTED_FOR_S = 2.0  # an admission not followed by its stream's start is forgotten then
+MIN_SHOWN = 3  # fewer streams than this say too little about a burst's batches
 
 
 class SessionDemand:
@@ -31,11 +40,13 @@ class SessionDemand:
         busy: Callable[[], float],
         *,
         limit: float,
+        floor: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`busy`: the engine's recent busy share (1.0: every slot all the time)."""
         self._busy = busy
         self.limit = limit
+        self.floor = floor
         self._clock = clock
         self._admitted: deque[float] = deque()  # admissions whose stream has not started
         self.per_stream: float | None = None  # a stream's smoothed share; None: unknown
@@ -52,7 +63,7 @@ class SessionDemand:
     def tick(self, shown: int) -> None:
         """Learn from the busy share over the `shown` live streams (the monitor's tick)."""
         busy = self._busy()
-        if shown < 1 or busy < MIN_BUSY:
+        if shown < MIN_SHOWN or busy < MIN_BUSY:
             return
         share = busy / shown
         if self.per_stream is None:
@@ -63,10 +74,11 @@ class SessionDemand:
     def refuses(self, unshown: int) -> bool:
         """Whether one more stream, beside `unshown` live streams that have not shown their
         cost yet, would take the engine past `limit`."""
-        if self.per_stream is None:
-            return False
         horizon = self._clock() - ADMITTED_FOR_S
         while self._admitted and self._admitted[0] <= horizon:
             self._admitted.popleft()  # admitted, never started (a TTS session, a failure)
+        busy = self._busy()
+        if self.per_stream is None or busy < self.floor:
+            return False
         waiting = unshown + len(self._admitted) + 1
-        return self._busy() + self.per_stream * waiting > self.limit
+        return busy + self.per_stream * waiting > self.limit

@@ -6,7 +6,7 @@ Refusals are immediate and carry a retry hint (`retry_after_s`): the WebSocket c
 while a model stage has been under pressure for `flow.shed_after_s` (queue over its limit,
 timeouts, calls starting past their deadline: pipeline/scheduling/flow.py), new work is refused so
 the streams already admitted keep their latency; a new live stream, while one more would
-take the ASR engine past `flow.asr_busy_limit` (when set) at what a stream has been costing it (its
+take the ASR engine past `flow.asr_busy_limit` at what a stream has been costing it (its
 cost shows only once it speaks: pipeline/scheduling/session_demand.py); and while the
 process is over its memory
 threshold (pipeline/scheduling/memory_guard.py), new work is refused so the work admitted can
