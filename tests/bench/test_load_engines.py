@@ -65,3 +65,21 @@ def test_costs_are_spent() -> None:
     assert time.thread_time() - started >= 0.01
     with pytest.raises(ValueError):
         LoadVad(sleep_ms=-1)
+
+
+def test_vad_holds_speech_over_a_short_gap_as_a_trained_vad_does() -> None:
+    """hold_ms 64 (two windows): a gap of two quiet windows between loud ones stays speech
+    (no pause, so no speculative decode), a longer one ends after the hold, also across
+    calls; reset starts quiet."""
+    vad = LoadVad(hold_ms=64)
+    state = vad.new_state()
+    loud = np.full(512, 0.1, dtype=np.float32)
+    quiet = np.zeros(512, dtype=np.float32)
+    probs = vad.speech_probs(state, np.concatenate([quiet, loud, quiet, quiet, loud, quiet]))
+    assert probs.tolist() == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    (more,) = vad.speech_probs_many([state], [np.concatenate([quiet, quiet, loud])])
+    assert more.tolist() == [1.0, 0.0, 1.0]  # the hold spans the calls: 2 quiet, then silence
+    vad.reset_state(state)
+    assert vad.speech_probs(state, quiet).tolist() == [0.0]
+    with pytest.raises(ValueError):
+        LoadVad(hold_ms=-1)
