@@ -4,6 +4,7 @@ any level and over noise; silence, and a voice's own fading, are not sound."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from voxserve.pipeline.turns.word_tail import MARGIN_S, tail_sound_end
 
@@ -52,3 +53,13 @@ def test_nothing_to_look_at_is_none() -> None:
     assert tail_sound_end(np.zeros(0, np.int16), 0, SR) is None
     audio = pcm(vowel(0.5, 0.3))
     assert tail_sound_end(audio, audio.size, SR) is None
+
+
+def test_the_noise_floor_is_numpys_tenth_percentile() -> None:
+    """The floor by partial sorting is np.percentile(rms, 10), interpolation included."""
+    from voxserve.pipeline.turns.word_tail import _tenth
+
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 3, 10, 11, 399, 400, 401):
+        values = rng.random(size).astype(np.float32)
+        assert _tenth(values) == pytest.approx(float(np.percentile(values, 10)), abs=1e-7)
