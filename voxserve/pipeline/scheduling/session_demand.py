@@ -18,8 +18,7 @@ burst's finals batch together (CI saw one of twenty concurrent streams refused a
 of one or two). So the share is learned only from ticks with `MIN_SHOWN` streams or more,
 and the rule refuses nothing while the engine's busy share is under `floor`
 (flow.asr_busy_floor, 0.5): below it, a burst is left to the queue's pressure (flow.py), as
-on a cold server. Pure, with an
-injected clock: the flow monitor ticks it and asks it.
+on a cold server. Pure, with an injected clock: the flow monitor ticks it and asks it.
 """
 
 from __future__ import annotations
