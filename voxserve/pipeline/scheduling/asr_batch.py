@@ -108,7 +108,7 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
         self.bulk_key = bulk_key
         # Finals carry deadlines: flow control judges this stage by whether the held ones
         # can still start in time (Batcher.live_lateness), not by their count.
-        stage.watch_live(self.live_lateness, self.busy_share)
+        stage.watch_live(self)
         if bulk_batch_s is not None:
             self.bulk_cost = bulk_batch_s
         if max_bulk_batch is not None:

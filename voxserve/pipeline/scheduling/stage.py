@@ -49,7 +49,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from voxserve.errors import ErrorCode, VoxError
 
@@ -90,6 +90,14 @@ _Waiter = tuple[float, int, int, "asyncio.Future[None]"]  # deadline, priority, 
 def default_bulk_slots(concurrency: int) -> int:
     """Slots bulk work may hold when the config does not say: all but one for live calls."""
     return max(1, concurrency - 1)
+
+
+class LiveWork(Protocol):
+    """What a stage reads of the batcher of its live work (pipeline/scheduling/batcher.py)."""
+
+    def live_lateness(self) -> float: ...
+
+    def busy_share(self) -> float: ...
 
 
 class EngineStage:
@@ -146,27 +154,23 @@ class EngineStage:
         # The batcher that serves this stage's live work, where one predicts and measures
         # it (ASR finals: `watch_live`), held weakly: the stage outlives a reloaded engine,
         # whose batcher (and engine) must be free to go.
-        self._predict_late: weakref.WeakMethod[Callable[[], float]] | None = None
-        self._busy_share: weakref.WeakMethod[Callable[[], float]] | None = None
+        self._live: weakref.ref[LiveWork] | None = None
 
-    def watch_live(
-        self, predict_late: Callable[[], float], busy_share: Callable[[], float]
-    ) -> None:
-        """A batcher's bound methods: how late the live work it holds would start
+    def watch_live(self, batcher: LiveWork) -> None:
+        """The batcher of this stage's live work: how late what it holds would start
         (Batcher.live_lateness: flow control's pressure then) and the engine's recent busy
         share with it (what a live stream costs is learned from it: session_demand.py)."""
-        self._predict_late = weakref.WeakMethod(predict_late)  # type: ignore[arg-type]
-        self._busy_share = weakref.WeakMethod(busy_share)  # type: ignore[arg-type]
+        self._live = weakref.ref(batcher)
 
     def predicted_late(self) -> float | None:
         """`watch_live`'s prediction; None where no live batcher predicts."""
-        predict = None if self._predict_late is None else self._predict_late()
-        return None if predict is None else predict()
+        live = None if self._live is None else self._live()
+        return None if live is None else live.live_lateness()
 
     def busy_share(self) -> float | None:
         """`watch_live`'s busy share; None where no live batcher measures it."""
-        busy = None if self._busy_share is None else self._busy_share()
-        return None if busy is None else busy()
+        live = None if self._live is None else self._live()
+        return None if live is None else live.busy_share()
 
     @property
     def waiting(self) -> int:
