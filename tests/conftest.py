@@ -56,16 +56,34 @@ ONE_WORKER = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark SERIAL tests `serial`; group every other test by its file (a module's fixtures
-    start once per worker), ONE_WORKER paths by their shared resource (`--dist loadgroup`)."""
+    """Mark SERIAL tests `serial` (scripts/test.sh runs them apart)."""
     root = Path(__file__).parent
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
         if f"{path}::{item.nodeid.split('::', 1)[-1]}".startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-            continue
-        group = next((g for d, g in ONE_WORKER.items() if path.startswith(d)), path)
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def worker_group(nodeid: str) -> str:
+    """The xdist work unit of a test: its file (a module's fixtures start once per worker),
+    or a ONE_WORKER path's shared resource."""
+    path = nodeid.split("::", 1)[0].removeprefix("tests/")
+    return next((g for d, g in ONE_WORKER.items() if path.startswith(d)), path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup`, by `worker_group`. Not by `xdist_group` marks: xdist 3.8 files a
+    test under its mark by rewriting `item._nodeid`, which pytest 9 no longer reads, so every
+    test went to any worker (Ray clusters and mDNS programs side by side) and no group held."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
