@@ -109,6 +109,9 @@ class AsrResult:
     text: str
     segments: tuple[Segment, ...] = ()
     language: str = "en"
+    # The decoder's probability of stopping where it wrote the last word instead, where the
+    # engine knows it: a word guessed past the speech (turns/endpointing.py reads it).
+    stop_before_last_word: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

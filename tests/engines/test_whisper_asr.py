@@ -10,6 +10,7 @@ import pytest
 from tests.engines.conftest import FIXTURE_TEXTS, load_fixture, normalise, wer
 from voxserve.engines.base import AsrEngine
 from voxserve.engines.whisper_asr import WhisperAsr, compression_ratio
+from voxserve.pipeline.turns.endpointing import EndOfTurn
 from voxserve.types import SAMPLE_RATE, AsrOptions
 
 MAX_WER = 0.15
@@ -153,3 +154,26 @@ def test_english_only_whisper_cannot_translate(asr: WhisperAsr) -> None:
     assert asr.tasks == ("transcribe",)
     with pytest.raises(ValueError, match="cannot translate"):
         asr.transcribe(load_fixture("command.wav"), options=AsrOptions(task="translate"))
+
+
+def test_a_word_made_up_at_a_pause_does_not_end_the_turn(asr: WhisperAsr) -> None:
+    """ "Can you book a table for [660 ms] four people on Friday evening?" decoded at its pause,
+    cut anywhere from where the sound stops to 200 ms past it (tiny.en writes "... for it?" at
+    most of these cuts, "... for?" at the rest): the end-of-turn wait is always the wait of a
+    phrase that goes on, longer than the pause, whatever word the decoder made up. The whole
+    utterances keep the wait of a complete sentence."""
+    audio = load_fixture("turns/table_for.wav")
+    pause = 14410 * SAMPLE_RATE // 10_000  # the last audible sample before the pause (1.441 s)
+    turn = EndOfTurn("auto")
+    goes_on = turn.wait_ms("Can you book a table for")
+    assert goes_on > 660
+    for extra_ms in (0, 40, 120, 160, 200):
+        result = asr.transcribe(audio[: pause + extra_ms * SAMPLE_RATE // 1000])
+        wait = turn.wait_ms(result.text, 1.0, "en", result.stop_before_last_word)
+        assert wait == goes_on, (extra_ms, result.text, result.stop_before_last_word)
+    complete = turn.wait_ms("What time is it?")
+    for name in ("command.wav", "weather.wav", "turns/table_for.wav", "turns/remind_to.wav"):
+        result = asr.transcribe(load_fixture(name))
+        assert result.stop_before_last_word is not None and result.stop_before_last_word < 0.2
+        assert turn.wait_ms(result.text, 1.0, "en", result.stop_before_last_word) == complete
+    assert asr.transcribe(audio, partial=True).stop_before_last_word is None  # finals only

@@ -125,7 +125,9 @@ class Speculation:
         text = result.text.strip()
         if self.end_of_turn is not None:
             language = stream.language or result.language  # the session's, else detected
-            wait = self.end_of_turn.wait_ms(text, spec.energy, language)
+            wait = self.end_of_turn.wait_ms(
+                text, spec.energy, language, result.stop_before_last_word
+            )
             end = stream.turns.settle(spec.end, wait)
             if end is not None:
                 await on_turn(end)
