@@ -40,12 +40,18 @@ def limited_server() -> Iterator[LiveServer]:
     stop_server(live)
 
 
-async def _responses(call: Any) -> tuple[list[str], grpc.aio.AioRpcError]:
+async def _responses(
+    call: Any, ended: asyncio.Event | None = None
+) -> tuple[list[str], grpc.aio.AioRpcError]:
+    """The kinds of the call's responses, and the status it ended with; `ended` is set at
+    the `ended` response (a client that stops writing then)."""
     kinds: list[str] = []
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         async with asyncio.timeout(10):
             async for response in call:
                 kinds.append(response.WhichOneof("event"))
+                if kinds[-1] == "ended" and ended is not None:
+                    ended.set()
     return kinds, caught.value
 
 
@@ -65,16 +71,22 @@ async def test_grpc_silent_client_is_ended_with_idle_timeout(limited_server: Liv
 
 
 async def test_grpc_session_past_its_lifetime_is_expired(limited_server: LiveServer) -> None:
+    """A client that talks on past its session's lifetime, and half-closes once it is told
+    `ended` (docs/protocol.md). One that never stops writing is the hostile gRPC flood
+    test's: grpc's own client may then fail the call INTERNAL on its write in flight."""
     frame = silence(0.02).astype("<i2").tobytes()
+    ended = asyncio.Event()
 
     async def talkative() -> AsyncIterator[pb.RecognizeRequest]:
         yield pb.RecognizeRequest(config=pb.RecognitionConfig(sample_rate=16000))
         for seq in range(1000):
+            if ended.is_set():
+                return
             yield pb.RecognizeRequest(audio=pb.AudioFrames(seq_id=seq, pcm=frame))
             await asyncio.sleep(0.05)  # well inside the idle limit
 
     async with grpc.aio.insecure_channel(limited_server.grpc_target) as channel:
-        kinds, error = await _responses(stub(channel).Recognize(talkative()))
+        kinds, error = await _responses(stub(channel).Recognize(talkative()), ended)
     assert kinds[0] == "started" and kinds[-1] == "ended"
     assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert error_code(error) == "session_expired"
