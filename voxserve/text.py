@@ -120,6 +120,21 @@ def split_clauses(sentence: str, min_chars: int) -> list[str]:
     return merged
 
 
+def split_first_clause(piece: str, min_first: int, min_rest: int) -> list[str]:
+    """`piece` cut at its first clause end (`, ; :` or a dash) with at least `min_first`
+    characters before it and `min_rest` after; `[piece]` where there is none."""
+    for match in _CLAUSE_END.finditer(piece):
+        head, rest = piece[: match.start()].strip(), piece[match.end() :].strip()
+        if len(head) < min_first:
+            continue
+        if len(rest) < min_rest:
+            break
+        if "—" in match.group() or "–" in match.group() or "-" in match.group():
+            head += ","  # a dash is a pause: as split_clauses
+        return [head, rest]
+    return [piece]
+
+
 def bounded_pieces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
     """Every sentence of `text`, each cut (`cut_to_length`) into pieces of at most
     `max_chars` characters: what an engine is given at once, whatever the text."""

@@ -46,6 +46,22 @@ def test_split_text() -> None:
     assert split_text("Ask Dr. Jones — she knows.") == ["Ask Dr. Jones, she knows."]
     assert split_text("It costs 1,000 dollars.") == ["It costs 1,000 dollars."]
     assert split_text("  \n ") == []
+    # A long first piece (the time to first audio) is cut at its first clause end that
+    # leaves 8 characters before it; the rest keeps the 20-character rule.
+    reply = "I heard: I would like a large pizza with mushrooms and olives please."
+    assert split_text(reply) == [
+        "I heard:",
+        "I would like a large pizza with mushrooms and olives please.",
+    ]
+    assert split_text(f"{reply} Anything else, sir?") == [
+        "I heard:",
+        "I would like a large pizza with mushrooms and olives please.",
+        "Anything else, sir?",
+    ]
+    assert split_text("OK: I would like a large pizza with mushrooms and olives please.") == [
+        "OK: I would like a large pizza with mushrooms and olives please."
+    ]  # "OK:" alone would sound clipped
+    assert split_text("I heard: I would like a pizza.") == ["I heard: I would like a pizza."]
     assert "[[" not in " ".join(split_text("say [[ h ə l ]] now"))
 
 

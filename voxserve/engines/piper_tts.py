@@ -44,7 +44,13 @@ from voxserve.engines.piper_voices import (
     is_local,
 )
 from voxserve.engines.registry import EngineConfigError
-from voxserve.text import MAX_PIECE_CHARS, cut_to_length, sentences, split_clauses
+from voxserve.text import (
+    MAX_PIECE_CHARS,
+    cut_to_length,
+    sentences,
+    split_clauses,
+    split_first_clause,
+)
 from voxserve.types import EngineInfo, Voice
 
 VOICE_ID = "joe"
@@ -66,17 +72,27 @@ _IDS_PER_CALL = 3  # beginning, first pad, end
 _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phoneme strings
 
 
+# The first piece is the time to first audio (a piece is one model call, ~70 ms per second
+# of speech here): one longer than this is cut at its first clause end that leaves
+# FIRST_PIECE_MIN_CHARS before it ("I heard: I would like ..." -> "I heard:", then the rest).
+FIRST_PIECE_LONG_CHARS = 48
+FIRST_PIECE_MIN_CHARS = 8
+
+
 def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
     """Sentences, then clauses, then at most `max_chars` characters: the units synthesised
-    (and yielded) one at a time."""
+    (and yielded) one at a time; a long first piece is cut sooner (FIRST_PIECE_LONG_CHARS)."""
     # Piper reads [[ ... ]] as raw phonemes; user text must not reach that path.
     cleaned = " ".join(text.replace("[[", "[ [").replace("]]", "] ]").split())
-    return [
+    pieces = [
         part
         for sentence in sentences(cleaned)
         for clause in split_clauses(sentence, min_chars)
         for part in cut_to_length(clause, max_chars)
     ]
+    if pieces and len(pieces[0]) > FIRST_PIECE_LONG_CHARS:
+        pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, min_chars)
+    return pieces
 
 
 def phonemes_per_call(max_ids: int, speed: float) -> int:
