@@ -214,8 +214,8 @@ class PiperTts:
         # catalogue voice's name stood for.
         self.cache_fingerprint = (
             f"piper-tts {dist_version('piper-tts')}; "
-            f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids"
-            + "".join(f"; {f}" for f in fingerprints)
+            f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids, "
+            f"first cut past {FIRST_PIECE_LONG_CHARS}" + "".join(f"; {f}" for f in fingerprints)
         )
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
