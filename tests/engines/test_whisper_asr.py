@@ -9,7 +9,7 @@ import pytest
 
 from tests.engines.conftest import FIXTURE_TEXTS, load_fixture, normalise, wer
 from voxserve.engines.base import AsrEngine
-from voxserve.engines.whisper_asr import WhisperAsr, compression_ratio
+from voxserve.engines.whisper_asr import WhisperAsr, compression_ratio, logits_fit
 from voxserve.pipeline.turns.endpointing import EndOfTurn
 from voxserve.types import SAMPLE_RATE, AsrOptions
 
@@ -177,3 +177,17 @@ def test_a_word_made_up_at_a_pause_does_not_end_the_turn(asr: WhisperAsr) -> Non
         assert result.stop_before_last_word is not None and result.stop_before_last_word < 0.2
         assert turn.wait_ms(result.text, 1.0, "en", result.stop_before_last_word) == complete
     assert asr.transcribe(audio, partial=True).stop_before_last_word is None  # finals only
+
+
+def test_the_last_word_doubt_keeps_its_logits_within_a_bound(asr: WhisperAsr) -> None:
+    """stop_before_last_word reads CTranslate2's logits of every generated token (~207 KB
+    each per utterance): a call computes it only while rows x steps fit LOGITS_MAX_BYTES,
+    so a batch of decoders looping to their caps cannot hold hundreds of MB for it."""
+    vocabulary = 51_865
+    assert logits_fit(4, 139, vocabulary)  # the live batch of four turns of ~12 s
+    assert not logits_fit(4, 269, vocabulary)  # four 25 s turns: 223 MB
+    assert not logits_fit(16, 79, vocabulary)  # a bulk batch of sixteen 6 s windows
+    names = ["command.wav", "lights.wav", "weather.wav", "reminder.wav"]
+    results = asr.transcribe_many([load_fixture(n) for n in names])
+    assert all(r.stop_before_last_word is not None for r in results)
+    assert all(r.stop_before_last_word < 0.2 for r in results if r.stop_before_last_word)

@@ -452,15 +452,17 @@ class WhisperAsr:
             }
         else:
             search = {"beam_size": 1 if plan.partial else self._beam_size}
+        steps = len(prompt) + max(caps)
+        doubt_wanted = not plan.partial and logits_fit(len(mels), steps, self._stops.size)
         results = self._ct2.generate(
             encoded,
             [p.prompt for p in plans],
             max_length=len(prompt) + max(caps),
             return_scores=True,
             return_no_speech_prob=True,
-            # for a final's stop_before_last_word; no measurable cost here (the fixtures'
-            # decodes, 128-156 ms with it and 131-149 ms without)
-            return_logits_vocab=not plan.partial,
+            # a final's stop_before_last_word: no measurable time here (the fixtures' decodes,
+            # 128-156 ms with it, 131-149 ms without), memory bounded (logits_fit)
+            return_logits_vocab=doubt_wanted,
             suppress_blank=True,
             suppress_tokens=self._suppress,
             max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
@@ -486,7 +488,7 @@ class WhisperAsr:
                 tokenizer = plans[row].tokenizer
                 words = tuple(align_words(self._ct2, tokenizer, one, text_tokens, frames_used))
             doubt = None
-            if not plan.partial:
+            if doubt_wanted:
                 doubt = stop_before_last_word(
                     tokens, result.logits[0], plans[row].tokenizer, self._stops
                 )
@@ -620,6 +622,18 @@ class WhisperAsr:
         text = " ".join(s.text for s in segments)
         detected = str(info.language or "en")
         return AsrResult(text=text, segments=segments if text else (), language=detected)
+
+
+# What a call's vocabulary logits (for stop_before_last_word) may hold at once: CTranslate2
+# keeps one row of float32 per generated token and utterance, ~207 KB for Whisper's
+# vocabulary, so a batch of decoders looping to their caps would hold hundreds of MB. 128 MB
+# takes the live batch (asr_max_batch 4) of turns up to ~12 s; a larger call goes without.
+LOGITS_MAX_BYTES = 128 * 2**20
+
+
+def logits_fit(rows: int, steps: int, vocabulary: int) -> bool:
+    """Whether `rows` decodes of up to `steps` tokens may keep every step's logits."""
+    return rows * steps * vocabulary * 4 <= LOGITS_MAX_BYTES
 
 
 def _device_and_compute(device: str, compute_type: str | None) -> tuple[str, str]:
