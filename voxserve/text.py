@@ -100,10 +100,7 @@ def split_clauses(sentence: str, min_chars: int) -> list[str]:
     pieces: list[str] = []
     pos = 0
     for match in _CLAUSE_END.finditer(sentence):
-        piece = sentence[pos : match.start()]
-        if "—" in match.group() or "–" in match.group() or "-" in match.group():
-            piece += ","  # a dash is a pause: let the voice hear it as one
-        pieces.append(piece.strip())
+        pieces.append(_clause(sentence[pos : match.start()], match))
         pos = match.end()
     pieces.append(sentence[pos:].strip())
     pieces = [p for p in pieces if p and p != ","]
@@ -120,6 +117,14 @@ def split_clauses(sentence: str, min_chars: int) -> list[str]:
     return merged
 
 
+def _clause(text: str, end: re.Match[str]) -> str:
+    """A clause's text before its `end` (a _CLAUSE_END match): a dash is a pause, so the
+    clause ends with a comma for the voice to hear it as one."""
+    if "—" in end.group() or "–" in end.group() or "-" in end.group():
+        text += ","
+    return text.strip()
+
+
 def split_first_clause(piece: str, min_first: int, min_rest: int) -> list[str]:
     """`piece` cut at its first clause end (`, ; :` or a dash) with at least `min_first`
     characters before it and `min_rest` after; `[piece]` where there is none."""
@@ -129,9 +134,7 @@ def split_first_clause(piece: str, min_first: int, min_rest: int) -> list[str]:
             continue
         if len(rest) < min_rest:
             break
-        if "—" in match.group() or "–" in match.group() or "-" in match.group():
-            head += ","  # a dash is a pause: as split_clauses
-        return [head, rest]
+        return [_clause(head, match), rest]
     return [piece]
 
 
