@@ -19,6 +19,8 @@ from voxserve.pipeline.scheduling.flow import FlowMonitor
 from voxserve.pipeline.scheduling.session_demand import SessionDemand
 from voxserve.pipeline.synthesis.ahead import AudioAhead
 
+FLOOR = FlowConfig().asr_busy_floor  # the default (0.5) the rule ships with
+
 
 def test_window_halves_under_pressure_and_grows_back_by_one() -> None:
     changes: list[int] = []
@@ -229,7 +231,7 @@ def test_a_streams_share_is_learned_from_the_streams_that_showed_and_bounds_a_bu
     starts) and as live streams that have not shown; once they show, what they really
     cost decides. An admission whose stream never starts is forgotten after 2 s."""
     now, busy = [0.0], [0.5]
-    demand = SessionDemand(lambda: busy[0], limit=0.88, clock=lambda: now[0])
+    demand = SessionDemand(lambda: busy[0], limit=0.88, floor=FLOOR, clock=lambda: now[0])
     assert not demand.refuses(0)  # nothing measured: nothing refused
     for _ in range(20):
         demand.tick(10)
@@ -252,7 +254,7 @@ def test_a_streams_share_is_learned_from_the_streams_that_showed_and_bounds_a_bu
 
 def test_a_quiet_engine_teaches_nothing_and_a_saturated_one_refuses() -> None:
     busy = [0.01]
-    demand = SessionDemand(lambda: busy[0], limit=0.9)
+    demand = SessionDemand(lambda: busy[0], limit=0.9, floor=FLOOR)
     demand.tick(30)
     assert demand.per_stream is None and not demand.refuses(0)  # idle streams: unknown
     busy[0] = 1.0
@@ -267,7 +269,7 @@ def test_few_streams_teach_nothing_and_a_lightly_used_engine_admits_a_burst() ->
     the share: twenty streams arriving at once are all admitted (the queue's pressure is
     what holds a burst there). Past the floor, the same share refuses."""
     busy = [0.3]
-    demand = SessionDemand(lambda: busy[0], limit=0.9)
+    demand = SessionDemand(lambda: busy[0], limit=0.9, floor=FLOOR)
     for _ in range(20):
         demand.tick(2)
     assert demand.per_stream is None  # two streams: nothing learned

@@ -39,7 +39,7 @@ class SessionDemand:
         busy: Callable[[], float],
         *,
         limit: float,
-        floor: float = 0.5,
+        floor: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`busy`: the engine's recent busy share (1.0: every slot all the time)."""
