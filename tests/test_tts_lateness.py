@@ -56,47 +56,6 @@ def test_a_burst_that_fits_is_admitted_and_the_first_that_would_miss_is_not() ->
     assert s.predict(ticket, slots=4).fits  # twice the slots: the same burst fits
 
 
-def test_first_audio_later_than_predicted_scales_the_next_predictions() -> None:
-    """The prediction learns its own error: admissions whose first audio came 1.5x later than
-    predicted (engine calls slowed by the work around them) make the next burst's predictions
-    1.5x longer, so fewer are admitted; short predictions teach nothing, and first audio that
-    comes early never admits more than the rates say."""
-    clock = Clock()
-    s = schedule(clock)
-    s.error_smoothing = 1.0  # the last ratio, to read the arithmetic plainly
-    tickets = []
-    for _ in range(8):
-        ticket = s.open("fake/fake", CLAUSE, bulk=False)
-        assert s.predict(ticket, slots=2).fits
-        tickets.append(ticket)
-    start = clock.now
-    for ticket in tickets:  # predicted 0.2, 0.3, ... 0.9 s from `start`; each comes 1.5x later
-        clock.now = start + 1.5 * ticket.predicted_s
-        s.call_done(ticket, 0.2, 1.0)
-        s.finished(ticket)
-    assert s.error == pytest.approx(1.5) and s.calibration == pytest.approx(1.5)
-    fits = []
-    for _ in range(8):
-        ticket = s.open("fake/fake", CLAUSE, bulk=False)
-        fits.append(s.predict(ticket, slots=2).fits)
-    # (0.1 * (n-1) + 0.2) * 1.5 <= 1.0 for n <= 5 (9 before: the first test)
-    assert fits == [True] * 5 + [False] * 3
-
-    early = schedule(clock)
-    early.error_smoothing = 1.0
-    quick = early.open("fake/fake", CLAUSE, bulk=False)
-    early.predict(quick, slots=2)  # 0.2 s: too short to judge
-    clock.now += 1.0  # five times later than predicted
-    early.call_done(quick, 0.2, 1.0)
-    assert early.error == 1.0
-    waited = [early.open("fake/fake", CLAUSE, bulk=False) for _ in range(6)]
-    for ticket in waited:
-        early.predict(ticket, slots=1)
-    clock.now = waited[-1].predicted_at + 0.5 * waited[-1].predicted_s  # twice as fast
-    early.call_done(waited[-1], 0.2, 1.0)
-    assert early.error == pytest.approx(0.5) and early.calibration == 1.0
-
-
 def test_a_reply_buffered_ahead_of_playback_yields_to_a_new_first_clause() -> None:
     clock = Clock()
     s = schedule(clock)

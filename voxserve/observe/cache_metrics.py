@@ -89,12 +89,6 @@ def _lateness(health: HealthState) -> Iterator[Metric]:
         inputs.last_wait_s,
     )
     yield GaugeMetricFamily(
-        "voxserve_tts_prediction_calibration",
-        "What TTS admission scales its predicted wait by: first audio measured over predicted "
-        "(EWMA, at least 1)",
-        inputs.calibration,
-    )
-    yield GaugeMetricFamily(
         "voxserve_tts_syntheses_in_progress",
         "Syntheses admitted and not finished (what admission predicts from)",
         inputs.active,

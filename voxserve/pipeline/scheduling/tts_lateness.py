@@ -24,11 +24,7 @@ the work-conserving TTS stage, live and one-shot work alike, so both count ahead
   request's deadline (a clause due when its predecessors' audio ends); a reply buffered
   far ahead of its playback needs none, so a new first clause overtakes its tail.
 Refused (or, for a live reply, answered with the fallback phrase) only when the predicted
-first audio is past the deadline; a burst that fits is queued and served. The prediction
-learns its own error: each admission that waited compares its first audio with what was
-predicted, and where they came later (engine calls slowed by the work around them, which the
-rates learn only after the admission), later predictions are scaled up by that ratio
-(`calibration`, metric `voxserve_tts_prediction_calibration`). Pure: the clock
+first audio is past the deadline; a burst that fits is queued and served. Pure: the clock
 is injected, so the rule is tested with a fake one (tests/test_tts_lateness.py).
 """
 
@@ -53,12 +49,6 @@ def first_clause_chars(text: str) -> int:
 
 
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
-# The prediction's own error (TtsSchedule.calibration): judged on admissions predicted at
-# least this far from their first audio (shorter ones are noise against an engine call),
-# smoothed over ~10 of them, and scaling a prediction by at most 2.
-CALIBRATE_FROM_S = 0.5
-ERROR_SMOOTHING = 0.1
-MAX_CALIBRATION = 2.0
 
 
 @dataclass
@@ -171,8 +161,6 @@ class Ticket:
     audio_s: float = 0.0  # audio made so far
     chars_done: float = 0.0  # characters made so far (estimated from the audio)
     closed: bool = field(default=False)
-    predicted_at: float = 0.0  # when its admission predicted its first audio
-    predicted_s: float = 0.0  # ... this far ahead, before calibration (0: not predicted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,21 +201,10 @@ class TtsSchedule:
         self.clock = clock
         self.tickets: set[Ticket] = set()
         self.last_wait_s = 0.0  # the latest prediction's wait (a gauge)
-        # Actual over predicted time to first audio, of admissions that waited (EWMA): the
-        # prediction's own error, which scales later predictions up (`calibration`).
-        self.error = 1.0
-        self.error_smoothing = ERROR_SMOOTHING
 
     @property
     def active(self) -> int:
         return len(self.tickets)
-
-    @property
-    def calibration(self) -> float:
-        """What a prediction is scaled by: its measured error where that says the first
-        audio came later than predicted (never below 1: measured admissions that came early
-        do not admit more than the rates say), at most MAX_CALIBRATION."""
-        return min(MAX_CALIBRATION, max(1.0, self.error))
 
     @property
     def ms_per_char(self) -> dict[str, float]:
@@ -276,7 +253,6 @@ class TtsSchedule:
             if not ticket.first_done:
                 ticket.first_done = True
                 ticket.playback_start = now
-                self._observe_error(ticket, now)
             ticket.audio_s += audio_s
             apc = self.rates.of(ticket.key).audio_s_per_char
             ticket.chars_done = min(ticket.chars, ticket.audio_s / apc if apc > 0 else 0.0)
@@ -299,20 +275,10 @@ class TtsSchedule:
                 continue
             ahead += self._work_before(other, ticket.arrived, deadline, now)
         rate = self.rates.of(ticket.key)
-        own = ticket.first_chars * rate.first_s_per_char
-        ticket.predicted_at, ticket.predicted_s = now, ahead / max(1, slots) + own
-        scale = self.calibration
-        wait = ahead / max(1, slots) * scale
+        wait = ahead / max(1, slots)
         self.last_wait_s = wait
-        return Prediction(wait, (now - ticket.arrived) + wait + own * scale, budget)
-
-    def _observe_error(self, ticket: Ticket, now: float) -> None:
-        """The ticket's first audio came at `now`: its admission's error feeds `calibration`
-        when the admission predicted a wait worth judging (CALIBRATE_FROM_S)."""
-        if ticket.predicted_s < CALIBRATE_FROM_S:
-            return
-        ratio = (now - ticket.predicted_at) / ticket.predicted_s
-        self.error += (ratio - self.error) * self.error_smoothing
+        own = ticket.first_chars * rate.first_s_per_char
+        return Prediction(wait, (now - ticket.arrived) + wait + own, budget)
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
         """Engine seconds of `other` that EDF serves before a first clause that arrived at
