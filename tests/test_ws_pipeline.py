@@ -441,6 +441,24 @@ async def test_idle_clients_and_endless_sessions_are_ended_with_their_codes() ->
         stop_server(live)
 
 
+def test_a_turn_that_is_answered_is_judged_window_by_window() -> None:
+    """pipeline.vad_turn_windows (1): while a turn is in progress in a session that answers
+    it, its end starts the reply, so the listener wakes per 32 ms window; silent, and in
+    asr mode throughout, per vad_batch_windows (2). The credit window keeps its unit."""
+    settings = load_settings(port=free_port(), log_level="warning")
+    runtime = fake_runtime(settings)
+    window = FakeVad.window_samples
+    for mode, speaking_batch in (("assistant", window), ("asr", 2 * window)):
+        session = Session(runtime.session_context(), StreamConfig(mode=mode), Outbox(8))
+        listener = session.listener
+        assert listener is not None and listener.batch_samples == 2 * window
+        listener.turns.feed([0.9] * 20)  # 640 ms of speech: a turn in progress
+        assert listener.turns.speaking and listener.batch_samples == speaking_batch, mode
+        assert listener.credit_samples == 2 * window
+        listener.turns.feed([0.0] * 60)  # its end
+        assert not listener.turns.speaking and listener.batch_samples == 2 * window
+
+
 async def test_larger_vad_batches_give_the_same_turns() -> None:
     """pipeline.vad_batch_windows = 4: the listener wakes per 128 ms of audio, and the
     turns, transcripts and counts are those of the default 64 ms batches."""

@@ -87,6 +87,11 @@ class PipelineConfig(Section):
     # VAD request per batch. 2 (64 ms) keeps turn detection quick; 4 (128 ms) cuts the
     # server's CPU per frame ~10% at +64 ms on VAD decisions (docs/benchmarks.md).
     vad_batch_windows: int = Field(default=2, ge=1, le=8)
+    # ... while a turn is in progress in a session that answers it (assistant mode, Realtime
+    # responses), where the turn's end starts the reply: 1 judges every window as it comes
+    # (the pause decode starts up to 32 ms sooner: assistant turn P50 379-406 ms against
+    # 412-437, three runs each, docs/benchmarks.md "Turn-taking"). Not above vad_batch_windows.
+    vad_turn_windows: int = Field(default=1, ge=1, le=8)
     vad_max_batch: int = 64
     # Calls of engines that allow it (`inline_safe`: silero, the load engines) run on the
     # event loop, not a worker thread, while they measure (smoothed) under this: a thread

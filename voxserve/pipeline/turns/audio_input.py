@@ -121,7 +121,7 @@ class AudioInput:
         queued = len(ring) + ahead // 2
         return (
             self.resampler.passthrough
-            and queued < self.credit.size * self.listener.batch_samples
+            and queued < self.credit.size * self.listener.credit_samples
             and (self.drop_oldest or ring.capacity - queued >= size // 2)
         )
 
@@ -207,7 +207,7 @@ class AudioInput:
     async def _within_credit(self) -> None:
         """Hold the receiver while more than the credit window of audio waits for VAD."""
         listener, credit = self.listener, self.credit
-        while len(self.ring) >= credit.size * listener.batch_samples and not self.closed:
+        while len(self.ring) >= credit.size * listener.credit_samples and not self.closed:
             listener.input_held += 1
             await listener.space_freed()
 

@@ -119,9 +119,20 @@ class Listener(ListenState):
         self._inbox: deque[list[Heard] | BaseException] = deque()  # judged, for the task
         self._group: asyncio.TaskGroup | None = None
         self.task_wakeups = 0  # times the task had work (not once per batch: tests check)
-        # pipeline.vad_batch_windows x 32 ms judged per wake-up: one VAD request per batch
-        self.batch_samples = settings.pipeline.vad_batch_windows * self.window
+        # pipeline.vad_batch_windows x 32 ms judged per wake-up: one VAD request per batch;
+        # pipeline.vad_turn_windows while a turn that is answered is in progress
+        windows = settings.pipeline.vad_batch_windows
+        self.credit_samples = windows * self.window  # the credit window's unit (audio_input)
+        self._turn_samples = min(settings.pipeline.vad_turn_windows, windows) * self.window
         self._controls = Controls()  # marks, commits, ...: in the client's order
+
+    @property
+    def batch_samples(self) -> int:
+        """The audio that wakes the listener: fewer windows while a turn is in progress that
+        a reply follows (its end is the reply's start), else pipeline.vad_batch_windows."""
+        if self.turns.speaking and (self.on_speculate is not None or self.on_commit is not None):
+            return self._turn_samples
+        return self.credit_samples
 
     def release(self) -> None:
         """Drop the stream's audio now that its pipeline is over. A finished session can sit
