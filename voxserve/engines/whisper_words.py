@@ -155,7 +155,7 @@ def stop_before_last_word(
 
     Why: Whisper ends a phrase cut at a pause with a word that is not there ("Can you book a
     table for it?" for "... table for [pause] four people"), which reads as a whole question.
-    tiny.en weighed stopping there at 0.31-0.46 at every cut from the VAD's end to 200 ms
+    tiny.en weighed stopping there at 0.28-0.46 at every cut from the VAD's end to 200 ms
     past it, and at 0.00-0.06 before the spoken last words of the fixtures (0.41 before a
     sentence-final "please": endpointing.py reads it only after a word that continues)."""
     eot = tokenizer.eot

@@ -57,7 +57,7 @@ _WAIT_MS: dict[Eagerness, dict[Ending, int]] = {
 # A last word written where the decoder weighed stopping at least this much may be a guess,
 # if the words before it leave the phrase open: Whisper completes "Can you book a table for
 # [pause]" as "... for it?", a whole question (tiny.en weighed stopping before "it" at
-# 0.31-0.46, before the fixtures' spoken last words at 0.00-0.06; whisper_words.py).
+# 0.28-0.46, before the fixtures' spoken last words at 0.00-0.06; whisper_words.py).
 GUESSED_LAST_WORD = 0.2
 EARLY_TURN_S = 1.0  # speech this soon after a turn ended: that turn ended too early
 _EARLY_STEP_MS = 120  # auto: added to COMPLETE and NEUTRAL per early end (at most 3)
