@@ -90,7 +90,9 @@ class PipelineConfig(Section):
     # ... while a turn is in progress in a session that answers it (assistant mode, Realtime
     # responses), where the turn's end starts the reply: 1 judges every window as it comes
     # (the pause decode starts up to 32 ms sooner: assistant turn P50 379-406 ms against
-    # 412-437, three runs each, docs/benchmarks.md "Turn-taking"). Not above vad_batch_windows.
+    # 412-437, three runs each, docs/benchmarks.md "Turn-taking"), for more VAD rounds while
+    # they speak (60 assistant streams on the load engines: server CPU 24% against 20-22%).
+    # 2 gives the old behaviour. Not above vad_batch_windows.
     vad_turn_windows: int = Field(default=1, ge=1, le=8)
     vad_max_batch: int = 64
     # Calls of engines that allow it (`inline_safe`: silero, the load engines) run on the
