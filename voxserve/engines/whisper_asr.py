@@ -457,7 +457,7 @@ class WhisperAsr:
         results = self._ct2.generate(
             encoded,
             [p.prompt for p in plans],
-            max_length=len(prompt) + max(caps),
+            max_length=steps,
             return_scores=True,
             return_no_speech_prob=True,
             # a final's stop_before_last_word: no measurable time here (the fixtures' decodes,

@@ -21,6 +21,7 @@ from faster_whisper.tokenizer import Tokenizer
 
 from voxserve.types import Word
 
+TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>, after every other token id
 SECONDS_PER_TOKEN = 0.02  # one encoder frame: 2 mel frames of 10 ms
 MEDIAN_FILTER_WIDTH = 7
 PREPENDED = "\"'“¿([{-"
@@ -136,9 +137,10 @@ def stop_tokens(tokenizer: Tokenizer) -> npt.NDArray[np.bool_]:
     """Per token id, whether writing it stops the words: punctuation or space only, the end
     of text, a timestamp or any other special token. Once per model (~50k decodes)."""
     inner = tokenizer.tokenizer
-    size = max(inner.get_vocab_size(), tokenizer.eot + 1)
+    # every id the model may write: the vocabulary, then 1501 timestamps (0.00 to 30.00 s)
+    size = max(inner.get_vocab_size(), tokenizer.timestamp_begin + TIMESTAMPS)
     texts = inner.decode_batch([[i] for i in range(tokenizer.eot)])
-    stops = np.ones(size + 1600, dtype=np.bool_)  # timestamps lie past the vocabulary size
+    stops = np.ones(size, dtype=np.bool_)
     stops[: tokenizer.eot] = [not any(ch.isalnum() for ch in text) for text in texts]
     return stops
 
