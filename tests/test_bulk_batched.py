@@ -3,7 +3,7 @@ long recording cut at its pauses by the VAD engine, the silence between them ski
 segments back on the recording's time line. The official `openai` SDK against the
 session's real server (silero + whisper tiny.en).
 
-What the engine is handed is read by wrapping the batcher's engine call (`run_many`): the
+What the engine is handed is read by wrapping the batcher's engine call (`run_bulk`): the
 real Whisper still runs every batch; the wrapper only records each batch's windows.
 """
 
@@ -42,19 +42,19 @@ async def client(live_server: LiveServer) -> AsyncIterator[openai.AsyncOpenAI]:
 
 @pytest.fixture
 def batches(live_server: LiveServer) -> Iterator[tuple[AsrBatcher, list[list[np.ndarray]]]]:
-    """The server's ASR batcher, and every batch's windows as the engine gets them."""
+    """The server's ASR batcher, and every bulk batch's windows as the engine gets them."""
     batcher = live_server.runtime.generation.asr_batcher()
     assert batcher is not None
     seen: list[list[np.ndarray]] = []
-    real: Callable[[list[Any]], list[Any]] = batcher.run_many
+    real: Callable[[list[Any]], list[Any]] = batcher.run_bulk
 
     def recording(items: list[Any]) -> list[Any]:
         seen.append([audio for audio, *_ in items])
         return real(items)
 
-    batcher.run_many = recording
+    batcher.run_bulk = recording
     yield batcher, seen
-    batcher.run_many = real
+    batcher.run_bulk = real
 
 
 def _wav(samples: np.ndarray) -> tuple[str, bytes]:

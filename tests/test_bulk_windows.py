@@ -102,14 +102,21 @@ class _BatchingAsr(FakeAsr):
     def __init__(self) -> None:
         super().__init__(delay_s=0.05)
         self.batches: list[list[int]] = []
+        self.hinted: list[bool] = []  # each batch's turn_hints
 
     def window_for(self, seconds: float) -> int:
         return 10 if seconds <= 7 else 20
 
     def transcribe_many(
-        self, audios: list[np.ndarray], *, language: str | None = None, partial: bool = False
+        self,
+        audios: list[np.ndarray],
+        *,
+        language: str | None = None,
+        partial: bool = False,
+        turn_hints: bool = True,
     ) -> list[AsrResult]:
         self.batches.append([a.size for a in audios])
+        self.hinted.append(turn_hints)
         return [self.transcribe(a, language=language, partial=partial) for a in audios]
 
 
@@ -141,5 +148,38 @@ async def test_bulk_batches_group_one_kind_within_their_bounds_and_never_live() 
         if sizes[0] != live_size:
             assert sum(sizes) <= 30 * SAMPLE_RATE
     assert batcher.bulk_batches == 2 + 1, asr.batches  # 12 s windows two by two, 3 s together
+    # Only live finals ask for turn-end hints (an upload's windows end no turn).
+    assert [hinted for sizes, hinted in zip(asr.batches, asr.hinted, strict=True)] == [
+        sizes[0] == live_size for sizes in asr.batches
+    ]
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted() -> None:
+    """A lone bulk request starts on the next loop turns (the 20 ms gather was a one-shot
+    Wyoming transcript's pure delay); while another request is admitted and has not
+    handed over its windows (`reserve`), the engine gathers, and the two share a batch."""
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    asr = _BatchingAsr()
+    stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
+    batcher = AsrBatcher(asr, stage, max_wait_ms=0, max_batch=4, bulk_batch_s=30.0)
+    now = time.monotonic()
+    clip = to_float32(tone(300, 3.0))
+    alone = asyncio.ensure_future(batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30))
+    for _ in range(3):  # the task's first step, then the flush: no timer in between
+        await asyncio.sleep(0)
+    assert batcher.bulk_batches == 1
+    assert (await alone).text == "tone300"
+
+    coming = batcher.reserve(1, 3.0, now + 2)  # admitted; its window not yet handed over
+    first = asyncio.ensure_future(batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert batcher.bulk_batches == 1  # gathering for the admitted one
+    second = batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30, reservation=coming)
+    results = await asyncio.gather(first, second)
+    assert [r.text for r in results] == ["tone300", "tone300"]
+    assert batcher.bulk_batches == 2 and asr.batches[-1] == [clip.size, clip.size]
     batcher.close()
     executor.shutdown()

@@ -177,6 +177,10 @@ def test_a_word_made_up_at_a_pause_does_not_end_the_turn(asr: WhisperAsr) -> Non
         assert result.stop_before_last_word is not None and result.stop_before_last_word < 0.2
         assert turn.wait_ms(result.text, 1.0, "en", result.stop_before_last_word) == complete
     assert asr.transcribe(audio, partial=True).stop_before_last_word is None  # finals only
+    # An upload's windows end no turn: asked for none, a final carries none, same words.
+    quiet = asr.transcribe_many([load_fixture("command.wav")], turn_hints=False)[0]
+    assert quiet.stop_before_last_word is None
+    assert quiet.text == asr.transcribe(load_fixture("command.wav")).text
 
 
 def test_the_last_word_doubt_keeps_its_logits_within_a_bound(asr: WhisperAsr) -> None:

@@ -72,7 +72,9 @@ class AsrEngine(Protocol):
 
         An engine may also have `transcribe_many(audios, *, language=None, partial=False,
         options=None) -> list[AsrResult]` (one batch, the same options for every row, each
-        result what `transcribe` gives alone) and `tasks` (see `asr_tasks`)."""
+        result what `transcribe` gives alone; with a `turn_hints` parameter, it is passed
+        False for an upload's windows, whose finals end no turn) and `tasks` (see
+        `asr_tasks`)."""
         ...
 
 

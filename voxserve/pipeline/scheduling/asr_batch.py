@@ -21,6 +21,7 @@ recording's windows share engine batches while live finals keep their slot.
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
@@ -48,10 +49,25 @@ def float_audio(audio: Float32Array | Int16Array) -> Float32Array:
     return cast(Float32Array, audio)
 
 
-def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
+def takes_turn_hints(asr: AsrEngine) -> bool:
+    """Whether the engine's `transcribe_many` can be told a batch needs no turn-end hints
+    (`turn_hints`: Whisper's `stop_before_last_word`)."""
+    many = getattr(asr, "transcribe_many", None)
+    if not callable(many):
+        return False
+    try:
+        return "turn_hints" in inspect.signature(many).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def transcribe_many(
+    asr: AsrEngine, items: list[AsrRequest], *, turn_hints: bool | None = None
+) -> list[AsrResult]:
     """Blocking: one engine batch per (language, options), results back in request order.
     `options` reach the engine only when given: an engine written before them still
-    serves requests that ask nothing of it."""
+    serves requests that ask nothing of it; `turn_hints` (False: an upload's windows end
+    no turn) likewise, and only to an engine that `takes_turn_hints`."""
     many = getattr(asr, "transcribe_many", None)
     results: list[AsrResult | None] = [None] * len(items)
     groups: dict[tuple[str | None, AsrOptions | None], list[int]] = defaultdict(list)
@@ -61,6 +77,8 @@ def transcribe_many(asr: AsrEngine, items: list[AsrRequest]) -> list[AsrResult]:
         audios = [float_audio(items[i][0]) for i in indexes]
         extra: dict[str, Any] = {"options": options} if options is not None else {}
         if callable(many):
+            if turn_hints is not None:
+                extra["turn_hints"] = turn_hints
             batch = list(many(audios, language=language, partial=False, **extra))
         else:
             batch = [asr.transcribe(audio, language=language, **extra) for audio in audios]
@@ -84,11 +102,17 @@ class AsrBatcher(Batcher[AsrRequest, AsrResult]):
         def run_many(items: list[AsrRequest]) -> list[AsrResult]:
             return transcribe_many(asr, items)
 
+        bulk_hints = False if takes_turn_hints(asr) else None
+
+        def run_bulk(items: list[AsrRequest]) -> list[AsrResult]:
+            return transcribe_many(asr, items, turn_hints=bulk_hints)
+
         parallel = getattr(asr, "parallel_calls", None)
         super().__init__(
             "asr",
             stage,
             run_many,
+            run_bulk=run_bulk,
             max_wait_ms=max_wait_ms,
             max_batch=max_batch,
             max_inflight=parallel if isinstance(parallel, int) else None,
