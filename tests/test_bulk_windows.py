@@ -24,6 +24,7 @@ from voxserve.pipeline.recognition.speech_windows import (
     speech_regions,
 )
 from voxserve.pipeline.scheduling.asr_batch import AsrBatcher
+from voxserve.pipeline.scheduling.batcher import BULK_GATHER_MAX_S, BULK_GATHER_S
 from voxserve.pipeline.scheduling.executor import AdaptiveExecutor
 from voxserve.pipeline.scheduling.stage import EngineStage
 from voxserve.types import SAMPLE_RATE, AsrResult
@@ -181,5 +182,33 @@ async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted(
     results = await asyncio.gather(first, second)
     assert [r.text for r in results] == ["tone300", "tone300"]
     assert batcher.bulk_batches == 2 and asr.batches[-1] == [clip.size, clip.size]
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_a_one_shot_recording_on_its_way_is_waited_for_within_a_bound() -> None:
+    """A recording still being sent (`expect_bulk`: a burst of one-shot Wyoming requests)
+    holds an idle engine back, step by step, until it is handed over, so the two share a
+    batch; a request that never comes holds it at most BULK_GATHER_MAX_S."""
+    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
+    asr = _BatchingAsr()
+    stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
+    batcher = AsrBatcher(asr, stage, max_wait_ms=0, max_batch=4, bulk_batch_s=30.0)
+    now = time.monotonic()
+    clip = to_float32(tone(300, 3.0))
+    batcher.expect_bulk(1)
+    first = asyncio.ensure_future(batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30))
+    await asyncio.sleep(2.5 * BULK_GATHER_S)  # past the first gathering step
+    assert batcher.bulk_batches == 0 and batcher.bulk_on_the_way == 1
+    batcher.expect_bulk(-1)  # here now
+    second = batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30)
+    await asyncio.gather(first, second)
+    assert batcher.bulk_batches == 1 and asr.batches[-1] == [clip.size, clip.size]
+
+    batcher.expect_bulk(1)  # announced, never sent
+    alone = asyncio.ensure_future(batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30))
+    await asyncio.sleep(BULK_GATHER_MAX_S + 0.05)  # a timer due after every gathering step
+    assert batcher.bulk_batches == 2
+    await alone
     batcher.close()
     executor.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -173,7 +174,8 @@ async def test_a_recording_sent_at_once_is_recognised_whole(live_server: LiveSer
     """A one-shot request (a recording of two segments in one chunk, then audio-stop) is
     recognised whole at audio-stop, as an upload is: one bulk ASR call, no partial, no
     chunk. Its session would judge the whole recording with the VAD and decode each segment
-    first, with the client waiting (P50 115 ms from audio-stop, ~80 ms of it the decode).
+    first, with the client waiting (one-shot P50 128 ms from audio-stop here, the decode
+    alone 123-127 ms: docs/benchmarks.md).
     A live final begun before audio-stop (the VAD may have ended the first segment by
     then) is given up, so at most one live call; without this route there were three (two
     finals and the whole recognition that joins them)."""
@@ -198,3 +200,48 @@ async def test_a_recording_sent_at_once_is_recognised_whole(live_server: LiveSer
     assert seats_of(live_server.runtime).sessions == 0
     assert await asyncio.to_thread(asr_calls, live_server, "bulk") - bulk == 1
     assert await asyncio.to_thread(asr_calls, live_server, "live") - live <= 1
+
+
+async def test_a_burst_of_one_shot_recordings_shares_whispers_first_batch(
+    live_server: LiveServer,
+) -> None:
+    """Four one-shot requests whose audio is all in, then four `audio-stop`s at once: the
+    first to be recognised waits for the three still on their way (Batcher.expect_bulk),
+    so Whisper's first bulk batch holds all four. A lone request waits for nobody (its
+    20 ms gathering wait was a one-shot transcript's pure delay): tests/test_bulk_windows.py."""
+    batcher = live_server.runtime.generation.asr_batcher()
+    assert batcher is not None
+    seen: list[int] = []
+    real = batcher.run_bulk
+
+    def recording(items: list[Any]) -> list[Any]:
+        seen.append(len(items))
+        return real(items)
+
+    names = ["command.wav", "lights.wav", "weather.wav", "reminder.wav"]
+    clients = [client(live_server) for _ in names]
+    batcher.run_bulk = recording
+    try:
+        for wyoming, name in zip(clients, names, strict=True):
+            await wyoming.connect()
+            await wyoming.write_event(Transcribe(language="en").event())
+            await wyoming.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+            pcm = fixture_audio(name).astype("<i2").tobytes()
+            chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=pcm)
+            await wyoming.write_event(chunk.event())
+        for _ in range(250):  # every recording in at the server, none stopped yet
+            if batcher.bulk_on_the_way == len(names):
+                break
+            await asyncio.sleep(0.02)
+        assert batcher.bulk_on_the_way == len(names)
+        await asyncio.gather(*(w.write_event(AudioStop().event()) for w in clients))
+        finals = [await read_until(w, "transcript") for w in clients]
+    finally:
+        batcher.run_bulk = real
+        for wyoming in clients:
+            await wyoming.disconnect()
+    for name, events in zip(names, finals, strict=True):
+        text = Transcript.from_event(events[-1][1]).text
+        assert wer(fixture_texts()[name], text) <= 0.25, (name, text)
+    assert seen[0] == len(names), seen
+    assert batcher.bulk_on_the_way == 0

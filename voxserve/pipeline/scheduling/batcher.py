@@ -45,8 +45,10 @@ from voxserve.pipeline.scheduling.batch_cost import BatchCost, Job, edf_finish, 
 from voxserve.pipeline.scheduling.stage import PRIORITY_BULK, BulkOutlook, EngineStage
 
 RETRY_ALONE = (ErrorCode.ENGINE_ERROR, ErrorCode.STAGE_TIMEOUT)
-# An idle engine gathers bulk work this long when more is known to be coming (`_bulk_wait`).
+# An idle engine gathers bulk work in steps of this long while more is known to be coming
+# (`_bulk_wait`), at most BULK_GATHER_MAX_S in all.
 BULK_GATHER_S = 0.02
+BULK_GATHER_MAX_S = 0.1
 BUSY_TAU_S = 2.0  # the engine's busy share is smoothed over about this long
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -124,6 +126,7 @@ class Batcher(Generic[Req, Res]):
         self._bulk_running: set[asyncio.Task[None]] = set()
         self._bulk_sizes: dict[asyncio.Task[None], int] = {}  # requests per running batch
         self._reserved: set[BulkReservation] = set()  # admitted, not yet submitted
+        self._on_the_way = 0  # bulk requests still arriving (`expect_bulk`)
         self.bulk_cost_fit = BatchCost()  # a bulk batch's wall time by its size
         self._bulk_timer: asyncio.Handle | None = None
         self.batches = 0
@@ -157,6 +160,12 @@ class Batcher(Generic[Req, Res]):
         self._reserved.add(reservation)
         return reservation
 
+    def expect_bulk(self, count: int) -> None:
+        """`count` more (negative: fewer) bulk requests on their way: a one-shot recording
+        still being sent, not yet admitted. An idle engine gathers for them (`_bulk_wait`),
+        so the first of a burst does not go to Whisper alone."""
+        self._on_the_way = max(0, self._on_the_way + count)
+
     def release(self, reservation: BulkReservation) -> None:
         self._reserved.discard(reservation)
 
@@ -180,18 +189,35 @@ class Batcher(Generic[Req, Res]):
         self._bulk_pending.append(_Item(request, deadline, future, cost=cost, expires=expires))
         if self._bulk_timer is None and len(self._bulk_running) < self._bulk_inflight():
             if self._bulk_wait(reservation):
-                self._bulk_timer = loop.call_later(BULK_GATHER_S, self._flush_bulk)
+                self._bulk_timer = loop.call_later(
+                    BULK_GATHER_S, self._gathered_bulk, loop.time() + BULK_GATHER_MAX_S
+                )
             else:  # after this loop turn: windows submitted together still share a batch
                 self._bulk_timer = loop.call_soon(self._flush_bulk)
         return await future
 
+    def _gathered_bulk(self, until: float) -> None:
+        """A gathering step is over: go on while more is still coming, until `until`."""
+        loop = asyncio.get_running_loop()
+        if self._bulk_wait(None) and loop.time() + BULK_GATHER_S <= until:
+            self._bulk_timer = loop.call_later(BULK_GATHER_S, self._gathered_bulk, until)
+            return
+        self._flush_bulk()
+
     def _bulk_wait(self, own: BulkReservation | None) -> bool:
         """Whether an idle engine should gather bulk work for BULK_GATHER_S: only while
-        another request has been admitted and not yet handed over its windows (a burst of
-        uploads admitted together). Else nothing is known to be coming, and the wait was
-        pure delay: a one-shot Wyoming transcript waited 20 ms of its ~130 ms for company
-        that never came."""
+        more is known to be coming, another request admitted and not yet handed over its
+        windows, or one still arriving (`expect_bulk`: a burst of one-shot recordings).
+        Else the wait was pure delay: a lone one-shot Wyoming transcript waited 20 ms of
+        its ~130 ms for company that never came."""
+        if self._on_the_way:
+            return True
         return any(r.items for r in self._reserved if r is not own)
+
+    @property
+    def bulk_on_the_way(self) -> int:
+        """Bulk requests said to be on their way (`expect_bulk`), not yet here."""
+        return self._on_the_way
 
     def bulk_outlook(
         self, deadline: float, own_items: int = 1, own_cost: float = 0.0

@@ -117,6 +117,7 @@ class StreamedTranscription:
     def __init__(self, runtime: Runtime, rate: int, language: str | None, write: Write) -> None:
         """Admitted and opened at once (refusals raise, fatal: the request is refused)."""
         admit(runtime)  # the global rule first: `overloaded` says more than the share
+        batcher = runtime.generation.asr_batcher()
         self._seat = seats_of(runtime).take_session()
         config = StreamConfig(mode="asr", sample_rate=rate, language=language, partials=True)
         try:
@@ -140,6 +141,8 @@ class StreamedTranscription:
         self._first_at: float | None = None  # monotonic, when the first audio came
         self._max_speed = runtime.settings.asr.partial_max_speed  # 0: always streamed
         self._whole = False  # recognised whole at audio-stop (`finish`)
+        self._batcher = batcher
+        self._on_its_way = False  # counted in the batcher's bulk on its way (`_arriving`)
         self.driver.start()
         self.driver.announce()
         self.task = asyncio.get_running_loop().create_task(
@@ -163,6 +166,7 @@ class StreamedTranscription:
         if self._first_at is None:
             self._first_at = time.monotonic()
         self._samples += samples.size
+        self._arriving(self._sent_at_once())
         pcm = memoryview(np.ascontiguousarray(samples, dtype="<i2").tobytes())
         frames: Frames = []
         for start in range(0, len(pcm), self._frame):
@@ -180,9 +184,11 @@ class StreamedTranscription:
             try:
                 await self._recognise_whole()
             finally:  # its place is given back however it ends (cancelled, failed)
+                self._arriving(False)
                 self._seat.release()
                 await asyncio.wait([self.task])
             return
+        self._arriving(False)
         self._input.put(EndMessage("audio.end"))
         await asyncio.wait([self.task])
 
@@ -194,10 +200,21 @@ class StreamedTranscription:
         audio_s = self._samples / self._rate
         return (time.monotonic() - self._first_at) * self._max_speed < audio_s
 
+    def _arriving(self, at_once: bool) -> None:
+        """Tell the batcher whether this request is a one-shot recording still arriving
+        (Batcher.expect_bulk): in a burst, the first at `audio-stop` waits for the rest
+        instead of going to Whisper alone."""
+        if at_once != self._on_its_way and self._batcher is not None:
+            self._batcher.expect_bulk(1 if at_once else -1)
+            self._on_its_way = at_once
+
     async def _recognise_whole(self) -> None:
         """The request's audio recognised in one go (an upload's way), then its end. Its
         errors (`overloaded`, say) are the handler's to write, as a whole request's are."""
         audio = await at_16k(self._runtime.pools.decode, self._audio, self._rate)
+        # Here, and admitted (or refused) before transcribe's first await: a burst's first
+        # request never sees this one as neither on its way nor reserved.
+        self._arriving(False)
         result = await transcribe(self._runtime, audio, SAMPLE_RATE, language=self._language)
         await asyncio.wait([self.task])  # closed, and its places free, before the end
         self._seat.release()
@@ -285,9 +302,11 @@ class StreamedTranscription:
 
     def _close(self) -> None:
         """The session closed and its place in Wyoming's share given back (both once; a
-        recording recognised whole keeps its place until its transcript is out)."""
+        recording recognised whole keeps its place, and its word that it is on its way,
+        until its transcript is out)."""
         self.driver.close()
         if not self._whole:
+            self._arriving(False)
             self._seat.release()
 
     async def _start(self) -> None:
