@@ -69,29 +69,6 @@ def test_flush_closes_open_speech() -> None:
     assert turns.flush() == [SpeechEnd(0, 5 * W, forced=True)]
 
 
-def test_a_semantic_wait_is_counted_from_where_the_sound_stopped() -> None:
-    """settle(silence_from, wait, stopped): the wait runs from where the sound stopped, the
-    VAD's end coming later (word_tail.sound_stop): a 200 ms wait whose sound stopped 64 ms
-    before the VAD's end ends the turn once the VAD has heard 136 ms of silence (the 5th
-    window); without `stopped`, 200 ms (the 7th)."""
-    for stopped_back, windows_to_end in ((2 * W, 5), (None, 7)):
-        turns = detector(min_speech_ms=64)
-        turns.speculate = W  # the listener's (vad.speculate_ms 32)
-        turns.semantic(2000)
-        turns.feed([0.9] * 10)
-        events = turns.feed([0.1])  # the pause: decode from here
-        assert [type(e).__name__ for e in events] == ["SpeechPause"]
-        silence_from = events[0].end
-        stopped = None if stopped_back is None else silence_from - stopped_back
-        assert turns.settle(silence_from, 200, stopped) is None  # 32 ms in: not yet
-        for _ in range(10):
-            ended = [e for e in turns.feed([0.1]) if isinstance(e, SpeechEnd)]
-            if ended:
-                break
-        assert ended == [SpeechEnd(0, silence_from)]
-        assert turns.position - silence_from == windows_to_end * W, stopped_back
-
-
 def test_sentences_split_as_text_streams() -> None:
     assert split_sentences("Hello there. How are") == (["Hello there."], "How are")
     assert split_sentences("Dr. Smith is in. Yes!") == (["Dr. Smith is in."], "Yes!")

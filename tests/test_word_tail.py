@@ -1,18 +1,12 @@
 """tail_sound_end: the sound after the VAD's end of speech (a stop's release) is found at
-any level and over noise; silence, and a voice's own fading, are not sound. sound_stop:
-where the voice stopped before the VAD's end, within its lookback."""
+any level and over noise; silence, and a voice's own fading, are not sound."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from voxserve.pipeline.turns.word_tail import (
-    MARGIN_S,
-    STOP_LOOKBACK_S,
-    sound_stop,
-    tail_sound_end,
-)
+from voxserve.pipeline.turns.word_tail import MARGIN_S, tail_sound_end
 
 SR = 16_000
 
@@ -69,27 +63,3 @@ def test_the_noise_floor_is_numpys_tenth_percentile() -> None:
     for size in (1, 2, 3, 10, 11, 399, 400, 401):
         values = rng.random(size).astype(np.float32)
         assert _tenth(values) == pytest.approx(float(np.percentile(values, 10)), abs=1e-7)
-
-
-def test_the_sound_stops_where_the_voice_does_at_any_gain_and_over_noise() -> None:
-    """The VAD's end 100 ms after the vowel: the stop is the vowel's end (10 ms frames),
-    at any level; over a noise floor too; never before the lookback, never after the end."""
-    for gain in (0.01, 0.3, 1.0):
-        audio = pcm(np.zeros(800), vowel(0.8, gain), np.zeros(1600))
-        stop = sound_stop(audio, 800 + int(0.9 * SR), SR)
-        assert 800 + int(0.8 * SR) <= stop <= 800 + int(0.8 * SR) + 160, (gain, stop)
-    floor = noise(1.0, 0.002, seed=5)
-    noisy = pcm(floor + np.concatenate([np.zeros(800), vowel(0.8, 0.3), np.zeros(2400)]))
-    stop = sound_stop(noisy, 800 + int(0.9 * SR), SR)
-    assert 800 + int(0.8 * SR) <= stop <= 800 + int(0.8 * SR) + 160, stop
-    speaking = pcm(np.zeros(800), vowel(1.0, 0.3))  # sound up to the VAD's end: stopped there
-    assert sound_stop(speaking, 800 + int(0.9 * SR), SR) == 800 + int(0.9 * SR)
-    late = pcm(np.zeros(800), vowel(0.5, 0.3), np.zeros(SR))  # the VAD ended 0.3 s after it:
-    end = 800 + int(0.8 * SR)  # no voice within the lookback, so no correction
-    assert sound_stop(late, end, SR) == end
-    vad_late = pcm(np.zeros(800), vowel(0.5, 0.3), np.zeros(SR))  # the voice in the lookback
-    end = 800 + int((0.5 + STOP_LOOKBACK_S - 0.02) * SR)
-    assert sound_stop(vad_late, end, SR) == 800 + int(0.5 * SR)
-    steady = pcm(noise(1.0, 0.3, seed=6))  # nothing rises over a steady level: no correction
-    assert sound_stop(steady, int(0.9 * SR), SR) == int(0.9 * SR)
-    assert sound_stop(np.zeros(0, np.int16), 0, SR) == 0

@@ -127,17 +127,13 @@ class TurnDetector:
         """Semantic end of turn on (the wait before the text is judged) or off (None)."""
         self.semantic_hangover = None if longest_ms is None else _samples(longest_ms)
 
-    def settle(
-        self, silence_from: int, wait_ms: int, stopped: int | None = None
-    ) -> SpeechEnd | None:
+    def settle(self, silence_from: int, wait_ms: int) -> SpeechEnd | None:
         """The transcript at the pause from `silence_from` was judged: this pause ends the
-        turn after `wait_ms` of silence, counted from where the sound `stopped` (at most
-        `silence_from`, the VAD's end; None: from there); the SpeechEnd now if it has
-        lasted that long. Nothing if speech resumed since (another silence, or none)."""
+        turn after `wait_ms` of silence; the SpeechEnd now if it has lasted that long.
+        Nothing if speech resumed since (another silence, or none)."""
         if self._start is None or self._silence_from != silence_from:
             return None
-        lag = 0 if stopped is None else max(0, silence_from - stopped)
-        self._turn_hangover = max(0, _samples(wait_ms) - lag)
+        self._turn_hangover = _samples(wait_ms)
         if self.position - silence_from < self._turn_hangover:
             return None
         event = SpeechEnd(self._start, silence_from)

@@ -43,8 +43,7 @@ class Ending(Enum):
     CONTINUES = "continues"  # a trailing conjunction, filler, number, list, ...
 
 
-# Silence (ms after the sound stopped: word_tail.sound_stop, 40-70 ms before the VAD's end
-# of speech on the fixtures) that ends a turn, per ending and eagerness. The
+# Silence (ms after speech stopped) that ends a turn, per ending and eagerness. The
 # tentative end (vad.speculate_ms) comes first: the decode that judges the ending starts
 # there, so COMPLETE's wait is mostly spent decoding anyway.
 _WAIT_MS: dict[Eagerness, dict[Ending, int]] = {

@@ -28,7 +28,6 @@ from voxserve.events import TurnDetection
 from voxserve.pipeline.turns.detection import SpeechEnd, SpeechPause
 from voxserve.pipeline.turns.endpointing import EARLY_TURN_S, EndOfTurn, trailing_energy
 from voxserve.pipeline.turns.listen_state import ListenState
-from voxserve.pipeline.turns.word_tail import sound_stop
 from voxserve.types import SAMPLE_RATE, AsrResult
 
 Later = Callable[[Callable[[], Awaitable[None]]], None]  # run this in its place in the audio
@@ -40,8 +39,7 @@ class PauseDecode:
     """The decode (and maybe reply) started at a tentative end of `segment`."""
 
     segment: int
-    end: int  # where the silence began (the VAD's end of speech)
-    stopped: int  # where the sound stopped, at most `end` (word_tail.sound_stop)
+    end: int  # where the silence began
     energy: float
     task: asyncio.Task[AsrResult | VoxError]
     spoken: bool = False  # on_speculate was called with its text
@@ -99,13 +97,11 @@ class Speculation:
             return
         begin = max(event.start - stream.pad, stream.kept_from)
         audio = stream.audio.slice(begin, event.end + stream.pause_tail)
-        energy = 1.0  # only semantic_vad reads these two
-        stopped = event.end
+        energy = 1.0  # only semantic_vad reads it
         if self.end_of_turn is not None:
             energy = trailing_energy(audio[: max(event.end - begin, 0)], SAMPLE_RATE)
-            stopped = begin + sound_stop(audio, event.end - begin, SAMPLE_RATE)
         task = group.create_task(self._decode(stream, audio), name="voxserve-asr-speculative")
-        spec = self.spec = PauseDecode(stream.segment, event.end, stopped, energy, task)
+        spec = self.spec = PauseDecode(stream.segment, event.end, energy, task)
 
         def back(done: asyncio.Task[AsrResult | VoxError]) -> None:
             if not done.cancelled() and not stream.closed:
@@ -132,7 +128,7 @@ class Speculation:
             wait = self.end_of_turn.wait_ms(
                 text, spec.energy, language, result.stop_before_last_word
             )
-            end = stream.turns.settle(spec.end, wait, spec.stopped)
+            end = stream.turns.settle(spec.end, wait)
             if end is not None:
                 await on_turn(end)
                 return

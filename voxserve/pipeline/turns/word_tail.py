@@ -23,7 +23,6 @@ FRAME_S = 0.01  # energy measured over 10 ms frames: a release burst lasts 10-40
 OVER_FLOOR_DB = 12.0  # sound: this far over the recording's quietest tenth (its noise) ...
 UNDER_PEAK_DB = 50.0  # ... and no further than this under its loudest frame (digital silence)
 MARGIN_S = 0.03  # kept after the last sound frame: the burst's own decay
-STOP_LOOKBACK_S = 0.16  # sound_stop looks this far back from the VAD's end (5 windows)
 
 
 def tail_sound_end(audio: Int16Array, speech_end: int, sample_rate: int) -> int | None:
@@ -45,31 +44,6 @@ def tail_sound_end(audio: Int16Array, speech_end: int, sample_rate: int) -> int 
         return None
     last = first + int(loud[-1]) + 1
     return min(audio.size, last * step + round(sample_rate * MARGIN_S))
-
-
-def sound_stop(audio: Int16Array, speech_end: int, sample_rate: int) -> int:
-    """Where the sound stopped before the VAD's end of speech (a sample index in `audio`,
-    at most STOP_LOOKBACK_S before `speech_end`): the end of the last frame of sound, by
-    the same level as `tail_sound_end`. The VAD judges 32 ms windows and its probability
-    falls a window or two after the voice does, so its end comes 64-128 ms after the last
-    frame at -40 dBFS on the fixtures; a silence counted from here is the silence heard.
-    Where no frame in the lookback is over the level (a level no voice rises above), the
-    VAD's end stands."""
-    step = max(1, round(sample_rate * FRAME_S))
-    end = min(max(speech_end, 0), audio.size)
-    usable = end - end % step
-    earliest = max(0, end - round(sample_rate * STOP_LOOKBACK_S))
-    if usable <= step:
-        return end
-    frames = audio[:usable].reshape(-1, step).astype(np.float32)
-    rms = np.sqrt(np.einsum("ij,ij->i", frames, frames) / step)
-    floor = _tenth(rms)
-    level = max(floor * 10 ** (OVER_FLOOR_DB / 20), float(rms.max()) * 10 ** (-UNDER_PEAK_DB / 20))
-    first = earliest // step
-    loud = np.flatnonzero(rms[first:] > max(level, 1.0))
-    if loud.size == 0:  # no voice to find over this level (a steady noise): no correction
-        return end
-    return max(earliest, min(end, (first + int(loud[-1]) + 1) * step))
 
 
 def _tenth(values: np.ndarray) -> float:
