@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,14 +159,25 @@ async def test_bulk_batches_group_one_kind_within_their_bounds_and_never_live() 
     executor.shutdown()
 
 
-async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted() -> None:
-    """A lone bulk request starts on the next loop turns (the 20 ms gather was a one-shot
-    Wyoming transcript's pure delay); while another request is admitted and has not
-    handed over its windows (`reserve`), the engine gathers, and the two share a batch."""
+@pytest.fixture
+def idle_bulk() -> Iterator[tuple[AsrBatcher, _BatchingAsr]]:
+    """An idle batcher on a fake engine that records its batches."""
     executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
     asr = _BatchingAsr()
     stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
     batcher = AsrBatcher(asr, stage, max_wait_ms=0, max_batch=4, bulk_batch_s=30.0)
+    yield batcher, asr
+    batcher.close()
+    executor.shutdown()
+
+
+async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted(
+    idle_bulk: tuple[AsrBatcher, _BatchingAsr],
+) -> None:
+    """A lone bulk request starts on the next loop turns (the 20 ms gather was a one-shot
+    Wyoming transcript's pure delay); while another request is admitted and has not
+    handed over its windows (`reserve`), the engine gathers, and the two share a batch."""
+    batcher, asr = idle_bulk
     now = time.monotonic()
     clip = to_float32(tone(300, 3.0))
     alone = asyncio.ensure_future(batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30))
@@ -182,18 +195,15 @@ async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted(
     results = await asyncio.gather(first, second)
     assert [r.text for r in results] == ["tone300", "tone300"]
     assert batcher.bulk_batches == 2 and asr.batches[-1] == [clip.size, clip.size]
-    batcher.close()
-    executor.shutdown()
 
 
-async def test_a_one_shot_recording_on_its_way_is_waited_for_within_a_bound() -> None:
+async def test_a_one_shot_recording_on_its_way_is_waited_for_within_a_bound(
+    idle_bulk: tuple[AsrBatcher, _BatchingAsr],
+) -> None:
     """A recording still being sent (`expect_bulk`: a burst of one-shot Wyoming requests)
     holds an idle engine back, step by step, until it is handed over, so the two share a
     batch; a request that never comes holds it at most BULK_GATHER_MAX_S."""
-    executor = AdaptiveExecutor(min_workers=1, max_workers=2, idle_release_s=30)
-    asr = _BatchingAsr()
-    stage = EngineStage("asr", concurrency=2, timeout_s=5.0, executor=executor)
-    batcher = AsrBatcher(asr, stage, max_wait_ms=0, max_batch=4, bulk_batch_s=30.0)
+    batcher, asr = idle_bulk
     now = time.monotonic()
     clip = to_float32(tone(300, 3.0))
     batcher.expect_bulk(1)
@@ -210,5 +220,3 @@ async def test_a_one_shot_recording_on_its_way_is_waited_for_within_a_bound() ->
     await asyncio.sleep(BULK_GATHER_MAX_S + 0.05)  # a timer due after every gathering step
     assert batcher.bulk_batches == 2
     await alone
-    batcher.close()
-    executor.shutdown()
