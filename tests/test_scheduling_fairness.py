@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from tests.fakes import FakeTts, fake_runtime
@@ -184,3 +186,48 @@ async def test_a_chunk_far_ahead_of_playback_waits_outside_a_busy_stage(edf: boo
         gate.set()
     await blocker
     executor.shutdown()
+
+
+class _NamedWordsTts(FakeTts):
+    """FakeTts that notes each word as it is synthesised (one engine call each)."""
+
+    def __init__(self, **kw: float) -> None:
+        super().__init__(**kw)
+        self.order: list[str] = []
+
+    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+        chunks = super().synthesize(text, voice=voice, speed=speed)
+        for word, chunk in zip(text.split(), chunks, strict=False):
+            self.order.append(word)
+            yield chunk
+
+
+async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wait() -> None:
+    """A's first chunk waits 1 s for the slot; its second is then due when the first's
+    second of audio has played (less that chunk's synthesis), not at once, so B, which
+    asked for its first chunk while A waited and is due sooner than that, goes first.
+    (Less the first chunk's whole wait, the tails of requests admitted earlier overtook the
+    first chunks the TTS admission rule had counted on: admitted one-shot speech came
+    1-1.7 s past its budget at 2x capacity, docs/benchmarks.md.)"""
+    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=1.0)
+    runtime = fake_runtime(_tts_settings(True), tts=tts)
+    stage = runtime.stages.stage("tts")
+    gate = threading.Event()
+    blocker = await _occupy(stage, gate)
+
+    async def speak(text: str) -> None:
+        async for _ in synthesize(runtime, text, voice="fake"):
+            pass
+
+    a = asyncio.ensure_future(speak("a1 a2"))  # its first chunk due in 0.2 s, queued
+    await asyncio.sleep(0.05)
+    # Runs right after A's first chunk (due after it), holding the slot while A's second
+    # and B's first are asked for.
+    holder = asyncio.ensure_future(stage.run(time.sleep, 0.3, deadline=time.monotonic() + 0.25))
+    await asyncio.sleep(0.85)
+    b = asyncio.ensure_future(speak("b1"))  # due 0.2 s from now, 0.1 s after the gate opens
+    await asyncio.sleep(0.1)
+    gate.set()
+    await asyncio.gather(blocker, holder, a, b)
+    assert tts.order.index("b1") < tts.order.index("a2"), tts.order
+    runtime.executor.shutdown()
