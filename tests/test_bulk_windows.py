@@ -196,6 +196,27 @@ async def test_an_idle_engine_waits_for_bulk_company_only_when_some_is_admitted(
     assert [r.text for r in results] == ["tone300", "tone300"]
     assert batcher.bulk_batches == 2 and asr.batches[-1] == [clip.size, clip.size]
 
+    # An upload's own later windows (a VAD pass away) hold nothing back: not when its head
+    # is handed over, nor once a gathering begun for another has nothing else to wait for.
+    upload = batcher.reserve(3, 9.0, now + 2)
+    head = asyncio.ensure_future(
+        batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30, reservation=upload)
+    )
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert batcher.bulk_batches == 3
+    await head
+    batcher.expect_bulk(1)  # a recording on its way: the next window gathers for it
+    second = asyncio.ensure_future(
+        batcher.bulk(clip, "en", deadline=now + 2, expires=now + 30, reservation=upload)
+    )
+    await asyncio.sleep(0.5 * BULK_GATHER_S)
+    batcher.expect_bulk(-1)  # it went away; only the upload's own third window is to come
+    await asyncio.sleep(2 * BULK_GATHER_S)  # past the next step, short of BULK_GATHER_MAX_S
+    assert batcher.bulk_batches == 4
+    await second
+    batcher.release(upload)
+
 
 async def test_a_one_shot_recording_on_its_way_is_waited_for_within_a_bound(
     idle_bulk: tuple[AsrBatcher, _BatchingAsr],

@@ -73,6 +73,7 @@ class _Item(Generic[Req, Res]):
     arrived: float = field(default_factory=time.perf_counter)
     cost: float = 0.0  # bulk: the work it brings (module docstring)
     expires: float | None = None  # bulk: when its caller stops waiting (time.monotonic())
+    reservation: BulkReservation | None = None  # bulk: the admission it is one of
 
 
 class Batcher(Generic[Req, Res]):
@@ -186,9 +187,11 @@ class Batcher(Generic[Req, Res]):
             reservation.cost = max(0.0, reservation.cost - cost)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Res] = loop.create_future()
-        self._bulk_pending.append(_Item(request, deadline, future, cost=cost, expires=expires))
+        self._bulk_pending.append(
+            _Item(request, deadline, future, cost=cost, expires=expires, reservation=reservation)
+        )
         if self._bulk_timer is None and len(self._bulk_running) < self._bulk_inflight():
-            if self._bulk_wait(reservation):
+            if self._bulk_wait({reservation}):
                 self._bulk_timer = loop.call_later(
                     BULK_GATHER_S, self._gathered_bulk, loop.time() + BULK_GATHER_MAX_S
                 )
@@ -199,20 +202,22 @@ class Batcher(Generic[Req, Res]):
     def _gathered_bulk(self, until: float) -> None:
         """A gathering step is over: go on while more is still coming, until `until`."""
         loop = asyncio.get_running_loop()
-        if self._bulk_wait(None) and loop.time() + BULK_GATHER_S <= until:
+        gathered = {item.reservation for item in self._bulk_pending}
+        if self._bulk_wait(gathered) and loop.time() + BULK_GATHER_S <= until:
             self._bulk_timer = loop.call_later(BULK_GATHER_S, self._gathered_bulk, until)
             return
         self._flush_bulk()
 
-    def _bulk_wait(self, own: BulkReservation | None) -> bool:
+    def _bulk_wait(self, own: set[BulkReservation | None]) -> bool:
         """Whether an idle engine should gather bulk work for BULK_GATHER_S: only while
-        more is known to be coming, another request admitted and not yet handed over its
+        more is known to be coming, another request (not one of `own`, those gathered: an
+        upload's later windows may be a VAD pass away) admitted and not yet handed over its
         windows, or one still arriving (`expect_bulk`: a burst of one-shot recordings).
         Else the wait was pure delay: a lone one-shot Wyoming transcript waited 20 ms of
         its ~130 ms for company that never came."""
         if self._on_the_way:
             return True
-        return any(r.items for r in self._reserved if r is not own)
+        return any(r.items for r in self._reserved if r not in own)
 
     @property
     def bulk_on_the_way(self) -> int:
