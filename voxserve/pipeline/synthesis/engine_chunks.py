@@ -32,11 +32,14 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # awaited by a listener in silence; a later chunk is due when the audio already made would have
 # played out, less a margin and less what the previous chunk took to come (a chunk must
 # *finish* before playback runs dry, not start), so a stream about to run dry overtakes one
-# far ahead. After the first chunk that lead is its engine time, not its wait: the wait was
-# its queueing for admission (up to the one-shot budget under overload), and subtracted it
-# made every tail due before its own listener began to play, so the tails of requests admitted
-# earlier overtook the first chunks the admission rule (tts_lateness.py) had counted on, and
-# admitted requests came 1-1.7 s past their budget at 2x capacity.
+# far ahead. After a one-shot request's first chunk that lead is the chunk's engine time, not
+# its wait: the wait was its queueing for admission (up to the one-shot budget under
+# overload), and subtracted it made every tail due before its own listener began to play, so
+# the tails of requests admitted earlier overtook the first chunks the admission rule
+# (tts_lateness.py) had counted on: admitted requests came 1-2.4 s past their budget at 2x
+# and 4x capacity. A live reply keeps the whole wait as its lead: its first chunk waits at
+# most its 0.8 s budget, and a conversation's reply must not pause (8 assistant streams on
+# real engines: reply underrun P99 0 ms with it, 143-155 ms without).
 FIRST_CHUNK_DUE_S = 0.2
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
@@ -92,7 +95,7 @@ async def engine_chunks(
     started = 0.0  # when the first chunk was ready: playback runs dry at started + made_s
     made_s = 0.0  # audio produced so far
     took = 0.0  # how long the last chunk took to come (queue + synthesis): the next's lead
-    # (after the first chunk: its synthesis only, module comment)
+    # (after a one-shot request's first chunk: its synthesis only, module comment)
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
     chunker = request.chunker()
     source = LockedChunks(
@@ -118,7 +121,7 @@ async def engine_chunks(
             if ticket is not None:
                 schedule.call_cost(ticket)
             chunk = await stage.run(pull, deadline=due, priority=priority)
-            took = time.monotonic() - asked if made_s else timing.spent_s
+            took = timing.spent_s if bulk and not made_s else time.monotonic() - asked
             audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
             if ticket is None:
                 schedule.rates.observe_call(key, timing.spent_s, audio_s)
