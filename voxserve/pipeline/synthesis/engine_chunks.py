@@ -38,8 +38,10 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # the tails of requests admitted earlier overtook the first chunks the admission rule
 # (tts_lateness.py) had counted on: admitted requests came 1-2.4 s past their budget at 2x
 # and 4x capacity. A live reply keeps the whole wait as its lead: its first chunk waits at
-# most its 0.8 s budget, and a conversation's reply must not pause (8 assistant streams on
-# real engines: reply underrun P99 0 ms with it, 143-155 ms without).
+# most its 0.8 s budget at live priority, so what the predictor misses there is small, and
+# a conversation's reply is the one that must not pause. (8 assistant streams on real
+# engines, 2 vCPUs: a reply pause of 30-320 ms in some runs of every variant, the tree
+# before included; too rare in 40 s runs to tell the variants apart.)
 FIRST_CHUNK_DUE_S = 0.2
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
