@@ -226,8 +226,8 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
 
     a = asyncio.ensure_future(speak("a1 a2"))  # its first chunk due in 0.2 s, queued
     await asyncio.sleep(0.05)
-    # Runs right after A's first chunk (due after it), holding the slot while A's second
-    # and B's first are asked for.
+    # Due just after A's first chunk (a live call: for a one-shot A it runs first), it holds
+    # the slot while A's second chunk and B's first are asked for.
     holder = asyncio.ensure_future(stage.run(time.sleep, 0.3, deadline=time.monotonic() + 0.25))
     await asyncio.sleep(0.85)
     b = asyncio.ensure_future(speak("b1"))  # due 0.2 s from now, 0.1 s after the gate opens
