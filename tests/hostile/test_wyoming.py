@@ -509,3 +509,63 @@ async def test_a_write_of_tens_of_thousands_of_tiny_events_costs_the_live_stream
     async with watched_live(live) as watch:
         await asyncio.to_thread(flood)
     watch.assert_unhurt(max_growth_mb=100)
+
+
+# -- one-shot recordings held before their audio-stop ---------------------------------------
+
+
+async def at_once(wyoming: AsyncTcpClient, seconds: float, *, stop: bool) -> None:
+    """A recording sent at once (a one-shot client's way), then audio-stop if `stop`."""
+    await wyoming.write_event(Transcribe(language="en").event())
+    await wyoming.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+    pcm = bytes(int(16000 * seconds) * 2)
+    await wyoming.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=pcm).event())
+    if stop:
+        await wyoming.write_event(AudioStop().event())
+
+
+async def until_count(read: Any, want: int) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while read() != want:  # noqa: ASYNC110 (a test poll)
+            await asyncio.sleep(0.02)
+
+
+async def test_recordings_held_before_their_stop_delay_an_honest_one_by_the_bound_only(
+    live: LiveServer,
+) -> None:
+    """Recordings sent at once whose `audio-stop` never comes count as bulk work on its way
+    (Batcher.expect_bulk), which an idle engine gathers for: five such hoarders delay an
+    honest one-shot transcript by at most the gathering bound (100 ms), not until they
+    leave; cut off, and in a churn of 30 more that connect, send and drop, they leave no
+    count behind; the live stream beside them is unhurt."""
+    batcher = live.runtime.generation.asr_batcher()
+    assert batcher is not None
+    hoarders = [client(live) for _ in range(SHARE - 1)]
+    async with watched_live(live) as watch:
+        for wyoming in hoarders:
+            await wyoming.connect()
+            await at_once(wyoming, 1.5, stop=False)
+        await until_count(lambda: batcher.bulk_on_the_way, len(hoarders))
+        async with client(live) as honest:
+            await at_once(honest, 1.0, stop=True)
+            stopped = time.monotonic()
+            async with asyncio.timeout(TIMEOUT_S):
+                while (event := await honest.read_event()) is not None:
+                    if event.type == "transcript":
+                        break
+            waited = time.monotonic() - stopped
+        assert event is not None and event.type == "transcript", event
+        assert batcher.bulk_on_the_way == len(hoarders)  # still held while it was served
+        assert waited < 1.0, waited  # the bound (0.1 s) and a fake decode, not their stay
+        for wyoming in hoarders:
+            await wyoming.disconnect()
+        await until_count(lambda: batcher.bulk_on_the_way, 0)
+
+        async def drop_one() -> None:
+            async with client(live) as wyoming:
+                await at_once(wyoming, 1.5, stop=False)
+
+        for _ in range(6):
+            await asyncio.gather(*(drop_one() for _ in range(SHARE - 1)))
+        await until_count(lambda: batcher.bulk_on_the_way + seats_of(live.runtime).sessions, 0)
+    watch.assert_unhurt(max_growth_mb=100)
