@@ -84,8 +84,8 @@ run_steps() {
     stop
 }
 
-echo "| server | concurrent | served | refused | first audio P50 s | P99 s | audio-s / wall-s |"
-echo "|---|---|---|---|---|---|---|"
+echo "| server | concurrent | served | refused | first audio P50 s | P99 s | audio-s / wall-s | paused | longest pause P99 s |"
+echo "|---|---|---|---|---|---|---|---|---|"
 case "${1:-all}" in
     peer) run_peer ;;
     off) run_voxserve off ;;

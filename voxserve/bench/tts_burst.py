@@ -9,6 +9,11 @@ HTTP /v1/audio/speech.
   (open loop): per step goodput (audio seconds of admitted requests per wall second, over
   the step and its drain), admitted first-audio P99, refusals and how fast they came, and
   whether each refusal had Retry-After.
+
+Both report how the admitted streams played: a client that plays each stream from its first
+audio at real time starves whenever a chunk comes after everything before it has played
+(`stats.underrun`); `paused` counts the served streams that starved longer than PAUSE_S at
+least once, `pause_p99_s` is the P99 of each stream's longest starvation.
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voxserve.bench.servers import http_base
-from voxserve.bench.stats import percentile
+from voxserve.bench.stats import percentile, underrun
 
 if TYPE_CHECKING:  # imported where used: `voxserve bench --help` builds this module's parsers
     import httpx
@@ -39,6 +44,7 @@ TEXTS = (
     "Thanks for calling our help line. An agent will be with you soon.",
 )
 PCM_RATE = 16_000
+PAUSE_S = 0.1  # a starvation a listener hears as a pause (a stream's longest, counted)
 
 
 @dataclass
@@ -49,6 +55,19 @@ class Result:
     total_s: float = 0.0  # request sent -> answer complete (or refused)
     audio_s: float = 0.0  # audio received
     retry_after: str | None = None  # HTTP Retry-After of a refusal
+    arrivals: list[float] = field(default_factory=list)  # when each piece of audio came
+    durations: list[float] = field(default_factory=list)  # and how long it plays
+
+    def heard(self, seconds: float) -> None:
+        """A piece of `seconds` of audio arrived now."""
+        self.arrivals.append(time.monotonic())
+        self.durations.append(seconds)
+        self.audio_s += seconds
+
+    @property
+    def longest_pause_s(self) -> float:
+        """The longest a real-time player of this stream starved after its first audio."""
+        return underrun(self.arrivals, self.durations).longest_s
 
 
 async def wyoming_request(host: str, port: int, text: str, voice: str | None) -> Result:
@@ -72,7 +91,7 @@ async def wyoming_request(host: str, port: int, text: str, voice: str | None) ->
                 chunk = AudioChunk.from_event(event)
                 if result.first_audio_s is None:
                     result.first_audio_s = time.monotonic() - sent
-                result.audio_s += len(chunk.audio) / (chunk.width * chunk.channels * chunk.rate)
+                result.heard(len(chunk.audio) / (chunk.width * chunk.channels * chunk.rate))
             elif event.type == "audio-stop":
                 result.ok = True
                 break
@@ -115,13 +134,13 @@ async def http_request(
             except (ValueError, KeyError, TypeError):
                 result.code = str(resp.status_code)
         else:
-            nbytes = 0
             async for data in resp.aiter_bytes():
-                if data and result.first_audio_s is None:
+                if not data:
+                    continue
+                if result.first_audio_s is None:
                     result.first_audio_s = time.monotonic() - sent
-                nbytes += len(data)
+                result.heard(len(data) / 2 / PCM_RATE)
             result.ok = True
-            result.audio_s = nbytes / 2 / PCM_RATE
     result.total_s = time.monotonic() - sent
     return result
 
@@ -192,6 +211,7 @@ def summary(results: Sequence[Result], wall_s: float) -> dict[str, Any]:
     refused = [r for r in results if not r.ok]
     firsts = [r.first_audio_s for r in served if r.first_audio_s is not None]
     refusal_s = [r.total_s for r in refused]
+    pauses = [r.longest_pause_s for r in served]
     return {
         "requests": len(results),
         "served": len(served),
@@ -200,6 +220,8 @@ def summary(results: Sequence[Result], wall_s: float) -> dict[str, Any]:
         "first_audio_p50_s": percentile(firsts, 50) if firsts else None,
         "first_audio_p99_s": percentile(firsts, 99) if firsts else None,
         "audio_s_per_wall_s": sum(r.audio_s for r in served) / wall_s if wall_s > 0 else 0.0,
+        "paused": sum(1 for p in pauses if p > PAUSE_S),
+        "pause_p99_s": percentile(pauses, 99) if pauses else None,
         "refusal_p99_s": percentile(refusal_s, 99) if refusal_s else None,
         "refusals_with_retry_after": sum(1 for r in refused if r.retry_after),
         "wall_s": wall_s,
@@ -232,7 +254,7 @@ def cmd_tts_burst(args: argparse.Namespace) -> int:
         print(
             f"| {args.label} | {n} | {row['served']}/{row['requests']} | {row['refused']} | "
             f"{_fmt(row['first_audio_p50_s'])} | {_fmt(row['first_audio_p99_s'])} | "
-            f"{row['audio_s_per_wall_s']:.1f} |",
+            f"{row['audio_s_per_wall_s']:.1f} | {row['paused']} | {_fmt(row['pause_p99_s'])} |",
             flush=True,
         )
     _write(args.out, f"tts-burst-{args.label}.json", rows)
@@ -244,6 +266,12 @@ def cmd_tts_steps(args: argparse.Namespace) -> int:
     rps, audio_rate = asyncio.run(http_capacity(url, args.capacity_clients, args.step_s))
     print(f"capacity: {rps:.2f} requests/s, {audio_rate:.1f} audio-s/s (closed loop)", flush=True)
     rows: list[dict[str, Any]] = [{"capacity_rps": rps, "capacity_audio_s_per_s": audio_rate}]
+    print(
+        "| load | requests/s | served | goodput audio-s/s (ratio) | admitted first audio P99 s "
+        "| refused | refusal P99 s | with Retry-After | paused | longest pause P99 s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     for k, multiple in enumerate(args.multiples):
         results, wall = asyncio.run(
             http_open_loop(url, rps * multiple, args.step_s, args.voice, offset=k)
@@ -255,7 +283,8 @@ def cmd_tts_steps(args: argparse.Namespace) -> int:
             f"| {multiple:g}x | {row['rate']:.2f} | {row['served']}/{row['requests']} | "
             f"{row['audio_s_per_wall_s']:.1f} ({row['goodput_ratio']:.2f}) | "
             f"{_fmt(row['first_audio_p99_s'])} | {row['refused']} | "
-            f"{_fmt(row['refusal_p99_s'])} | {row['refusals_with_retry_after']} |",
+            f"{_fmt(row['refusal_p99_s'])} | {row['refusals_with_retry_after']} | "
+            f"{row['paused']} | {_fmt(row['pause_p99_s'])} |",
             flush=True,
         )
     _write(args.out, "tts-steps.json", rows)
