@@ -17,7 +17,14 @@ from tests.fakes import FakeTts
 from voxserve.config import DegradeConfig
 from voxserve.errors import ErrorCode
 from voxserve.pipeline.scheduling.tts_health import TtsDegraded, TtsHealth
-from voxserve.pipeline.scheduling.tts_lateness import ServiceRates, TtsSchedule
+from voxserve.pipeline.scheduling.tts_lateness import (
+    CONTINUITY_SHARE,
+    ServiceRates,
+    Ticket,
+    TtsSchedule,
+    _Demand,
+    overrun_s,
+)
 from voxserve.pipeline.synthesis.synthesize import synthesize
 
 CLAUSE = "Twenty characters!!!"  # 20 characters, one sentence
@@ -133,6 +140,96 @@ def test_health_refuses_late_with_a_retry_hint_and_counts_it_by_reason() -> None
     off = TtsHealth(config.model_copy(update={"predict": False}), clock)
     for _ in range(10):
         off.admit(off.schedule.open("fake/fake", CLAUSE, bulk=False), 0, 1)
+
+
+def speaks(s: TtsSchedule, ticket: Ticket) -> Ticket:
+    """`ticket`'s first clause (0.2 s of engine, 1.3 s of audio) has just been made."""
+    s.call_cost(ticket)
+    s.call_done(ticket, 0.2, 1.3)
+    return ticket
+
+
+def speaking(s: TtsSchedule, clock: Clock, sentences: int, *, bulk: bool = True) -> Ticket:
+    """A stream of `sentences` clauses whose first is made: ~15% of a slot as it plays on."""
+    ticket = s.open("fake/fake", " ".join([CLAUSE] * sentences), bulk=bulk)
+    s.predict(ticket, slots=2)
+    return speaks(s, ticket)
+
+
+def test_a_one_shot_request_that_would_make_admitted_streams_pause_is_refused() -> None:
+    """Each stream needs 0.2 s of engine a clause, one clause every 1.3 s of its playback:
+    ~0.154 of a slot. Streams are admitted one by one, each speaking at once; the first
+    refused is on time by the first-audio rule alone (the others' first clauses are done),
+    refused because with it the engine would fall behind their playback (reason `behind`,
+    a retry hint), when the streams playing fill the slots' share the balance counts on
+    (CONTINUITY_SHARE of two slots). With `continuity` off it is admitted, as before."""
+    clock = Clock()
+    s = schedule(clock, budget_s=4.0)
+    s.one_shot_budget_s = 4.0
+    rate = s.rates.of("fake/fake")
+    rate.audio_s_per_char = 1.3 / 20  # the audio its first calls make: 1.3 s a clause
+    streams: list[Ticket] = []
+    for _ in range(40):
+        new = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True)
+        late = s.predict(new, slots=2)
+        if not late.fits:
+            break
+        streams.append(speaks(s, new))
+    playing = len(streams)
+    assert playing * rate.compute_per_audio_s <= 2 * CONTINUITY_SHARE, playing
+    assert (playing + 2) * rate.compute_per_audio_s > 2 * CONTINUITY_SHARE, playing
+    assert late.first_audio_s <= late.budget_s, late  # on time by the first-audio rule
+    assert late.behind_s > 0 and late.retry_after_s() >= 1, late
+    assert s.predict(new, slots=3).fits  # a third slot keeps them all playing
+    s.continuity = False
+    assert s.predict(new, slots=2).fits
+    s.continuity = True
+    for stream in streams[:2]:  # two streams end: room for one more
+        s.close(stream)
+    assert s.predict(new, slots=2).fits
+
+
+def test_a_stream_buffered_ahead_needs_nothing_until_its_playback_comes_near() -> None:
+    """Streams whose audio is made far ahead of their playback are no load until it plays
+    out, and short texts end: the balance is over time, not a count of streams."""
+    clock = Clock()
+    s = schedule(clock, budget_s=1.0)
+    s.one_shot_budget_s = 1.0
+    short = [speaking(s, clock, 1) for _ in range(30)]  # one clause each: all made
+    assert all(t.chars_done == t.chars for t in short)
+    new = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True)
+    assert s.predict(new, slots=2).behind_s == 0.0
+
+
+def test_live_replies_are_not_refused_for_continuity_but_count_in_it() -> None:
+    """A live reply gets the fallback phrase only when its first audio would be late; its
+    playback is in the balance of the one-shot requests after it."""
+    clock = Clock()
+    s = schedule(clock, budget_s=0.8)  # a live reply's budget: its tails are due after it
+    s.one_shot_budget_s = 4.0
+    s.rates.of("fake/fake").audio_s_per_char = 1.3 / 20
+    for _ in range(14):
+        speaking(s, clock, 20, bulk=False)
+    live = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=False)
+    assert s.predict(live, slots=2).fits
+    one_shot = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True)
+    assert s.predict(one_shot, slots=2).behind_s > 0
+    # On a stage that keeps live work apart, live replies are not in a one-shot's balance.
+    assert s.predict(one_shot, slots=1, live_apart=True).behind_s == 0.0
+
+
+def test_the_balance_peaks_where_a_step_lands_or_a_ramp_ends() -> None:
+    """`overrun_s`, by hand: one slot from t=0; 1 s due at t=1 (on time), then a stream
+    needing the whole slot from t=1 for 2 s and half of it from t=2 for 2 s: at t=3,
+    1 + 2 + 0.5 = 3.5 s due against 3 s: 0.5 s behind, its worst."""
+    demands = [
+        _Demand(1.0, 1.0),
+        _Demand(0.0, 0.0, 1.0, 1.0, 2.0),
+        _Demand(0.0, 0.0, 2.0, 0.5, 1.0),
+    ]
+    assert overrun_s(demands, 0.0, 1, 0.0) == pytest.approx(0.5)
+    assert overrun_s(demands, 0.0, 2, 0.0) <= 0  # two slots keep up
+    assert overrun_s(demands[:1], 0.0, 1, 0.0) == pytest.approx(0.0)  # just in time
 
 
 class LoggingTts(FakeTts):

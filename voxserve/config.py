@@ -218,6 +218,12 @@ class DegradeConfig(Section):
     # (piper joe-medium, both TTS slots: ~190 ms a first clause, 16 of them ~3 s; measured,
     # docs/benchmarks.md) and still refuses a sustained overload at once.
     one_shot_first_audio_budget_ms: int = Field(default=4000, ge=1)
+    # A one-shot request is also refused when, admitted, it would make an admitted stream
+    # pause: the engine could not keep every admitted stream playing at real time from its
+    # deadline on (pipeline/scheduling/tts_lateness.py). False: admitted by first audio only,
+    # which serves more requests under overload, each pausing between its clauses (right for
+    # clients that download whole files; a player that plays as the audio comes hears gaps).
+    continuity: bool = True
     # The service rate before any synthesis was measured: engine ms per character (piper
     # medium: ~1-3 ms on a 2-vCPU box). Then an EWMA per engine/voice, each finished
     # synthesis weighing `rate_smoothing`.

@@ -75,11 +75,11 @@ def _lateness(health: HealthState) -> Iterator[Metric]:
     refusals = CounterMetricFamily(
         "voxserve_tts_refusals",
         "Syntheses refused before any audio, by reason (late: predicted to miss the "
-        "first-audio budget; queue: the max_waiting backstop; slow: misses slow for "
-        "sustained_s)",
+        "first-audio budget; behind: a one-shot request that would make admitted streams "
+        "pause; queue: the max_waiting backstop; slow: misses slow for sustained_s)",
         labels=["reason"],
     )
-    for reason in ("late", "queue", "slow"):
+    for reason in ("late", "behind", "queue", "slow"):
         refusals.add_metric([reason], health.refusals.get(reason, 0))
     yield refusals
     inputs = health.lateness_inputs()

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _WHY = {
     "queue": "its queue is full",
     "late": "this request's first audio would miss its deadline",
+    "behind": "admitted, it would make the streams in progress pause",
 }
 
 
@@ -61,7 +62,9 @@ class TtsHealth:
         self.fallbacks = 0  # replies that spoke the fallback phrase
         self.refusals: dict[str, int] = {}  # by reason: late, queue, slow
         rates = ServiceRates(config.ms_per_char / 1000, config.rate_smoothing)
-        self.schedule = TtsSchedule(self._budget_s, rates, clock, self._one_shot_budget_s)
+        self.schedule = TtsSchedule(
+            self._budget_s, rates, clock, self._one_shot_budget_s, continuity=config.continuity
+        )
 
     def admit(
         self, ticket: Ticket, waiting: int, slots: int, *, live_apart: bool = False
@@ -73,7 +76,8 @@ class TtsHealth:
         prediction = self.schedule.predict(ticket, slots, live_apart=live_apart)
         try:
             if self.config.enabled and self.config.predict and not prediction.fits:
-                self._refuse("late", prediction.retry_after_s())
+                reason = "late" if prediction.late_s > 0 else "behind"
+                self._refuse(reason, prediction.retry_after_s())
             self.check(waiting)
         except TtsDegraded:
             self.schedule.close(ticket)

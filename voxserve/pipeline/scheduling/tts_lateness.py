@@ -23,9 +23,21 @@ the work-conserving TTS stage, live and one-shot work alike, so both count ahead
 - of every request already speaking, the clauses its playback needs before the new
   request's deadline (a clause due when its predecessors' audio ends); a reply buffered
   far ahead of its playback needs none, so a new first clause overtakes its tail.
-Refused (or, for a live reply, answered with the fallback phrase) only when the predicted
-first audio is past the deadline; a burst that fits is queued and served. Pure: the clock
-is injected, so the rule is tested with a fake one (tests/test_tts_lateness.py).
+Refused (or, for a live reply, answered with the fallback phrase) when the predicted
+first audio is past the deadline; a burst that fits is queued and served.
+
+A one-shot request is also refused when admitting it would make an admitted stream pause
+(`continuity`, on by default): from its deadline on, can the engine keep every admitted
+stream and this one playing at real time? Each stream needs its engine time as its
+listener plays (engine seconds per audio second, measured), a clause ahead of its playback;
+a first clause not started yet is due when its first audio was predicted. The work due by
+each moment T, against the slots' time until T, at every moment where that balance can peak
+(`_Demand`, `overrun_s`). Without it, admission promised first audio only: at 2x and 4x
+capacity nearly every admitted stream paused between clauses (longest pause P50 2.4-2.7 s),
+as ~50 admitted streams playing at once need twice the audio two slots make. A live reply
+is not refused for it (its fallback phrase is worse than another stream's pause), but its
+playback counts in the balance of the one-shot requests after it. Pure: the clock is
+injected, so the rules are tested with a fake one (tests/test_tts_lateness.py).
 """
 
 from __future__ import annotations
@@ -48,6 +60,9 @@ def first_clause_chars(text: str) -> int:
     return max(1, min(len(first), len(text), FIRST_CLAUSE_MAX_CHARS))
 
 
+# The share of the slots' time the continuity balance counts on (`TtsSchedule.behind_s`):
+# clauses come in steps, and at a full balance EDF on two slots lets clusters of them late.
+CONTINUITY_SHARE = 0.7
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
 
@@ -160,6 +175,7 @@ class Ticket:
     playback_start: float = 0.0  # when the first chunk was ready
     audio_s: float = 0.0  # audio made so far
     chars_done: float = 0.0  # characters made so far (estimated from the audio)
+    first_audio_at: float | None = None  # when its first audio was predicted, at admission
     closed: bool = field(default=False)
 
 
@@ -168,6 +184,7 @@ class Prediction:
     wait_s: float  # until the first clause starts
     first_audio_s: float  # until its first chunk is ready (wait + its own cost)
     budget_s: float  # its class's budget
+    behind_s: float = 0.0  # how far the engine would fall behind admitted playback (> 0: pauses)
 
     @property
     def late_s(self) -> float:
@@ -175,14 +192,54 @@ class Prediction:
 
     @property
     def fits(self) -> bool:
-        """Within budget, or nothing ahead of it: refusing a request that would start at
-        once spares nobody (an engine slower than the budget is the budget's problem), and
-        admitted requests are what keeps the measured rate fresh."""
-        return self.first_audio_s <= self.budget_s or self.wait_s <= 0.0
+        """First audio within budget, or nothing ahead of it: refusing a request that would
+        start at once spares nobody (an engine slower than the budget is the budget's
+        problem), and admitted requests are what keeps the measured rate fresh; and no
+        admitted stream made to pause (`behind_s`, one-shot requests only)."""
+        on_time = self.first_audio_s <= self.budget_s or self.wait_s <= 0.0
+        return on_time and self.behind_s <= 0.0
 
     def retry_after_s(self) -> int:
         """Whole seconds until the work ahead has drained enough for this to fit."""
-        return max(1, math.ceil(self.late_s))
+        return max(1, math.ceil(max(self.late_s, self.behind_s)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """One stream's engine work as a function of the time T it is due by: `step_s` due at
+    `step_at` (a first clause, or the rest of a call running now), then `ramp_s` in all at
+    `slope` engine seconds per second from `ramp_from` (its playback, a clause ahead)."""
+
+    step_at: float
+    step_s: float
+    ramp_from: float = 0.0
+    slope: float = 0.0
+    ramp_s: float = 0.0
+
+
+def overrun_s(demands: list[_Demand], now: float, slots: float, since: float) -> float:
+    """The most engine seconds due by any moment T >= `since` beyond what `slots` slots
+    do from `now` until T, over the slots: how far behind the engine would be at its worst
+    (<= 0: never). The balance is piecewise linear in T, so its peaks are where a step
+    lands or a ramp ends (and `since` itself); one sort and one sweep."""
+    events: list[tuple[float, float, float]] = [(since, 0.0, 0.0)]
+    for d in demands:
+        if d.step_s > 0:
+            events.append((d.step_at, d.step_s, 0.0))
+        if d.ramp_s > 0 and d.slope > 0:
+            events.append((d.ramp_from, 0.0, d.slope))
+            events.append((d.ramp_from + d.ramp_s / d.slope, 0.0, -d.slope))
+    events.sort()
+    at, due, slope = events[0][0], 0.0, 0.0
+    worst = -math.inf
+    for when, step, dslope in events:
+        due += slope * (when - at)
+        at = when
+        due += step
+        slope += dslope
+        if when >= since:
+            worst = max(worst, due - slots * (when - now))
+    return worst / max(1.0, slots)
 
 
 class TtsSchedule:
@@ -194,9 +251,12 @@ class TtsSchedule:
         rates: ServiceRates,
         clock: Callable[[], float] = time.monotonic,
         one_shot_budget_s: float | None = None,
+        *,
+        continuity: bool = True,
     ) -> None:
         self.budget_s = budget_s  # a live reply's first-audio budget
         self.one_shot_budget_s = budget_s if one_shot_budget_s is None else one_shot_budget_s
+        self.continuity = continuity  # one-shot requests are refused when others would pause
         self.rates = rates
         self.clock = clock
         self.tickets: set[Ticket] = set()
@@ -278,7 +338,58 @@ class TtsSchedule:
         wait = ahead / max(1, slots)
         self.last_wait_s = wait
         own = ticket.first_chars * rate.first_s_per_char
-        return Prediction(wait, (now - ticket.arrived) + wait + own, budget)
+        ticket.first_audio_at = now + wait + own
+        behind = 0.0
+        if self.continuity and ticket.bulk:
+            behind = self.behind_s(ticket, slots, live_apart=live_apart)
+        return Prediction(wait, (now - ticket.arrived) + wait + own, budget, behind)
+
+    def behind_s(self, ticket: Ticket, slots: int, *, live_apart: bool = False) -> float:
+        """How far behind the admitted streams' playback the engine would be at its worst,
+        from `ticket`'s deadline on, were it admitted (module docstring); 0 when nothing
+        else is in progress, or when one stream of its voice needs more than a slot (an
+        engine slower than real time pauses alone; refusing others spares nobody)."""
+        now = self.clock()
+        others = [
+            t
+            for t in self.tickets
+            if t is not ticket and not (live_apart and ticket.bulk and not t.bulk)
+        ]
+        if not others or self.rates.of(ticket.key).compute_per_audio_s >= 1.0:
+            return 0.0
+        demands = [self._demand(t, now) for t in others]
+        demands.append(self._demand(ticket, now))
+        deadline = ticket.arrived + self.budget_for(ticket)
+        return max(0.0, overrun_s(demands, now, slots * CONTINUITY_SHARE, deadline))
+
+    def _demand(self, ticket: Ticket, now: float) -> _Demand:
+        """`ticket`'s engine work still to do, as a function of when it is due."""
+        rate = self.rates.of(ticket.key)
+        step_at, step = now, 0.0
+        if ticket.call_started is not None:  # its call in progress: its rest, due at its end
+            step = max(0.0, ticket.call_cost_s - (now - ticket.call_started))
+            step_at = now + step
+        clause_s = self._clause_chars(ticket) * rate.audio_s_per_char
+        if not ticket.first_done:
+            plays = ticket.first_audio_at
+            if plays is None:
+                plays = ticket.arrived + self.budget_for(ticket)
+            if ticket.call_started is None:
+                step_at, step = plays, ticket.first_chars * rate.first_s_per_char
+            left = ticket.chars - ticket.first_chars
+            ramp_from = plays  # its first clause's audio, less a clause ahead
+        else:
+            left = ticket.chars - ticket.chars_done
+            if ticket.call_started is not None:
+                left -= self._clause_chars(ticket)  # the call in progress makes it
+            ramp_from = ticket.playback_start + ticket.audio_s - clause_s
+        return _Demand(
+            step_at,
+            step,
+            ramp_from,
+            rate.compute_per_audio_s,
+            max(0.0, left) * rate.compute_s_per_char,
+        )
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
         """Engine seconds of `other` that EDF serves before a first clause that arrived at
