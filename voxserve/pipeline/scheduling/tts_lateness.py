@@ -376,7 +376,7 @@ class TtsSchedule:
                 plays = ticket.arrived + self.budget_for(ticket)
             if ticket.call_started is None:
                 step_at, step = plays, ticket.first_chars * rate.first_s_per_char
-            left = ticket.chars - ticket.first_chars
+            left = float(ticket.chars - ticket.first_chars)
             ramp_from = plays  # its first clause's audio, less a clause ahead
         else:
             left = ticket.chars - ticket.chars_done
