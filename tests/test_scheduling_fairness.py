@@ -239,3 +239,40 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
     else:
         assert tts.order.index("a2") < tts.order.index("b1"), tts.order
     runtime.executor.shutdown()
+
+
+async def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_start() -> None:
+    """One slot. A one-shot request A speaks (0.5 s of audio a word); a holder takes the
+    slot after A's first chunk, so A's second waits for it, and then C1-C3 (first clauses
+    of 199 characters: 0.4 s each at the prior rate) and B are admitted: predicted to start
+    0.4 s apart, B 1.2 s out. A's second chunk is due when its first has played (~0.4 s),
+    so it goes before C3 and B, which are due when admission said they would start. (Due
+    FIRST_CHUNK_DUE_S after asking, as they were, a queue of first chunks outranked every
+    admitted stream's next clause: at 2x capacity nearly every admitted stream paused,
+    docs/benchmarks.md.)"""
+    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=0.5)
+    runtime = fake_runtime(_tts_settings(True), tts=tts)
+    stage = runtime.stages.stage("tts")
+
+    async def speak(text: str) -> None:
+        async for _ in synthesize(runtime, text, voice="fake", bulk=True):
+            pass
+
+    a = asyncio.ensure_future(speak("a1 a2"))
+    while not stage.running:  # noqa: ASYNC110 (a test poll)
+        await asyncio.sleep(0.001)
+    gate = threading.Event()
+    holder = asyncio.ensure_future(stage.run(gate.wait, 5.0))  # next in line, after a1
+    while "a1" not in tts.order or stage.waiting < 1:  # noqa: ASYNC110 (a2 queued)
+        await asyncio.sleep(0.001)
+    others = []
+    for name in ("c1", "c2", "c3", "b1"):
+        text = name if name == "b1" else f"{name} {'x' * 196}"  # 199 characters, one clause
+        others.append(asyncio.ensure_future(speak(text)))
+        await asyncio.sleep(0.005)  # admitted in this order
+    await asyncio.sleep(0.02)
+    gate.set()
+    await asyncio.gather(holder, a, *others)
+    order = [w for w in tts.order if w in ("a2", "c1", "c2", "c3", "b1")]
+    assert order.index("a2") < order.index("c3") < order.index("b1"), order
+    runtime.executor.shutdown()
