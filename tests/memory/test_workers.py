@@ -108,11 +108,15 @@ def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path:
             time.sleep(0.1)
         workers = children_of(proc.pid)
         assert len(workers) == 2
-        # Both workers accept on the one port (the kernel spreads the connections).
+        # Both workers accept on the one port (the kernel spreads the connections) and are
+        # ready: wait_ready saw one worker's /readyz; the other may still be making its
+        # fallback phrase, and would refuse a stream with not_ready.
         seen = set()
         while seen != workers and time.monotonic() < deadline:
             with httpx.Client() as fresh:  # a new connection each time
-                seen.add(int(fresh.get(f"{base}/debug/memory", headers=_admin()).json()["pid"]))
+                body = fresh.get(f"{base}/debug/memory", headers=_admin()).json()
+            if body["ready"]:
+                seen.add(int(body["pid"]))
         assert seen == workers
         ended = transcribe_once(f"ws://127.0.0.1:{port}/v1/stream")
         assert ended["processed"] == ended["received"] == 25
@@ -133,7 +137,7 @@ def test_workers_share_the_port_are_supervised_reload_and_stop_cleanly(tmp_path:
         while ready != workers and time.monotonic() < deadline:  # the new worker serves
             with httpx.Client() as fresh:
                 body = fresh.get(f"{base}/debug/memory", headers=_admin()).json()
-            if body["generations"]:
+            if body["ready"]:
                 ready.add(int(body["pid"]))
         os.kill(proc.pid, signal.SIGHUP)
         reloaded: set[int] = set()

@@ -31,6 +31,7 @@ def memory_body(runtime: Runtime) -> dict[str, Any]:
         tasks = 0
     return {
         "pid": os.getpid(),
+        "ready": runtime.ready,  # this worker's /readyz (with workers, any one may answer it)
         **smaps_rollup(),
         **process_stats(),
         "tasks": tasks,
