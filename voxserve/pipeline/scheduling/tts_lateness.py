@@ -60,8 +60,15 @@ def first_clause_chars(text: str) -> int:
     return max(1, min(len(first), len(text), FIRST_CLAUSE_MAX_CHARS))
 
 
-# The share of the slots' time the continuity balance counts on (`TtsSchedule.behind_s`):
-# clauses come in steps, and at a full balance EDF on two slots lets clusters of them late.
+# The share of the slots that admitted streams' playback may take in the continuity balance
+# (`TtsSchedule._demand`: the engine time a stream needs as it plays is counted at its
+# measured cost over this share). Playback is sustained work, where a rate measured a little
+# low, clauses coming in steps and two non-preemptive slots let clusters of clauses late;
+# first clauses and calls in progress are counted at cost, as the first-audio prediction
+# counts them (the margin on all of the slots' time refused 3-5 of a Wyoming burst of 16
+# that the engine served without a pause). Measured (docs/benchmarks.md): counting playback
+# at cost left ~60% of admitted streams pausing at 2x overload (longest P99 0.44 s); at
+# 0.7, 10-15% (0.17-0.34 s), 95-100% before this balance (3.1 s).
 CONTINUITY_SHARE = 0.7
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
@@ -360,7 +367,7 @@ class TtsSchedule:
         demands = [self._demand(t, now) for t in others]
         demands.append(self._demand(ticket, now))
         deadline = ticket.arrived + self.budget_for(ticket)
-        return max(0.0, overrun_s(demands, now, slots * CONTINUITY_SHARE, deadline))
+        return max(0.0, overrun_s(demands, now, slots, deadline))
 
     def _demand(self, ticket: Ticket, now: float) -> _Demand:
         """`ticket`'s engine work still to do, as a function of when it is due."""
@@ -387,8 +394,8 @@ class TtsSchedule:
             step_at,
             step,
             ramp_from,
-            rate.compute_per_audio_s,
-            max(0.0, left) * rate.compute_s_per_char,
+            rate.compute_per_audio_s / CONTINUITY_SHARE,
+            max(0.0, left) * rate.compute_s_per_char / CONTINUITY_SHARE,
         )
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
