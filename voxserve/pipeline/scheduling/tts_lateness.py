@@ -68,7 +68,7 @@ def first_clause_chars(text: str) -> int:
 # counts them (the margin on all of the slots' time refused 3-5 of a Wyoming burst of 16
 # that the engine served without a pause). Measured (docs/benchmarks.md): counting playback
 # at cost left ~60% of admitted streams pausing at 2x overload (longest P99 0.44 s); at
-# 0.7, 10-15% (0.17-0.34 s), 95-100% before this balance (3.1 s).
+# 0.7, 9-16% (0.17-0.34 s), 96-100% before this balance (3.1-3.3 s).
 CONTINUITY_SHARE = 0.7
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
