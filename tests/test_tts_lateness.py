@@ -19,6 +19,10 @@ from voxserve.errors import ErrorCode
 from voxserve.pipeline.scheduling.tts_health import TtsDegraded, TtsHealth
 from voxserve.pipeline.scheduling.tts_lateness import (
     CONTINUITY_SHARE,
+    SHARE_CUT,
+    SHARE_MIN,
+    SHARE_RECOVERY_PER_S,
+    STARVED_S,
     Prediction,
     ServiceRates,
     Ticket,
@@ -195,7 +199,7 @@ def test_a_one_shot_burst_of_first_clauses_is_bounded_by_first_audio_alone() -> 
     which the first-audio prediction allows, and nothing plays on after them. Each is
     admitted while its first audio is on time; the first refused is late, not behind. Only
     playback is held to CONTINUITY_SHARE of the slots: a margin on first clauses too refused
-    a Wyoming burst of 16 that the engine served without a pause (here: 27 of the 38)."""
+    a Wyoming burst of 16 that the engine served without a pause."""
 
     def burst(continuity: bool) -> tuple[int, Prediction]:
         s = schedule(Clock(), budget_s=4.0)
@@ -209,6 +213,53 @@ def test_a_one_shot_burst_of_first_clauses_is_bounded_by_first_audio_alone() -> 
     # The n-th waits for (n-1) first clauses of 0.2 s over 2 slots, then takes 0.2 s: ~39.
     assert admitted == burst(continuity=False)[0] and admitted >= 38, admitted
     assert late.late_s > 0 and late.behind_s == 0.0, late
+
+
+def admitted_while_playing(s: TtsSchedule) -> int:
+    """How many long streams (each ~15% of a slot as it plays) are admitted one by one."""
+    rate = s.rates.of("fake/fake")
+    rate.audio_s_per_char = 1.3 / 20
+    count = 0
+    while s.predict(new := s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True), 2).fits:
+        speaks(s, new)
+        count += 1
+    s.close(new)
+    return count
+
+
+def test_a_stream_that_runs_dry_cuts_the_playback_share_which_recovers_while_none_does() -> None:
+    """The share of the slots playback may take is learned from admitted streams: one whose
+    next chunk comes over STARVED_S after its audio ran out cuts it (once per cluster), and
+    it recovers while none does; admission then lets fewer streams play at once."""
+    clock = Clock()
+    s = schedule(clock, budget_s=4.0)
+    s.one_shot_budget_s = 4.0
+    assert s.playback_share() == CONTINUITY_SHARE
+    on_time, dry, other = (speaking(s, clock, 3) for _ in range(3))  # 1.3 s of audio each
+    clock.now += 1.3 + STARVED_S / 2  # a chunk just inside the tolerance: no pause heard
+    s.call_cost(on_time)
+    s.call_done(on_time, 0.2, 1.3)
+    assert s.starved == 0 and s.playback_share() == CONTINUITY_SHARE
+    clock.now += STARVED_S  # the others' audio ran out over STARVED_S ago
+    s.call_cost(dry)
+    s.call_done(dry, 0.2, 1.3)
+    assert s.starved == 1
+    assert s.playback_share() == pytest.approx(CONTINUITY_SHARE * SHARE_CUT)
+    s.call_cost(other)
+    s.call_done(other, 0.2, 1.3)  # the same cluster of late clauses: counted, not cut again
+    assert s.starved == 2
+    assert s.playback_share() == pytest.approx(CONTINUITY_SHARE * SHARE_CUT)
+    clock.now += 10.0
+    cut = CONTINUITY_SHARE * SHARE_CUT + 10 * SHARE_RECOVERY_PER_S
+    assert s.playback_share() == pytest.approx(cut)
+    for ticket in (on_time, dry, other):
+        s.close(ticket)
+    full = admitted_while_playing(schedule(Clock(), budget_s=4.0))
+    lowered = schedule(Clock(), budget_s=4.0)
+    lowered._share, lowered._share_at = SHARE_MIN, lowered.clock()  # as cut to its floor
+    assert admitted_while_playing(lowered) < full
+    clock.now += 1000.0  # never past where it started
+    assert s.playback_share() == CONTINUITY_SHARE
 
 
 def test_a_stream_buffered_ahead_needs_nothing_until_its_playback_comes_near() -> None:

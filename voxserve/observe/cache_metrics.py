@@ -89,6 +89,17 @@ def _lateness(health: HealthState) -> Iterator[Metric]:
         inputs.last_wait_s,
     )
     yield GaugeMetricFamily(
+        "voxserve_tts_playback_share",
+        "The share of the TTS slots admitted one-shot playback may take (learned: cut when "
+        "an admitted stream starves, recovering while none does)",
+        inputs.playback_share(),
+    )
+    yield CounterMetricFamily(
+        "voxserve_tts_starved",
+        "Admitted one-shot streams whose next chunk came over 0.1 s after their audio ran out",
+        inputs.starved,
+    )
+    yield GaugeMetricFamily(
         "voxserve_tts_syntheses_in_progress",
         "Syntheses admitted and not finished (what admission predicts from)",
         inputs.active,

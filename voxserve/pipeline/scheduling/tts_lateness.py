@@ -65,11 +65,19 @@ def first_clause_chars(text: str) -> int:
 # measured cost over this share). Playback is sustained work, where a rate measured a little
 # low, clauses coming in steps and two non-preemptive slots let clusters of clauses late;
 # first clauses and calls in progress are counted at cost, as the first-audio prediction
-# counts them (the margin on all of the slots' time refused 3-5 of a Wyoming burst of 16
-# that the engine served without a pause). Measured (docs/benchmarks.md): counting playback
-# at cost left ~60% of admitted streams pausing at 2x overload (longest P99 0.44 s); at
-# 0.7, 9-16% (0.17-0.34 s), 96-100% before this balance (3.1-3.3 s).
-CONTINUITY_SHARE = 0.7
+# counts them. No one share fits every load (docs/benchmarks.md, "TTS overload: admitted
+# speech keeps playing"): 0.7 refused 3 of a burst of 12 and of 16 that played without a
+# pause, yet under sustained 2x overload 1.0 left ~60% of admitted streams pausing. So it
+# is learned: it starts at CONTINUITY_SHARE, an admitted stream that starves (its next
+# chunk made over STARVED_S after its audio ran out) cuts it by SHARE_CUT (at most once per
+# SHARE_CUT_SPACING_S: one cluster of late clauses is one mistake), and it recovers by
+# SHARE_RECOVERY_PER_S while none starves, never past CONTINUITY_SHARE nor under SHARE_MIN.
+CONTINUITY_SHARE = 0.9
+SHARE_MIN = 0.5
+SHARE_CUT = 0.85
+SHARE_CUT_SPACING_S = 1.0
+SHARE_RECOVERY_PER_S = 0.01
+STARVED_S = 0.1  # the gap a listener hears as a pause (bench tts-burst's PAUSE_S)
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
 
@@ -268,6 +276,24 @@ class TtsSchedule:
         self.clock = clock
         self.tickets: set[Ticket] = set()
         self.last_wait_s = 0.0  # the latest prediction's wait (a gauge)
+        self._share = CONTINUITY_SHARE  # the playback share as last cut (`playback_share`)
+        self._share_at = self._cut_at = -math.inf
+        self.starved = 0  # one-shot streams whose chunk came after their audio ran out
+
+    def playback_share(self, now: float | None = None) -> float:
+        """The share of the slots admitted playback may take now (CONTINUITY_SHARE's
+        comment): the last cut, recovered since."""
+        now = self.clock() if now is None else now
+        recovered = self._share + (now - self._share_at) * SHARE_RECOVERY_PER_S
+        return min(CONTINUITY_SHARE, recovered)
+
+    def _starving(self, now: float) -> None:
+        """An admitted one-shot stream ran dry: admission let in more than kept playing."""
+        self.starved += 1
+        if now - self._cut_at < SHARE_CUT_SPACING_S:
+            return
+        self._share = max(SHARE_MIN, self.playback_share(now) * SHARE_CUT)
+        self._share_at = self._cut_at = now
 
     @property
     def active(self) -> int:
@@ -320,6 +346,8 @@ class TtsSchedule:
             if not ticket.first_done:
                 ticket.first_done = True
                 ticket.playback_start = now
+            elif ticket.bulk and now - (ticket.playback_start + ticket.audio_s) > STARVED_S:
+                self._starving(now)
             ticket.audio_s += audio_s
             apc = self.rates.of(ticket.key).audio_s_per_char
             ticket.chars_done = min(ticket.chars, ticket.audio_s / apc if apc > 0 else 0.0)
@@ -364,13 +392,15 @@ class TtsSchedule:
         ]
         if not others or self.rates.of(ticket.key).compute_per_audio_s >= 1.0:
             return 0.0
-        demands = [self._demand(t, now) for t in others]
-        demands.append(self._demand(ticket, now))
+        share = self.playback_share(now)
+        demands = [self._demand(t, now, share) for t in others]
+        demands.append(self._demand(ticket, now, share))
         deadline = ticket.arrived + self.budget_for(ticket)
         return max(0.0, overrun_s(demands, now, slots, deadline))
 
-    def _demand(self, ticket: Ticket, now: float) -> _Demand:
-        """`ticket`'s engine work still to do, as a function of when it is due."""
+    def _demand(self, ticket: Ticket, now: float, share: float) -> _Demand:
+        """`ticket`'s engine work still to do, as a function of when it is due (its
+        playback counted over `share`)."""
         rate = self.rates.of(ticket.key)
         step_at, step = now, 0.0
         if ticket.call_started is not None:  # its call in progress: its rest, due at its end
@@ -394,8 +424,8 @@ class TtsSchedule:
             step_at,
             step,
             ramp_from,
-            rate.compute_per_audio_s / CONTINUITY_SHARE,
-            max(0.0, left) * rate.compute_s_per_char / CONTINUITY_SHARE,
+            rate.compute_per_audio_s / share,
+            max(0.0, left) * rate.compute_s_per_char / share,
         )
 
     def _work_before(self, other: Ticket, arrived: float, deadline: float, now: float) -> float:
