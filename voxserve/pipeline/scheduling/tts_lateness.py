@@ -29,7 +29,9 @@ first audio is past the deadline; a burst that fits is queued and served.
 A one-shot request is also refused when admitting it would make an admitted stream pause
 (`continuity`, on by default): from its deadline on, can the engine keep every admitted
 stream and this one playing at real time? Each stream needs its engine time as its
-listener plays (engine seconds per audio second, measured), a clause ahead of its playback;
+listener plays (engine seconds per audio second, measured, over the share of the slots
+playback may take, learned from admitted streams that ran dry: CONTINUITY_SHARE), a clause
+ahead of its playback;
 a first clause not started yet is due when its first audio was predicted. The work due by
 each moment T, against the slots' time until T, at every moment where that balance can peak
 (`_Demand`, `overrun_s`). Without it, admission promised first audio only: at 2x and 4x
@@ -66,12 +68,13 @@ def first_clause_chars(text: str) -> int:
 # low, clauses coming in steps and two non-preemptive slots let clusters of clauses late;
 # first clauses and calls in progress are counted at cost, as the first-audio prediction
 # counts them. No one share fits every load (docs/benchmarks.md, "TTS overload: admitted
-# speech keeps playing"): 0.7 refused 3 of a burst of 12 and of 16 that played without a
-# pause, yet under sustained 2x overload 1.0 left ~60% of admitted streams pausing. So it
-# is learned: it starts at CONTINUITY_SHARE, an admitted stream that starves (its next
-# chunk made over STARVED_S after its audio ran out) cuts it by SHARE_CUT (at most once per
-# SHARE_CUT_SPACING_S: one cluster of late clauses is one mistake), and it recovers by
-# SHARE_RECOVERY_PER_S while none starves, never past CONTINUITY_SHARE nor under SHARE_MIN.
+# speech keeps playing"): 0.7 refused 3 of 12 SDK requests at once that played without a
+# pause (and, over the first clauses too, 3-5 of a Wyoming burst of 16), yet under
+# sustained 2x overload counting playback at cost left ~60% of admitted streams pausing.
+# So it is learned: it starts at CONTINUITY_SHARE, an admitted stream that runs dry (its
+# next chunk made over STARVED_S after its audio ran out) cuts it by SHARE_CUT (at most once
+# per SHARE_CUT_SPACING_S: one cluster of late clauses is one mistake), and it recovers by
+# SHARE_RECOVERY_PER_S while none runs dry, never past CONTINUITY_SHARE nor under SHARE_MIN.
 CONTINUITY_SHARE = 0.9
 SHARE_MIN = 0.5
 SHARE_CUT = 0.85
