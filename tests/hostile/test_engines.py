@@ -190,17 +190,20 @@ def test_past_30_s_the_prompt_goes_cut_and_the_call_is_bounded(asr: WhisperAsr) 
 async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
     """Every class of prompt uploaded at once is answered 200 within bounds, and a plain upload
     sent while they run is answered with its words (it was 504 for 140 s); the live stream
-    beside them keeps its pace and the RSS stays bounded."""
+    beside them keeps its pace and the RSS stays bounded. The plain upload is a client as
+    the SDK ships (it retries a 503 after its Retry-After): behind the prompts' decodes on
+    a loaded machine, admission may refuse it at once as predicted past its budget
+    (`overloaded`, docs/protocol.md), which is not a wedge; its words within the bound are."""
     wav = encode(fixture_audio("command.wav"), "wav")
     plain_wav = encode(fixture_audio("lights.wav"), "wav")
     async with openai.AsyncOpenAI(
         base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=CALL_BOUND_S
     ) as sdk:
 
-        async def upload(prompt: str | None, data: bytes) -> tuple[str, float]:
+        async def upload(prompt: str | None, data: bytes, retries: int = 0) -> tuple[str, float]:
             started = time.monotonic()
             kwargs: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
-            result = await sdk.audio.transcriptions.create(
+            result = await sdk.with_options(max_retries=retries).audio.transcriptions.create(
                 model="whisper-1", file=("a.wav", data, "audio/wav"), **kwargs
             )
             return result.text, time.monotonic() - started
@@ -208,7 +211,7 @@ async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
         async with watched(live_server.http_url) as watch:
             hostile = [asyncio.create_task(upload(p, wav)) for p in PROMPTS.values()]
             await asyncio.sleep(0.2)
-            text, plain_s = await upload(None, plain_wav)
+            text, plain_s = await upload(None, plain_wav, retries=3)
             answered = await asyncio.gather(*hostile)
     assert wer(fixture_texts()["lights.wav"], text) <= 0.15, text
     assert plain_s < CALL_BOUND_S and all(s < CALL_BOUND_S for _, s in answered)
