@@ -161,6 +161,22 @@ def speaking(s: TtsSchedule, clock: Clock, sentences: int, *, bulk: bool = True)
     return speaks(s, ticket)
 
 
+def admit_while_playing(s: TtsSchedule) -> tuple[list[Ticket], Ticket, Prediction]:
+    """Long one-shot streams (20 clauses, 1.3 s of audio each: ~15% of a slot as they play)
+    admitted one by one, each speaking at once, until one is refused: the admitted, the
+    refused ticket and its prediction."""
+    s.one_shot_budget_s = 4.0
+    s.rates.of("fake/fake").audio_s_per_char = 1.3 / 20  # what its first calls make
+    streams: list[Ticket] = []
+    for _ in range(100):  # a bound, should admission never refuse
+        new = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True)
+        late = s.predict(new, slots=2)
+        if not late.fits:
+            break
+        streams.append(speaks(s, new))
+    return streams, new, late
+
+
 def test_a_one_shot_request_that_would_make_admitted_streams_pause_is_refused() -> None:
     """Each stream needs 0.2 s of engine a clause, one clause every 1.3 s of its playback:
     ~0.154 of a slot. Streams are admitted one by one, each speaking at once; the first
@@ -168,18 +184,9 @@ def test_a_one_shot_request_that_would_make_admitted_streams_pause_is_refused() 
     refused because with it the engine would fall behind their playback (reason `behind`,
     a retry hint), when the streams playing fill the share of the slots their playback may
     take (CONTINUITY_SHARE of two). With `continuity` off it is admitted, as before."""
-    clock = Clock()
-    s = schedule(clock, budget_s=4.0)
-    s.one_shot_budget_s = 4.0
+    s = schedule(Clock(), budget_s=4.0)
+    streams, new, late = admit_while_playing(s)
     rate = s.rates.of("fake/fake")
-    rate.audio_s_per_char = 1.3 / 20  # the audio its first calls make: 1.3 s a clause
-    streams: list[Ticket] = []
-    for _ in range(40):
-        new = s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True)
-        late = s.predict(new, slots=2)
-        if not late.fits:
-            break
-        streams.append(speaks(s, new))
     playing = len(streams)
     assert playing * rate.compute_per_audio_s <= 2 * CONTINUITY_SHARE, playing
     assert (playing + 2) * rate.compute_per_audio_s > 2 * CONTINUITY_SHARE, playing
@@ -215,18 +222,6 @@ def test_a_one_shot_burst_of_first_clauses_is_bounded_by_first_audio_alone() -> 
     assert late.late_s > 0 and late.behind_s == 0.0, late
 
 
-def admitted_while_playing(s: TtsSchedule) -> int:
-    """How many long streams (each ~15% of a slot as it plays) are admitted one by one."""
-    rate = s.rates.of("fake/fake")
-    rate.audio_s_per_char = 1.3 / 20
-    count = 0
-    while s.predict(new := s.open("fake/fake", " ".join([CLAUSE] * 20), bulk=True), 2).fits:
-        speaks(s, new)
-        count += 1
-    s.close(new)
-    return count
-
-
 def test_a_stream_that_runs_dry_cuts_the_playback_share_which_recovers_while_none_does() -> None:
     """The share of the slots playback may take is learned from admitted streams: one whose
     next chunk comes over STARVED_S after its audio ran out cuts it (once per cluster), and
@@ -254,10 +249,10 @@ def test_a_stream_that_runs_dry_cuts_the_playback_share_which_recovers_while_non
     assert s.playback_share() == pytest.approx(cut)
     for ticket in (on_time, dry, other):
         s.close(ticket)
-    full = admitted_while_playing(schedule(Clock(), budget_s=4.0))
+    full = len(admit_while_playing(schedule(Clock(), budget_s=4.0))[0])
     lowered = schedule(Clock(), budget_s=4.0)
-    lowered._share, lowered._share_at = SHARE_MIN, lowered.clock()  # as cut to its floor
-    assert admitted_while_playing(lowered) < full
+    lowered._share, lowered._cut_at = SHARE_MIN, lowered.clock()  # as cut to its floor
+    assert len(admit_while_playing(lowered)[0]) < full
     clock.now += 1000.0  # never past where it started
     assert s.playback_share() == CONTINUITY_SHARE
 

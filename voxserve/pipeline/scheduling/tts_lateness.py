@@ -80,7 +80,7 @@ SHARE_MIN = 0.5
 SHARE_CUT = 0.85
 SHARE_CUT_SPACING_S = 1.0
 SHARE_RECOVERY_PER_S = 0.01
-STARVED_S = 0.1  # the gap a listener hears as a pause (bench tts-burst's PAUSE_S)
+STARVED_S = 0.1  # the gap a listener hears as a pause (what bench tts-burst counts too)
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
 
@@ -280,14 +280,14 @@ class TtsSchedule:
         self.tickets: set[Ticket] = set()
         self.last_wait_s = 0.0  # the latest prediction's wait (a gauge)
         self._share = CONTINUITY_SHARE  # the playback share as last cut (`playback_share`)
-        self._share_at = self._cut_at = -math.inf
+        self._cut_at = -math.inf  # when it was (it has recovered since)
         self.starved = 0  # one-shot streams whose chunk came after their audio ran out
 
     def playback_share(self, now: float | None = None) -> float:
         """The share of the slots admitted playback may take now (CONTINUITY_SHARE's
         comment): the last cut, recovered since."""
         now = self.clock() if now is None else now
-        recovered = self._share + (now - self._share_at) * SHARE_RECOVERY_PER_S
+        recovered = self._share + (now - self._cut_at) * SHARE_RECOVERY_PER_S
         return min(CONTINUITY_SHARE, recovered)
 
     def _starving(self, now: float) -> None:
@@ -296,7 +296,7 @@ class TtsSchedule:
         if now - self._cut_at < SHARE_CUT_SPACING_S:
             return
         self._share = max(SHARE_MIN, self.playback_share(now) * SHARE_CUT)
-        self._share_at = self._cut_at = now
+        self._cut_at = now
 
     @property
     def active(self) -> int:
