@@ -80,7 +80,7 @@ SHARE_MIN = 0.5
 SHARE_CUT = 0.85
 SHARE_CUT_SPACING_S = 1.0
 SHARE_RECOVERY_PER_S = 0.01
-STARVED_S = 0.1  # the gap a listener hears as a pause (what bench tts-burst counts too)
+STARVED_S = 0.1  # the gap a listener hears as a pause (bench tts-burst's PAUSE_S)
 DEFAULT_AUDIO_S_PER_CHAR = 0.065  # ~15 characters a second of speech, until measured
 
 
