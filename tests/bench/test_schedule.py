@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from voxserve.bench.schedule import (
+    FRAME_S,
     FrameClock,
     arrivals,
     mark_due,
@@ -14,7 +17,9 @@ from voxserve.bench.schedule import (
 
 
 def test_start_offsets_spread_over_the_ramp() -> None:
-    assert start_offsets(4, 2.0) == [0.0, 0.5, 1.0, 1.5]
+    offsets = start_offsets(4, 2.0)
+    assert [round(o, 1) for o in offsets] == [0.0, 0.5, 1.0, 1.5]
+    assert all(i * 0.5 <= o < i * 0.5 + FRAME_S for i, o in enumerate(offsets))
     assert start_offsets(3, 0.0) == [0.0, 0.0, 0.0]
     assert start_offsets(0, 1.0) == []
     with pytest.raises(ValueError):
@@ -53,3 +58,13 @@ def test_split_evenly() -> None:
     assert split_evenly(2, 1) == [(0, 2)]
     with pytest.raises(ValueError):
         split_evenly(5, 0)
+
+
+def test_start_offsets_spread_the_streams_frame_phases() -> None:
+    """5 s over 100 streams is 50 ms a stream: evenly spread starts alone give two 20 ms
+    phases (50 frames arriving together every 10 ms); the phases must cover the period."""
+    phases = sorted(o % FRAME_S for o in start_offsets(100, 5.0))
+    gaps = [b - a for a, b in itertools.pairwise(phases)]
+    gaps.append(phases[0] + FRAME_S - phases[-1])
+    assert max(gaps) < 0.1 * FRAME_S
+    assert len({round(p, 4) for p in phases}) > 90

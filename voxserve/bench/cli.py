@@ -329,6 +329,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "docs/benchmarks.md's targets, a bare websockets + uvloop server; figures before "
         "2026-11-29 21:30 used asyncio)",
     )
+    base.add_argument(
+        "--pin",
+        action="store_true",
+        help="each server (voxserve, then the echo server) on core 0 and the load on the "
+        "other cores: without it the scheduler's placement of server and client moves the "
+        "ratio by +-0.1 from run to run on a 2-core machine (docs/benchmarks.md)",
+    )
     realtime = add(
         "realtime",
         "voxserve.bench.realtime_bench:cmd_realtime",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from voxserve.bench import charts, engine_batches, frame_lag, http_tts, loadgen
+from voxserve.bench.procstat import pin
 from voxserve.bench.program import Program
 from voxserve.bench.report import Report, eprint
 from voxserve.bench.schedule import split_evenly
@@ -283,6 +285,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     with _report(args, "baseline") as report, target(args, report.out) as tgt:
         program = audio_program(args, tgt)
         with spawn_echo(report.out / "echo.log", loop=args.echo_loop) as echo:
+            if args.pin:
+                pin_servers(tgt.pid, echo.pid)
             steps: dict[str, list[Step]] = {"voxserve": [], "echo": []}
             for r in range(args.rounds):
                 for name, t in (("voxserve", tgt), ("echo", Target(echo.url, echo.pid))):
@@ -292,9 +296,23 @@ def cmd_baseline(args: argparse.Namespace) -> int:
                     report.add(step.record)
                     steps[name].append(step)
                     time.sleep(args.cooldown)
-        extra = {"overhead": overhead(steps), "echo_loop": args.echo_loop}
+        extra = {"overhead": overhead(steps), "echo_loop": args.echo_loop, "pinned": args.pin}
         _cdf(report, steps["voxserve"] + steps["echo"])
         return _done(report, steps["voxserve"][-1].record, extra, tgt.url)
+
+
+def pin_servers(*pids: int | None) -> None:
+    """Both servers on core 0, this process (and the load processes it starts) on the
+    others: each server then has one core to itself and the client never shares it, so
+    the two are measured under the same placement (--pin)."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise SystemExit("bench: --pin needs two cores or more")
+    for pid in pids:
+        if pid is None:
+            raise SystemExit("bench: --pin needs the server's pid (--spawn or a local server)")
+        pin(pid, 0)
+    os.sched_setaffinity(0, set(range(1, cores)))
 
 
 def overhead(steps: dict[str, list[Step]]) -> dict[str, Any]:

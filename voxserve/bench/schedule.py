@@ -13,12 +13,25 @@ from dataclasses import dataclass
 FRAME_S = 0.020
 
 
+GOLDEN = (5**0.5 - 1) / 2  # the golden-ratio sequence: phases spread for any count of streams
+
+
 def start_offsets(streams: int, ramp_s: float) -> list[float]:
-    """Evenly spread start times over [0, ramp_s): streams do not connect, nor send their
-    frames, in lock-step (each stream's 20 ms phase is set by its start)."""
+    """Start times spread over [0, ramp_s), each moved less than a frame period later so
+    that the streams' 20 ms phases are spread as evenly as their starts: the even spread
+    alone put every stream on one or two phases whenever ramp_s / streams is a multiple of
+    10 ms (5 s over 100 streams: 50 frames arriving at once every 10 ms, a burst that live
+    callers never make together). ramp_s 0: all at once, in lock-step (a burst test)."""
     if streams < 0 or ramp_s < 0:
         raise ValueError("streams and ramp_s must be >= 0")
-    return [i * ramp_s / streams for i in range(streams)] if streams else []
+    if ramp_s == 0:
+        return [0.0] * streams
+    step = ramp_s / streams if streams else 0.0
+    offsets = []
+    for i in range(streams):
+        phase = (i * GOLDEN) % 1.0 * FRAME_S
+        offsets.append(i * step + (phase - i * step) % FRAME_S)
+    return offsets
 
 
 @dataclass(frozen=True, slots=True)

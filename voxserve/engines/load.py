@@ -44,6 +44,11 @@ class Cost:
         self.hold_gil = hold_gil
 
     @property
+    def any(self) -> bool:
+        """Whether a call pays anything (the default load engines pay nothing)."""
+        return self.cpu_ms_per_call > 0 or self.cpu_ms_per_second > 0 or self.sleep_ms > 0
+
+    @property
     def bounded(self) -> bool:
         """CPU only, no sleep: calls may run on the event loop when they measure cheap
         (`inline_safe`, pipeline/scheduling/stage.py); one that sleeps models a blocking engine."""
@@ -99,6 +104,7 @@ class LoadVad:
             raise ValueError("hold_ms must be >= 0")
         self.info = _info("vad")
         self.threshold = float(10 ** (threshold_dbfs / 20))
+        self.energy = self.threshold**2 * self.window_samples  # RMS over threshold, squared
         self.hold = round(hold_ms * SAMPLE_RATE / 1000 / self.window_samples)  # windows
         self.cost = Cost(cpu_ms_per_call, cpu_ms_per_second_of_audio, sleep_ms, hold_gil)
         self.inline_safe = self.cost.bounded  # pipeline/scheduling/stage.py
@@ -113,36 +119,45 @@ class LoadVad:
     def speech_probs(self, state: dict[str, int], audio: Float32Array) -> Float32Array:
         return self.speech_probs_many([state], [audio])[0]
 
-    def _held(self, state: dict[str, int], loud: Float32Array) -> Float32Array:
-        """`loud` (1.0 per loud window) with each quiet run's first `hold` windows speech."""
-        quiet = state["quiet"]
-        probs = loud.tolist()
-        for i, level in enumerate(probs):
+    def _held(self, state: dict[str, int], loud: list[bool]) -> Float32Array:
+        """1.0 per loud window, and for each quiet run's first `hold` windows (speech)."""
+        quiet, hold = state["quiet"], self.hold
+        probs = []
+        for level in loud:
             quiet = 0 if level else quiet + 1
-            if quiet and quiet <= self.hold:
-                probs[i] = 1.0
+            probs.append(1.0 if quiet <= hold else 0.0)
         state["quiet"] = quiet
-        return np.asarray(probs, dtype=np.float32)
+        return np.array(probs, dtype=np.float32)
 
     def speech_probs_many(
         self, states: list[dict[str, int]], audios: list[Float32Array]
     ) -> list[Float32Array]:
         """`speech_probs` for several streams in one numpy pass, as a batched model runs
-        them (pipeline/scheduling/vad_batch.py); each stream still pays its configured cost."""
+        them (pipeline/scheduling/vad_batch.py); each stream still pays its configured cost.
+        A window is loud when its energy is over the threshold's: one dot product per
+        window, no mean or root (this engine stands for one that costs almost nothing, so
+        its per-call overhead is kept small too: the bench's VAD rounds are many)."""
         w = self.window_samples
         counts = [a.size // w for a in audios]
-        whole = [
-            np.asarray(a[: n * w], dtype=np.float32) for a, n in zip(audios, counts, strict=True)
-        ]
-        windows = np.concatenate(whole).reshape(-1, w) if whole else np.zeros((0, w), np.float32)
-        speech = (np.sqrt(np.mean(windows**2, axis=1)) > self.threshold).astype(np.float32)
+        if len(audios) == 1:
+            windows = np.asarray(audios[0][: counts[0] * w], dtype=np.float32).reshape(-1, w)
+        else:
+            whole = [
+                np.asarray(a[: n * w], dtype=np.float32)
+                for a, n in zip(audios, counts, strict=True)
+            ]
+            windows = (
+                np.concatenate(whole).reshape(-1, w) if whole else np.zeros((0, w), np.float32)
+            )
+        loud = (np.einsum("ij,ij->i", windows, windows) > self.energy).tolist()
         out: list[Float32Array] = []
         start = 0
+        cost = self.cost
         for state, audio, n in zip(states, audios, counts, strict=True):
             state["windows"] += n
-            self.cost.pay(audio.size / SAMPLE_RATE)
-            probs = speech[start : start + n]
-            out.append(self._held(state, probs) if self.hold else probs)
+            if cost.any:
+                cost.pay(audio.size / SAMPLE_RATE)
+            out.append(self._held(state, loud[start : start + n]))
             start += n
         return out
 
