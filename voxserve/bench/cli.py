@@ -333,8 +333,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--pin",
         action="store_true",
         help="each server (voxserve, then the echo server) on core 0 and the load on the "
-        "other cores: without it the scheduler's placement of server and client moves the "
-        "ratio by +-0.1 from run to run on a 2-core machine (docs/benchmarks.md)",
+        "other cores: both measured under one placement, the client never on the server's "
+        "core (the ratio still moves from run to run on a VM: docs/benchmarks.md)",
     )
     realtime = add(
         "realtime",

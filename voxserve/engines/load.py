@@ -44,9 +44,9 @@ class Cost:
         self.hold_gil = hold_gil
 
     @property
-    def any(self) -> bool:
-        """Whether a call pays anything (the default load engines pay nothing)."""
-        return self.cpu_ms_per_call > 0 or self.cpu_ms_per_second > 0 or self.sleep_ms > 0
+    def free(self) -> bool:
+        """Whether a call pays nothing (the default load engines)."""
+        return self.cpu_ms_per_call == 0 and self.cpu_ms_per_second == 0 and self.sleep_ms == 0
 
     @property
     def bounded(self) -> bool:
@@ -155,7 +155,7 @@ class LoadVad:
         cost = self.cost
         for state, audio, n in zip(states, audios, counts, strict=True):
             state["windows"] += n
-            if cost.any:
+            if not cost.free:
                 cost.pay(audio.size / SAMPLE_RATE)
             out.append(self._held(state, loud[start : start + n]))
             start += n
