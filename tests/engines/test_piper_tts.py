@@ -43,11 +43,13 @@ def test_split_text() -> None:
         "then walk straight on for about two hundred metres.",
         "The entrance is on your right.",
     ]
-    assert split_text("Ask Dr. Jones — she knows.") == ["Ask Dr. Jones, she knows."]
+    # A dash is a clause end, read as a comma (and the first piece is cut there).
+    assert split_text("Ask Dr. Jones — she knows.") == ["Ask Dr. Jones,", "she knows."]
+    assert split_text("Hi. Ask Dr. Jones — she knows.") == ["Hi.", "Ask Dr. Jones, she knows."]
     assert split_text("It costs 1,000 dollars.") == ["It costs 1,000 dollars."]
     assert split_text("  \n ") == []
-    # A long first piece (the time to first audio) is cut at its first clause end that
-    # leaves 8 characters before it; the rest keeps the 20-character rule.
+    # The first piece (the time to first audio) is cut at its first clause end that leaves
+    # 8 characters on each side; the pieces after it keep the 20-character rule.
     reply = "I heard: I would like a large pizza with mushrooms and olives please."
     assert split_text(reply) == [
         "I heard:",
@@ -61,7 +63,14 @@ def test_split_text() -> None:
     assert split_text("OK: I would like a large pizza with mushrooms and olives please.") == [
         "OK: I would like a large pizza with mushrooms and olives please."
     ]  # "OK:" alone would sound clipped
-    assert split_text("I heard: I would like a pizza.") == ["I heard: I would like a pizza."]
+    assert split_text("I heard: I would like a pizza.") == ["I heard:", "I would like a pizza."]
+    assert split_text("I'm doing well, thank you. How can I help?") == [
+        "I'm doing well,",
+        "thank you.",
+        "How can I help?",
+    ]
+    assert split_text("Sure, no problem.") == ["Sure, no problem."]  # "Sure," is too short
+    assert split_text("Yes, I can.") == ["Yes, I can."]
     assert "[[" not in " ".join(split_text("say [[ h ə l ]] now"))
 
 

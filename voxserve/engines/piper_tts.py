@@ -73,10 +73,13 @@ _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phonem
 
 
 # The first piece is the time to first audio (a piece is one model call, ~70 ms per second
-# of speech here): one longer than this is cut at its first clause end that leaves
-# FIRST_PIECE_MIN_CHARS before it ("I heard: I would like ..." -> "I heard:", then the rest).
-FIRST_PIECE_LONG_CHARS = 48
+# of speech here): it is cut at its first clause end that leaves FIRST_PIECE_MIN_CHARS on
+# each side ("I heard: I would like a pizza." -> "I heard:", then the rest; "I'm doing well,
+# thank you." -> "I'm doing well,"). The rest is made while the first piece plays. Cut only
+# past 48 characters (and 20 after the cut), a short reply's first chunk took 150-280 ms
+# instead of 70-90 (docs/benchmarks.md, "Turn-taking: the reply's first piece").
 FIRST_PIECE_MIN_CHARS = 8
+FIRST_PIECE_LONG_CHARS = 2 * FIRST_PIECE_MIN_CHARS  # shorter: no cut leaves both sides
 
 
 def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
@@ -91,7 +94,7 @@ def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS)
         for part in cut_to_length(clause, max_chars)
     ]
     if pieces and len(pieces[0]) > FIRST_PIECE_LONG_CHARS:
-        pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, min_chars)
+        pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, FIRST_PIECE_MIN_CHARS)
     return pieces
 
 
@@ -215,7 +218,7 @@ class PiperTts:
         self.cache_fingerprint = (
             f"piper-tts {dist_version('piper-tts')}; "
             f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids, "
-            f"first cut past {FIRST_PIECE_LONG_CHARS}" + "".join(f"; {f}" for f in fingerprints)
+            f"first cut {FIRST_PIECE_MIN_CHARS} each side" + "".join(f"; {f}" for f in fingerprints)
         )
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
