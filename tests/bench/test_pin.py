@@ -10,7 +10,7 @@ import pytest
 
 PINNING = """
 import os, subprocess, sys
-from voxserve.bench.commands import pin_servers
+from voxserve.bench.procstat import pin_servers
 server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
 try:
     pin_servers(server.pid)
@@ -32,7 +32,7 @@ def test_pin_puts_the_server_on_core_0_and_the_load_elsewhere() -> None:
 
 
 def test_pin_refuses_a_server_it_cannot_see() -> None:
-    from voxserve.bench.commands import pin_servers
+    from voxserve.bench.procstat import pin_servers
 
     if (os.cpu_count() or 1) < 2:
         with pytest.raises(SystemExit, match="two cores"):

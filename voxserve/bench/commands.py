@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voxserve.bench import charts, engine_batches, frame_lag, http_tts, loadgen
-from voxserve.bench.procstat import pin
+from voxserve.bench.procstat import pin_servers
 from voxserve.bench.program import Program
 from voxserve.bench.report import Report, eprint
 from voxserve.bench.schedule import split_evenly
@@ -299,20 +298,6 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         extra = {"overhead": overhead(steps), "echo_loop": args.echo_loop, "pinned": args.pin}
         _cdf(report, steps["voxserve"] + steps["echo"])
         return _done(report, steps["voxserve"][-1].record, extra, tgt.url)
-
-
-def pin_servers(*pids: int | None) -> None:
-    """Both servers on core 0, this process (and the load processes it starts) on the
-    others: each server then has one core to itself and the client never shares it, so
-    the two are measured under the same placement (--pin)."""
-    cores = os.cpu_count() or 1
-    if cores < 2:
-        raise SystemExit("bench: --pin needs two cores or more")
-    for pid in pids:
-        if pid is None:
-            raise SystemExit("bench: --pin needs the server's pid (--spawn or a local server)")
-        pin(pid, 0)
-    os.sched_setaffinity(0, set(range(1, cores)))
 
 
 def overhead(steps: dict[str, list[Step]]) -> dict[str, Any]:

@@ -70,6 +70,20 @@ def pin(pid: int, core: int = 0) -> None:
             os.sched_setaffinity(int(tid), {core})
 
 
+def pin_servers(*pids: int | None) -> None:
+    """Both servers on core 0, this process (and the load processes it starts) on the
+    others: each server then has one core to itself and the client never shares it, so
+    the two are measured under the same placement (--pin)."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        raise SystemExit("bench: --pin needs two cores or more")
+    for pid in pids:
+        if pid is None:
+            raise SystemExit("bench: --pin needs the server's pid (--spawn or a local server)")
+        pin(pid, 0)
+    os.sched_setaffinity(0, set(range(1, cores)))
+
+
 def listening_inodes(port: int) -> set[str]:
     inodes: set[str] = set()
     for name in ("tcp", "tcp6"):

@@ -121,6 +121,8 @@ class LoadVad:
 
     def _held(self, state: dict[str, int], loud: list[bool]) -> Float32Array:
         """1.0 per loud window, and for each quiet run's first `hold` windows (speech)."""
+        if not self.hold:
+            return np.array(loud, dtype=np.float32)
         quiet, hold = state["quiet"], self.hold
         probs = []
         for level in loud:
@@ -139,16 +141,11 @@ class LoadVad:
         its per-call overhead is kept small too: the bench's VAD rounds are many)."""
         w = self.window_samples
         counts = [a.size // w for a in audios]
-        if len(audios) == 1:
-            windows = np.asarray(audios[0][: counts[0] * w], dtype=np.float32).reshape(-1, w)
-        else:
-            whole = [
-                np.asarray(a[: n * w], dtype=np.float32)
-                for a, n in zip(audios, counts, strict=True)
-            ]
-            windows = (
-                np.concatenate(whole).reshape(-1, w) if whole else np.zeros((0, w), np.float32)
-            )
+        whole = [
+            np.asarray(a[: n * w], dtype=np.float32) for a, n in zip(audios, counts, strict=True)
+        ]
+        flat = whole[0] if len(whole) == 1 else np.concatenate(whole or [np.zeros(0, np.float32)])
+        windows = flat.reshape(-1, w)
         loud = (np.einsum("ij,ij->i", windows, windows) > self.energy).tolist()
         out: list[Float32Array] = []
         start = 0

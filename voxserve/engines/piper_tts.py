@@ -77,14 +77,14 @@ _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phonem
 # each side ("I heard: I would like a pizza." -> "I heard:", then the rest; "I'm doing well,
 # thank you." -> "I'm doing well,"). The rest is made while the first piece plays. Cut only
 # past 48 characters (and 20 after the cut), a short reply's first chunk took 150-280 ms
-# instead of 70-90 (docs/benchmarks.md, "Turn-taking: the reply's first piece").
+# instead of 70-90 (docs/benchmarks.md, "Turn-taking: a word made up at a pause", its last
+# part: "Then the first piece of a short reply").
 FIRST_PIECE_MIN_CHARS = 8
-FIRST_PIECE_LONG_CHARS = 2 * FIRST_PIECE_MIN_CHARS  # shorter: no cut leaves both sides
 
 
 def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
     """Sentences, then clauses, then at most `max_chars` characters: the units synthesised
-    (and yielded) one at a time; a long first piece is cut sooner (FIRST_PIECE_LONG_CHARS)."""
+    (and yielded) one at a time; the first piece is cut sooner (FIRST_PIECE_MIN_CHARS)."""
     # Piper reads [[ ... ]] as raw phonemes; user text must not reach that path.
     cleaned = " ".join(text.replace("[[", "[ [").replace("]]", "] ]").split())
     pieces = [
@@ -93,7 +93,7 @@ def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS)
         for clause in split_clauses(sentence, min_chars)
         for part in cut_to_length(clause, max_chars)
     ]
-    if pieces and len(pieces[0]) > FIRST_PIECE_LONG_CHARS:
+    if pieces:
         pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, FIRST_PIECE_MIN_CHARS)
     return pieces
 
