@@ -189,13 +189,18 @@ async def drive(spec: StepSpec, start_at: float) -> Raw:
 
 async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None:
     """One stream slot: a single session until end_at, or (session_s > 0) sessions of
-    session_s seconds back to back until end_at."""
+    session_s seconds back to back until end_at; a slot that held more than one session
+    counts in `churned_slots` (the soak's proof of churn, whatever the machine's pace)."""
+    held = 0
     while True:
         now = time.monotonic()
         until = min(end_at, now + spec.session_s) if spec.session_s > 0 else end_at
         await make_stream(spec, index, raw, until).run()
+        held += 1
         if spec.session_s <= 0 or time.monotonic() >= end_at - spec.session_s / 2:
-            return
+            break
+    if held > 1:
+        raw.counts["churned_slots"] += 1
 
 
 def run(spec: StepSpec, start_at: float) -> Raw:

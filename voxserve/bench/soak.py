@@ -238,6 +238,7 @@ def _soak(args: argparse.Namespace, tgt: Target, out: Path, key: str) -> int:
         "warmup_s": args.warmup,
         "session_s": args.session_s,
         "sessions": step.record["counts"].get("sessions"),
+        "churned_streams": step.record["counts"].get("churned_slots", 0),
         "rss_growth": growth,
         "idle_before": before,
         "idle_after": after,
@@ -265,7 +266,12 @@ def soak_markdown(summary: dict[str, Any]) -> str:
         f"(warm-up {summary['warmup_s']:g} s): {'PASS' if summary['pass'] else 'FAIL'}",
         "",
         f"sessions: {summary['sessions']}"
-        + (f" (a new one every {summary['session_s']:g} s)" if summary["session_s"] else ""),
+        + (
+            f" (a new one every {summary['session_s']:g} s; {summary['churned_streams']} of "
+            f"{summary['streams']} streams held more than one)"
+            if summary["session_s"]
+            else ""
+        ),
         "",
         f"RSS after warm-up: {growth.get('first_mb')} MB -> {growth.get('last_mb')} MB "
         f"({growth.get('growth_pct')}%), max {growth.get('max_mb')} MB, "

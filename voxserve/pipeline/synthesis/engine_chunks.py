@@ -42,13 +42,20 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # a conversation's reply is the one that must not pause. (8 assistant streams on real
 # engines, 2 vCPUs: a reply pause of 30-320 ms in some runs of every variant, the tree
 # before included; too rare in 40 s runs to tell the variants apart.)
+# A later chunk's lead is the larger of what the previous chunk took and this call's
+# predicted cost (`TtsSchedule.call_cost`): piper's first piece is cut short ("Good morning,"
+# is made in half the time of "the weather today is mild."), so the previous chunk's time
+# alone let the second one start too late to be done before the first had played.
 # A one-shot request's first chunk is due when admission predicted it would start
 # (`Ticket.first_audio_at`, less its own cost), not FIRST_CHUNK_DUE_S after it asked:
 # under overload that is seconds away, and a first chunk due at once, queued behind seconds
 # of other first chunks, outranked every admitted stream's next clause until that stream
 # was as late as the queue was long (HTTP at 2x capacity: 146 of 153 admitted streams
 # paused, longest pause P99 2.1 s, with admission by continuity already on). Unloaded the
-# prediction is now, so first chunks still go first.
+# prediction is now, so first chunks still go first. (Due a grace of 1 s later, at most at
+# its budget, the next clauses of playing streams went first more often, but first audio
+# at 1x capacity rose from P99 0.42-0.79 s to 1.20-2.78 s, and the pauses it was to spare
+# were too few on this VM to tell apart: docs/benchmarks.md, "TTS overload".)
 FIRST_CHUNK_DUE_S = 0.2
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
@@ -119,16 +126,17 @@ async def engine_chunks(
         while True:
             if before_chunk is not None:
                 await before_chunk()
+            if ticket is not None:
+                schedule.call_cost(ticket)  # the call's predicted cost, before it is queued
             if prewarm:
                 due = deadline_in(stage.timeout_s)
             elif made_s == 0.0:
-                due = _first_chunk_due(ticket, schedule, bulk)
+                due = first_chunk_due(ticket, schedule, bulk)
             else:
-                due = started + made_s - PLAYOUT_MARGIN_S - took
+                cost = ticket.call_cost_s if ticket is not None else 0.0
+                due = later_chunk_due(started + made_s, took, cost)
                 await _until_nearly_due(stage, due)
             asked = time.monotonic()
-            if ticket is not None:
-                schedule.call_cost(ticket)
             chunk = await stage.run(pull, deadline=due, priority=priority)
             took = timing.spent_s if bulk and not made_s else time.monotonic() - asked
             audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
@@ -160,7 +168,14 @@ async def engine_chunks(
         ctx.speech.executor.submit(source.close)
 
 
-def _first_chunk_due(ticket: Ticket | None, schedule: TtsSchedule, bulk: bool) -> float:
+def later_chunk_due(runs_dry: float, took: float, cost_s: float) -> float:
+    """A later chunk must be made before playback runs dry at `runs_dry`: it is due a margin
+    and its lead before, the lead being the larger of what the last chunk took and this
+    call's predicted cost `cost_s` (module comment)."""
+    return runs_dry - PLAYOUT_MARGIN_S - max(took, cost_s)
+
+
+def first_chunk_due(ticket: Ticket | None, schedule: TtsSchedule, bulk: bool) -> float:
     """A first chunk is due FIRST_CHUNK_DUE_S after it is asked for; a one-shot request's
     no sooner than when admission predicted it would start (module comment)."""
     due = deadline_in(FIRST_CHUNK_DUE_S)
