@@ -37,8 +37,8 @@ SERIAL = (
     "flow/",
     # 7 slow decodes beside speech and a short transcription, judged against their usual time
     "hostile/test_uploads.py",
-    # the soak's churn: sessions opened and closed in its 10 s, which a neighbour's load
-    # thinned below its floor (59 of >= 60 in one CI run beside two busy workers)
+    # the soak: 10 s of paced streams and their churn, with its RSS and leak checks, which
+    # a neighbour's load disturbs (59 sessions where ~75 run alone, beside two busy workers)
     "memory/test_soak.py",
     "test_bulk_fairness.py",
     "test_scheduling_fairness.py",
