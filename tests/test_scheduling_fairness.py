@@ -206,15 +206,16 @@ class _NamedWordsTts(FakeTts):
 async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wait(
     bulk: bool,
 ) -> None:
-    """A one-shot request A's first chunk waits 1 s for the slot; its second is then due
-    when the first's second of audio has played (less that chunk's synthesis), not at once,
+    """A one-shot request A's first chunk waits 2 s for the slot; its second is then due
+    when the first's 2 s of audio have played (less that chunk's synthesis), not at once,
     so B, which asked for its first chunk while A waited and is due sooner than that, goes
     first. (Less the first chunk's whole wait, the tails of requests admitted earlier
     overtook the first chunks the TTS admission rule had counted on: admitted one-shot
     speech came 1-2.4 s past its budget at 2x and 4x capacity, docs/benchmarks.md.) A live
     reply keeps that wait as its lead, so its second chunk goes first: a conversation's
-    reply must not pause."""
-    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=1.0)
+    reply must not pause. (A word is 2 s of audio: a one-shot first chunk under
+    ONE_SHOT_FIRST_AUDIO_S would be joined with the next in one call.)"""
+    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=2.0)
     runtime = fake_runtime(_tts_settings(True), tts=tts)
     stage = runtime.stages.stage("tts")
     gate = threading.Event()
@@ -229,7 +230,7 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
     # Due just after A's first chunk (a live call: for a one-shot A it runs first), it holds
     # the slot while A's second chunk and B's first are asked for.
     holder = asyncio.ensure_future(stage.run(time.sleep, 0.3, deadline=time.monotonic() + 0.25))
-    await asyncio.sleep(0.85)
+    await asyncio.sleep(1.85)
     b = asyncio.ensure_future(speak("b1"))  # due 0.2 s from now, 0.1 s after the gate opens
     await asyncio.sleep(0.1)
     gate.set()
@@ -242,16 +243,20 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
 
 
 async def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_start() -> None:
-    """One slot. A one-shot request A speaks (0.5 s of audio a word); a holder takes the
-    slot after A's first chunk, so A's second waits for it, and then C1-C3 (first clauses
-    of 199 characters: 0.4 s each at the prior rate) and B are admitted: predicted to start
-    0.4 s apart, B 1.2 s out. A's second chunk is due when its first has played (~0.4 s),
-    so it goes before C3 and B, which are due when admission said they would start. (Due
-    FIRST_CHUNK_DUE_S after asking, as they were, a queue of first chunks outranked every
-    admitted stream's next clause: at 2x capacity nearly every admitted stream paused,
-    docs/benchmarks.md.)"""
-    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=0.5)
-    runtime = fake_runtime(_tts_settings(True), tts=tts)
+    """One slot. A one-shot request A speaks (1.5 s of audio a word: a first chunk under
+    ONE_SHOT_FIRST_AUDIO_S would be joined with its next); a holder takes the slot after
+    A's first chunk, so A's second waits for it, and then C1-C3 (first clauses of 199
+    characters: 1.6 s each at the prior rate of 8 ms a character) and B are admitted:
+    predicted to start 1.6 s apart, B 4.8 s out. A's second chunk is due when its first has
+    played (~1.35 s), so it goes before C2, C3 and B, which are due when admission said
+    they would start. (Due FIRST_CHUNK_DUE_S after asking, as they were, a queue of first
+    chunks outranked every admitted stream's next clause: at 2x capacity nearly every
+    admitted stream paused, docs/benchmarks.md.)"""
+    tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=1.5)
+    settings = _tts_settings(True)
+    settings.tts.degrade.ms_per_char = 8.0
+    settings.tts.degrade.one_shot_first_audio_budget_ms = 30_000  # admit all of them
+    runtime = fake_runtime(settings, tts=tts)
     stage = runtime.stages.stage("tts")
 
     async def speak(text: str) -> None:
@@ -274,5 +279,22 @@ async def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_s
     gate.set()
     await asyncio.gather(holder, a, *others)
     order = [w for w in tts.order if w in ("a2", "c1", "c2", "c3", "b1")]
-    assert order.index("a2") < order.index("c3") < order.index("b1"), order
+    assert order.index("a2") < order.index("c2") < order.index("c3") < order.index("b1"), order
+    runtime.executor.shutdown()
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+async def test_a_one_shot_short_first_piece_is_joined_with_the_next(bulk: bool) -> None:
+    """A one-shot request's first chunk under ONE_SHOT_FIRST_AUDIO_S (0.3 s here) is made
+    with the engine's next one in the same call, so its listener has that much to play
+    while its next clause waits behind a burst's first clauses; a live reply's first chunk
+    stays the short piece (its first audio is the turn's latency)."""
+    tts = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
+    runtime = fake_runtime(_tts_settings(True), tts=tts)
+    made_before_first_audio: list[str] | None = None
+    async for _ in synthesize(runtime, "a1 a2 a3 a4", voice="fake", bulk=bulk):
+        if made_before_first_audio is None:
+            made_before_first_audio = list(tts.order)
+    assert made_before_first_audio == (["a1", "a2"] if bulk else ["a1"])
+    assert tts.order == ["a1", "a2", "a3", "a4"]  # one more only (a1 + a2 is still under 1 s)
     runtime.executor.shutdown()

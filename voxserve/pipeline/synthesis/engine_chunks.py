@@ -57,6 +57,15 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # at 1x capacity rose from P99 0.42-0.79 s to 1.20-2.78 s, and the pauses it was to spare
 # were too few on this VM to tell apart: docs/benchmarks.md, "TTS overload".)
 FIRST_CHUNK_DUE_S = 0.2
+# A one-shot request's first chunk shorter than this is joined with the engine's next one
+# in the same call: engines cut their first piece short for a live reply's first audio
+# (piper: at the first clause end, "Good morning," 0.8 s), and in a burst the clause after
+# it waits behind the other requests' first clauses, so a one-shot listener with 0.8 s to
+# play paused; the first sentence was its first piece before (docs/benchmarks.md, "TTS
+# overload"). A live reply keeps the short piece: its first audio is the turn's latency.
+# At 1.5 s, short first sentences were joined with the whole next one too, and first audio
+# at 1x capacity rose from P99 0.37 s to 1.66-2.19 s; at 1.0 s it stayed 0.36-0.59 s.
+ONE_SHOT_FIRST_AUDIO_S = 1.0
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
 # the `waiting` that TTS health and flow control read, then hold only work that is due.
@@ -121,6 +130,11 @@ async def engine_chunks(
     key = rate_key(request)
     timing = ticket or schedule.untracked()  # every call measures the service rate
     pull = _timed_pull(source, timing, schedule.clock)
+    # A one-shot listener's short first piece is joined with the next (module comment).
+    first_pull = pull
+    if bulk:
+        least = int(ONE_SHOT_FIRST_AUDIO_S * engine.sample_rate)
+        first_pull = _timed_pull(source, timing, schedule.clock, least)
     complete = False
     try:
         while True:
@@ -137,7 +151,8 @@ async def engine_chunks(
                 due = later_chunk_due(started + made_s, took, cost)
                 await _until_nearly_due(stage, due)
             asked = time.monotonic()
-            chunk = await stage.run(pull, deadline=due, priority=priority)
+            call = first_pull if made_s == 0.0 else pull
+            chunk = await stage.run(call, deadline=due, priority=priority)
             took = timing.spent_s if bulk and not made_s else time.monotonic() - asked
             audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
             if ticket is None:
@@ -186,15 +201,22 @@ def first_chunk_due(ticket: Ticket | None, schedule: TtsSchedule, bulk: bool) ->
 
 
 def _timed_pull(
-    source: LockedChunks, ticket: Ticket, clock: Callable[[], float]
+    source: LockedChunks, ticket: Ticket, clock: Callable[[], float], min_samples: int = 0
 ) -> Callable[[], Int16Array | None]:
     """`source.next_chunk`, telling the ticket when the engine call began and how long it
-    took (plain float writes from the worker thread; the loop reads them)."""
+    took (plain float writes from the worker thread; the loop reads them). A chunk shorter
+    than `min_samples` is joined with the engine's next one in the same call (one more
+    only: a streaming engine's small chunks must not hold first audio back)."""
 
     def pull() -> Int16Array | None:
         ticket.call_started = began = clock()
         try:
-            return source.next_chunk()
+            chunk = source.next_chunk()
+            if chunk is not None and chunk.size < min_samples:
+                more = source.next_chunk()
+                if more is not None:
+                    chunk = np.concatenate([chunk, more])
+            return chunk
         finally:
             ticket.spent_s = clock() - began
 
