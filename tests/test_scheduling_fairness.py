@@ -288,8 +288,11 @@ async def test_a_one_shot_short_first_piece_is_joined_with_the_next(bulk: bool) 
     """A one-shot request's first chunk under ONE_SHOT_FIRST_AUDIO_S (0.3 s here) is made
     with the engine's next one in the same call, so its listener has that much to play
     while its next clause waits behind a burst's first clauses; a live reply's first chunk
-    stays the short piece (its first audio is the turn's latency)."""
+    stays the short piece (its first audio is the turn's latency), and so does every
+    chunk of an engine that does not cut its first piece short on purpose (a streaming
+    engine's chunks go out as they come: tests/engines/test_cosyvoice_server.py)."""
     tts = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
+    tts.short_first_piece = True  # as piper says of itself (engines/base.py)
     runtime = fake_runtime(_tts_settings(True), tts=tts)
     made_before_first_audio: list[str] | None = None
     async for _ in synthesize(runtime, "a1 a2 a3 a4", voice="fake", bulk=bulk):
@@ -297,4 +300,10 @@ async def test_a_one_shot_short_first_piece_is_joined_with_the_next(bulk: bool) 
             made_before_first_audio = list(tts.order)
     assert made_before_first_audio == (["a1", "a2"] if bulk else ["a1"])
     assert tts.order == ["a1", "a2", "a3", "a4"]  # one more only (a1 + a2 is still under 1 s)
+    runtime.executor.shutdown()
+    streaming = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
+    runtime = fake_runtime(_tts_settings(True), tts=streaming)
+    async for _ in synthesize(runtime, "s1 s2 s3", voice="fake", bulk=bulk):
+        assert streaming.order == ["s1"]
+        break
     runtime.executor.shutdown()

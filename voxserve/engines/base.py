@@ -243,6 +243,15 @@ def fork_safe(engine_class: object) -> bool:
     return getattr(engine_class, "fork_safe", False) is True
 
 
+def short_first_piece(engine: object) -> bool:
+    """Whether a TTS engine cuts its first piece short on purpose, for a live reply's first
+    audio (piper: at its first clause end). It says so with `short_first_piece = True`; a
+    one-shot synthesis then makes that piece with the next in one call
+    (pipeline/synthesis/engine_chunks.py, ONE_SHOT_FIRST_AUDIO_S). Absent means no: a
+    streaming engine's chunks go out as they come."""
+    return getattr(engine, "short_first_piece", False) is True
+
+
 TRANSCRIBE_ONLY: tuple[AsrTask, ...] = ("transcribe",)
 
 

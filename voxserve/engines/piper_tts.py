@@ -145,6 +145,7 @@ class PiperTts:
     the packaged joe, and the voices `voices` names (engines/piper_voices.py)."""
 
     fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
+    short_first_piece = True  # FIRST_PIECE_MIN_CHARS (engines/base.py, short_first_piece)
 
     def __init__(
         self,

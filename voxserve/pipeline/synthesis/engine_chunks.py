@@ -17,6 +17,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import StreamResampler
+from voxserve.engines.base import short_first_piece
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.scheduling.stage import (
     PRIORITY_BULK,
@@ -58,11 +59,12 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # were too few on this VM to tell apart: docs/benchmarks.md, "TTS overload".)
 FIRST_CHUNK_DUE_S = 0.2
 # A one-shot request's first chunk shorter than this is joined with the engine's next one
-# in the same call: engines cut their first piece short for a live reply's first audio
-# (piper: at the first clause end, "Good morning," 0.8 s), and in a burst the clause after
-# it waits behind the other requests' first clauses, so a one-shot listener with 0.8 s to
-# play paused; the first sentence was its first piece before (docs/benchmarks.md, "TTS
-# overload"). A live reply keeps the short piece: its first audio is the turn's latency.
+# in the same call, where the engine cuts its first piece short for a live reply's first
+# audio (`short_first_piece`; piper: at the first clause end, "Good morning," 0.8 s): in
+# a burst the clause after it waits behind the other requests' first clauses, so a
+# one-shot listener with 0.8 s to play paused; the first sentence was its first piece
+# before (docs/benchmarks.md, "TTS overload"). A live reply keeps the short piece: its
+# first audio is the turn's latency. A streaming engine's chunks go out as they come.
 # At 1.5 s, short first sentences were joined with the whole next one too, and first audio
 # at 1x capacity rose from P99 0.37 s to 1.66-2.19 s; at 1.0 s it stayed 0.36-0.59 s.
 ONE_SHOT_FIRST_AUDIO_S = 1.0
@@ -132,7 +134,7 @@ async def engine_chunks(
     pull = _timed_pull(source, timing, schedule.clock)
     # A one-shot listener's short first piece is joined with the next (module comment).
     first_pull = pull
-    if bulk:
+    if bulk and short_first_piece(engine):
         least = int(ONE_SHOT_FIRST_AUDIO_S * engine.sample_rate)
         first_pull = _timed_pull(source, timing, schedule.clock, least)
     complete = False
@@ -206,7 +208,7 @@ def _timed_pull(
     """`source.next_chunk`, telling the ticket when the engine call began and how long it
     took (plain float writes from the worker thread; the loop reads them). A chunk shorter
     than `min_samples` is joined with the engine's next one in the same call (one more
-    only: a streaming engine's small chunks must not hold first audio back)."""
+    only: it is the rest of a sentence cut short, not a stream to wait on)."""
 
     def pull() -> Int16Array | None:
         ticket.call_started = began = clock()
