@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from voxserve.pipeline.scheduling.tts_lateness import ServiceRates, TtsSchedule
+from voxserve.pipeline.scheduling.tts_lateness import ServiceRates, Ticket, TtsSchedule
 from voxserve.pipeline.synthesis.engine_chunks import (
     FIRST_CHUNK_DUE_S,
     PLAYOUT_MARGIN_S,
@@ -24,11 +24,17 @@ def _schedule(one_shot_budget_s: float) -> TtsSchedule:
     return TtsSchedule(0.8, rates, time.monotonic, one_shot_budget_s)
 
 
+def _costed(schedule: TtsSchedule, ticket: Ticket) -> Ticket:
+    """The ticket with its next call's predicted cost set, as engine_chunks sets it."""
+    schedule.call_cost(ticket)
+    return ticket
+
+
 def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_start() -> None:
     schedule = _schedule(one_shot_budget_s=10.0)
     ticket = schedule.open("piper/joe", "x" * 40, bulk=True)  # one clause: 0.2 s
     ticket.first_audio_at = time.monotonic() + 2.0  # admission's prediction
-    due = first_chunk_due(ticket, schedule, bulk=True)
+    due = first_chunk_due(_costed(schedule, ticket), bulk=True)
     assert due == pytest.approx(ticket.first_audio_at - 0.2)  # less its own cost
 
 
@@ -37,11 +43,13 @@ def test_a_first_chunk_predicted_at_once_is_due_no_sooner_than_a_live_one() -> N
     ticket = schedule.open("piper/joe", "x" * 40, bulk=True)
     ticket.first_audio_at = ticket.arrived
     asked = time.monotonic()
-    due = first_chunk_due(ticket, schedule, bulk=True)
+    due = first_chunk_due(_costed(schedule, ticket), bulk=True)
     assert asked + FIRST_CHUNK_DUE_S <= due <= time.monotonic() + FIRST_CHUNK_DUE_S
     live = schedule.open("piper/joe", "x" * 40, bulk=False)
     live.first_audio_at = live.arrived + 5.0
-    assert first_chunk_due(live, schedule, bulk=False) <= time.monotonic() + FIRST_CHUNK_DUE_S
+    assert (
+        first_chunk_due(_costed(schedule, live), bulk=False) <= time.monotonic() + FIRST_CHUNK_DUE_S
+    )
 
 
 def test_a_later_chunk_is_due_its_own_cost_ahead_when_that_is_longer_than_the_last() -> None:

@@ -190,7 +190,7 @@ async def drive(spec: StepSpec, start_at: float) -> Raw:
 async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None:
     """One stream slot: a single session until end_at, or (session_s > 0) sessions of
     session_s seconds back to back until end_at; a slot that held more than one session
-    counts in `churned_slots` (the soak's proof of churn, whatever the machine's pace)."""
+    counts in `churned_streams` (the soak's proof of churn, whatever the machine's pace)."""
     held = 0
     while True:
         now = time.monotonic()
@@ -200,7 +200,7 @@ async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None
         if spec.session_s <= 0 or time.monotonic() >= end_at - spec.session_s / 2:
             break
     if held > 1:
-        raw.counts["churned_slots"] += 1
+        raw.counts["churned_streams"] += 1
 
 
 def run(spec: StepSpec, start_at: float) -> Raw:

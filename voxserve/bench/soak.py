@@ -238,7 +238,7 @@ def _soak(args: argparse.Namespace, tgt: Target, out: Path, key: str) -> int:
         "warmup_s": args.warmup,
         "session_s": args.session_s,
         "sessions": step.record["counts"].get("sessions"),
-        "churned_streams": step.record["counts"].get("churned_slots", 0),
+        "churned_streams": step.record["counts"].get("churned_streams", 0),
         "rss_growth": growth,
         "idle_before": before,
         "idle_after": after,

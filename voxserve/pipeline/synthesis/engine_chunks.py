@@ -25,7 +25,7 @@ from voxserve.pipeline.scheduling.stage import (
     EngineStage,
     deadline_in,
 )
-from voxserve.pipeline.scheduling.tts_lateness import Ticket, TtsSchedule, first_clause_chars
+from voxserve.pipeline.scheduling.tts_lateness import Ticket, first_clause_chars
 from voxserve.pipeline.synthesis.request import SpeechRequest, rate_key
 
 POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks again
@@ -147,7 +147,7 @@ async def engine_chunks(
             if prewarm:
                 due = deadline_in(stage.timeout_s)
             elif made_s == 0.0:
-                due = first_chunk_due(ticket, schedule, bulk)
+                due = first_chunk_due(ticket, bulk)
             else:
                 cost = ticket.call_cost_s if ticket is not None else 0.0
                 due = later_chunk_due(started + made_s, took, cost)
@@ -192,12 +192,12 @@ def later_chunk_due(runs_dry: float, took: float, cost_s: float) -> float:
     return runs_dry - PLAYOUT_MARGIN_S - max(took, cost_s)
 
 
-def first_chunk_due(ticket: Ticket | None, schedule: TtsSchedule, bulk: bool) -> float:
+def first_chunk_due(ticket: Ticket | None, bulk: bool) -> float:
     """A first chunk is due FIRST_CHUNK_DUE_S after it is asked for; a one-shot request's
-    no sooner than when admission predicted it would start (module comment)."""
+    no sooner than when admission predicted it would start, less the call's predicted cost
+    (`TtsSchedule.call_cost`, set before) (module comment)."""
     due = deadline_in(FIRST_CHUNK_DUE_S)
     if bulk and ticket is not None and ticket.first_audio_at is not None:
-        schedule.call_cost(ticket)
         due = max(due, ticket.first_audio_at - ticket.call_cost_s)
     return due
 
