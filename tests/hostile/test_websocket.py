@@ -54,9 +54,17 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, declared: int | None
     return head + mask + masked
 
 
-def opened(live: LiveServer, path: str = "/v1/stream") -> socket.socket:
-    """A raw socket past the handshake."""
-    sock = socket.create_connection(("127.0.0.1", live.settings.port), timeout=10)
+def opened(live: LiveServer, path: str = "/v1/stream", rcvbuf: int | None = None) -> socket.socket:
+    """A raw socket past the handshake. `rcvbuf`: a small receive buffer for a client that
+    reads nothing, set before connecting (tcp(7)): set after, the window was already scaled
+    for the default buffer, so the kernel dropped the server's segments the window had let
+    through, and the retransmissions' backoff (5 RTO timeouts, past the client's 10 s
+    timeout in one run of ~6) stalled the connection, the client's sends too."""
+    sock = socket.socket()
+    sock.settimeout(10)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", live.settings.port))
     sock.sendall(
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -230,8 +238,7 @@ async def test_a_client_pinging_without_reading_costs_no_memory(server: LiveServ
     pings = b"".join(frame(9, b"p" * 125) for _ in range(2000))
 
     def flood() -> None:
-        with opened(server) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with opened(server, rcvbuf=4096) as sock:
             sock.sendall(frame(1, START))
             for _ in range(100):  # 200,000 pings, 26 MB of pongs
                 sock.sendall(pings)
@@ -281,8 +288,7 @@ async def test_floods_of_tiny_frames_leave_the_live_stream_on_time(
     flood_bytes = TINY[name]()
 
     def flood() -> None:
-        with opened(server) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with opened(server, rcvbuf=4096) as sock:
             sock.sendall(flood_bytes)
             time.sleep(0.3)
 
