@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import time
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,9 @@ def _deploy(
     from voxserve.cluster.control import deploy, describe_tiers
 
     cluster = settings.cluster
+    if local and (nodes > 1 or num_cpus is not None):
+        # The CPUs offered are known before Ray starts (~10 s of two cores): refuse now.
+        _check_cpus(cluster, float(nodes * (num_cpus or 1)), math.inf)
     if local and nodes > 1:
         started.append(_simulated_cluster(nodes, num_cpus or 1))
         ray.init(
