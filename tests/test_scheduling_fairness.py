@@ -213,8 +213,7 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
     overtook the first chunks the TTS admission rule had counted on: admitted one-shot
     speech came 1-2.4 s past its budget at 2x and 4x capacity, docs/benchmarks.md.) A live
     reply keeps that wait as its lead, so its second chunk goes first: a conversation's
-    reply must not pause. (A word is 2 s of audio: a one-shot first chunk under
-    ONE_SHOT_FIRST_AUDIO_S would be joined with the next in one call.)"""
+    reply must not pause. (A word is 2 s of audio.)"""
     tts = _NamedWordsTts(chunk_delay_s=0.05, seconds_per_word=2.0)
     runtime = fake_runtime(_tts_settings(True), tts=tts)
     stage = runtime.stages.stage("tts")
@@ -243,8 +242,7 @@ async def test_a_second_chunk_is_due_by_its_playback_not_by_its_first_chunk_s_wa
 
 
 async def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_start() -> None:
-    """One slot. A one-shot request A speaks (1.5 s of audio a word: a first chunk under
-    ONE_SHOT_FIRST_AUDIO_S would be joined with its next); a holder takes the slot after
+    """One slot. A one-shot request A speaks (1.5 s of audio a word); a holder takes the slot after
     A's first chunk, so A's second waits for it, and then C1-C3 (first clauses of 199
     characters: 1.6 s each at the prior rate of 8 ms a character) and B are admitted:
     predicted to start 1.6 s apart, B 4.8 s out. A's second chunk is due when its first has
@@ -283,27 +281,42 @@ async def test_a_one_shot_first_chunk_is_due_when_admission_predicted_it_would_s
     runtime.executor.shutdown()
 
 
+class _FirstPieceTts(_NamedWordsTts):
+    """An engine that offers the first-piece choice (engines/base.py, short_first_piece),
+    noting what each request asked for."""
+
+    short_first_piece = True
+
+    def __init__(self, **kw: float) -> None:
+        super().__init__(**kw)
+        self.asked: list[bool] = []
+
+    def synthesize(  # type: ignore[override]
+        self, text: str, *, voice: str, speed: float = 1.0, short_first: bool = True
+    ) -> Iterator[np.ndarray]:
+        self.asked.append(short_first)
+        return super().synthesize(text, voice=voice, speed=speed)
+
+
 @pytest.mark.parametrize("bulk", [True, False])
-async def test_a_one_shot_short_first_piece_is_joined_with_the_next(bulk: bool) -> None:
-    """A one-shot request's first chunk under ONE_SHOT_FIRST_AUDIO_S (0.3 s here) is made
-    with the engine's next one in the same call, so its listener has that much to play
-    while its next clause waits behind a burst's first clauses; a live reply's first chunk
-    stays the short piece (its first audio is the turn's latency), and so does every
-    chunk of an engine that does not cut its first piece short on purpose (a streaming
-    engine's chunks go out as they come: tests/engines/test_cosyvoice_server.py)."""
-    tts = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
-    tts.short_first_piece = True  # as piper says of itself (engines/base.py)
+async def test_a_live_reply_asks_for_a_short_first_piece_and_a_one_shot_request_does_not(
+    bulk: bool,
+) -> None:
+    """An engine that offers the choice is asked for a short first piece for a live reply
+    (its first audio is the turn's latency) and not for a one-shot request (in a burst the
+    clause after a short first piece waited behind the other requests' first pieces, and
+    its listener paused). An engine without the choice is asked nothing: its `synthesize`
+    takes no such keyword (a call with it would raise TypeError)."""
+    tts = _FirstPieceTts(chunk_delay_s=0.01, seconds_per_word=0.3)
     runtime = fake_runtime(_tts_settings(True), tts=tts)
-    made_before_first_audio: list[str] | None = None
-    async for _ in synthesize(runtime, "a1 a2 a3 a4", voice="fake", bulk=bulk):
-        if made_before_first_audio is None:
-            made_before_first_audio = list(tts.order)
-    assert made_before_first_audio == (["a1", "a2"] if bulk else ["a1"])
-    assert tts.order == ["a1", "a2", "a3", "a4"]  # one more only (a1 + a2 is still under 1 s)
+    async for _ in synthesize(runtime, "a1 a2", voice="fake", bulk=bulk):
+        pass
+    assert tts.asked == [not bulk]
+    assert tts.order == ["a1", "a2"]
     runtime.executor.shutdown()
-    streaming = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
-    runtime = fake_runtime(_tts_settings(True), tts=streaming)
-    async for _ in synthesize(runtime, "s1 s2 s3", voice="fake", bulk=bulk):
-        assert streaming.order == ["s1"]
-        break
+    plain = _NamedWordsTts(chunk_delay_s=0.01, seconds_per_word=0.3)
+    runtime = fake_runtime(_tts_settings(True), tts=plain)
+    async for _ in synthesize(runtime, "s1 s2", voice="fake", bulk=bulk):
+        pass
+    assert plain.order == ["s1", "s2"]
     runtime.executor.shutdown()

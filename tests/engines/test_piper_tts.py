@@ -72,6 +72,21 @@ def test_split_text() -> None:
     assert split_text("Sure, no problem.") == ["Sure, no problem."]  # "Sure," is too short
     assert split_text("Yes, I can.") == ["Yes, I can."]
     assert "[[" not in " ".join(split_text("say [[ h ə l ]] now"))
+    # A one-shot request's first piece (short_first=False) is a whole clause of the
+    # 20-character rule: cut only past 48 characters, leaving 20 after the cut.
+    morning = "Good morning, the weather today is mild. Take a coat."
+    assert split_text(morning)[:2] == ["Good morning,", "the weather today is mild."]
+    assert split_text(morning, short_first=False) == [
+        "Good morning, the weather today is mild.",
+        "Take a coat.",
+    ]
+    assert split_text(reply, short_first=False) == [
+        "I heard:",
+        "I would like a large pizza with mushrooms and olives please.",
+    ]
+    assert split_text("I'm doing well, thank you.", short_first=False) == [
+        "I'm doing well, thank you."
+    ]
 
 
 def test_streams_clause_by_clause(piper: PiperTts) -> None:
@@ -87,6 +102,16 @@ def test_streams_clause_by_clause(piper: PiperTts) -> None:
     audio = np.concatenate([first, *rest])
     assert np.sqrt(np.mean(audio.astype(np.float64) ** 2)) > 500  # not silent
     assert np.abs(audio).max() < 32767
+
+
+def test_a_one_shot_request_s_first_piece_is_the_whole_clause(piper: PiperTts) -> None:
+    """short_first (engines/base.py, short_first_piece): a live reply's first chunk is
+    "Good morning," alone; a one-shot request's is the whole sentence, one model call."""
+    text = "Good morning, the weather today is mild."
+    live = list(piper.synthesize(text, voice="joe"))
+    one_shot = list(piper.synthesize(text, voice="joe", short_first=False))
+    assert len(live) == 2 and len(one_shot) == 1
+    assert live[0].size < 0.6 * one_shot[0].size
 
 
 def test_speed_changes_duration(piper: PiperTts) -> None:

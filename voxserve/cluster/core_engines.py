@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxserve.config import EnginesConfig, EngineSpec
-from voxserve.engines.base import TtsEngine, close_engine
+from voxserve.engines.base import TtsEngine, close_engine, short_first_piece
 from voxserve.engines.registry import construct
 from voxserve.types import EngineInfo, Voice
 
@@ -48,6 +48,7 @@ class TtsEngineEntry:
     sample_rate: int
     voices: tuple[Voice, ...]
     cache_fingerprint: str = ""
+    short_first_piece: bool = False  # its synthesize takes short_first (engines/base.py)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class TtsCatalogue:
                 int(engine.sample_rate),
                 voices,
                 str(getattr(engine, "cache_fingerprint", "")),
+                short_first_piece(engine),
             )
             for voice in voices:
                 for key in (voice.id, *voice.aliases):

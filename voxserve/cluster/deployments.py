@@ -29,7 +29,13 @@ from voxserve.cluster.core_engines import (
     build_engine,
 )
 from voxserve.config import ClusterConfig, ClusterDeployment, EnginesConfig, load_settings
-from voxserve.engines.base import Float32Array, Int16Array, asr_tasks, close_engine
+from voxserve.engines.base import (
+    Float32Array,
+    Int16Array,
+    asr_tasks,
+    close_engine,
+    first_piece_choice,
+)
 from voxserve.pipeline.synthesis.engine_chunks import LockedChunks
 from voxserve.types import AsrOptions, AsrResult
 
@@ -167,11 +173,12 @@ class TtsCore:
         return list(catalogue.engines.values())
 
     async def synthesize(
-        self, text: str, voice: str, speed: float = 1.0, skip: int = 0
+        self, text: str, voice: str, speed: float = 1.0, short_first: bool = True, skip: int = 0
     ) -> AsyncIterator[Int16Array]:
         """The engine's chunks, after the first `skip` (a stream resumed on this replica
         after its first replica was lost: engines cut at text boundaries, so chunk k is
-        the same piece of text on any replica)."""
+        the same piece of text on any replica). `short_first`: the gateway's first-piece
+        choice, for an engine that offers it (engines/base.py, short_first_piece)."""
         chunks: LockedChunks | None = None
         index = 0
         finished = False
@@ -179,7 +186,8 @@ class TtsCore:
             # Inside the try: a call cancelled while its voice loads (a replica's first
             # call for it, on a busy machine longer than a chunk's deadline) is counted.
             loaded = await self._load(serve.get_multiplexed_model_id() or voice)
-            chunks = LockedChunks(loaded.engine.synthesize(text, voice=voice, speed=speed))
+            first = first_piece_choice(loaded.engine, short_first)
+            chunks = LockedChunks(loaded.engine.synthesize(text, voice=voice, speed=speed, **first))
             while True:
                 chunk = await asyncio.to_thread(chunks.next_chunk)
                 if chunk is None:

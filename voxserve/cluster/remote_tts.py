@@ -55,6 +55,7 @@ class RemoteTts:
         )
         self.sample_rate = entry.sample_rate
         self.cache_fingerprint = entry.cache_fingerprint
+        self.short_first_piece = entry.short_first_piece  # the core engine's choice, passed on
         self._voices: tuple[Voice, ...] = tuple(entry.voices)
         self._ids = {key: v.id for v in self._voices for key in (v.id, *v.aliases)}
 
@@ -64,16 +65,25 @@ class RemoteTts:
     def voices(self) -> tuple[Voice, ...]:
         return self._voices
 
-    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
+    def synthesize(
+        self, text: str, *, voice: str, speed: float = 1.0, short_first: bool = True
+    ) -> Iterator[Int16Array]:
         """Checks at once (cheap, on the event loop); the remote call starts at the first
-        `next`."""
+        `next`. `short_first` goes to the core's engine where it takes it (engines/base.py,
+        short_first_piece), so a stream resumed on another replica is cut the same way."""
         voice_id = self._ids.get(voice)
         if voice_id is None:
             raise ValueError(f"unknown voice {voice!r}; valid voices: {sorted(self._ids)}")
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise ValueError(f"speed {speed:g} is out of range {MIN_SPEED:g}-{MAX_SPEED:g}")
         return self.client.stream(
-            "synthesize", voice_id, self.config.tts_chunk_timeout_s, text, voice_id, speed
+            "synthesize",
+            voice_id,
+            self.config.tts_chunk_timeout_s,
+            text,
+            voice_id,
+            speed,
+            short_first,
         )
 
 

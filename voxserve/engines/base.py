@@ -244,12 +244,21 @@ def fork_safe(engine_class: object) -> bool:
 
 
 def short_first_piece(engine: object) -> bool:
-    """Whether a TTS engine cuts its first piece short on purpose, for a live reply's first
-    audio (piper: at its first clause end). It says so with `short_first_piece = True`; a
-    one-shot synthesis then makes that piece with the next in one call
-    (pipeline/synthesis/engine_chunks.py, ONE_SHOT_FIRST_AUDIO_S). Absent means no: a
-    streaming engine's chunks go out as they come."""
+    """Whether a TTS engine can cut its first piece short for a live reply's first audio
+    (piper: at its first clause end, "Good morning," 0.8 s). It says so with
+    `short_first_piece = True`, and its `synthesize` then takes `short_first: bool = True`:
+    the pipeline passes False for a one-shot request (pipeline/synthesis/engine_chunks.py),
+    whose listener has the whole text ahead and whose next piece, in a burst, waits behind
+    the other requests' first pieces. Absent means no such choice: a streaming engine's
+    chunks go out as they come. The choice must keep chunk k the same piece of text on
+    every replica of the engine (a cluster resumes a stream by chunk count)."""
     return getattr(engine, "short_first_piece", False) is True
+
+
+def first_piece_choice(engine: object, short: bool) -> dict[str, bool]:
+    """The `synthesize` keyword that gives an engine offering it the first-piece choice
+    (`short_first_piece`); none for an engine without it."""
+    return {"short_first": short} if short_first_piece(engine) else {}
 
 
 TRANSCRIBE_ONLY: tuple[AsrTask, ...] = ("transcribe",)

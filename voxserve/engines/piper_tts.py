@@ -73,18 +73,30 @@ _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phonem
 
 
 # The first piece is the time to first audio (a piece is one model call, ~70 ms per second
-# of speech here): it is cut at its first clause end that leaves FIRST_PIECE_MIN_CHARS on
-# each side ("I heard: I would like a pizza." -> "I heard:", then the rest; "I'm doing well,
-# thank you." -> "I'm doing well,"). The rest is made while the first piece plays. Cut only
-# past 48 characters (and 20 after the cut), a short reply's first chunk took 150-280 ms
-# instead of 70-90 (docs/benchmarks.md, "Turn-taking: a word made up at a pause", its last
-# part: "Then the first piece of a short reply").
+# of speech here). For a live reply (`short_first`) it is cut at its first clause end that
+# leaves FIRST_PIECE_MIN_CHARS on each side ("I heard: I would like a pizza." -> "I heard:",
+# then the rest; "I'm doing well, thank you." -> "I'm doing well,"); the rest is made while
+# the first piece plays. Cut only past 48 characters (and 20 after the cut), a short reply's
+# first chunk took 150-280 ms instead of 70-90 (docs/benchmarks.md, "Turn-taking: a word
+# made up at a pause", its last part: "Then the first piece of a short reply").
+# A one-shot request's first piece is cut only past FIRST_PIECE_LONG_CHARS, leaving
+# `min_chars` after the cut, as before that: its listener has the whole text ahead, and in
+# a burst of requests opening "Good morning, the weather today is mild." the clause after
+# the short first piece (0.8 s of audio) waited behind the other requests' first pieces and
+# the listener paused (docs/benchmarks.md, "TTS overload").
 FIRST_PIECE_MIN_CHARS = 8
+FIRST_PIECE_LONG_CHARS = 48
 
 
-def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+def split_text(
+    text: str,
+    min_chars: int = 20,
+    max_chars: int = MAX_PIECE_CHARS,
+    *,
+    short_first: bool = True,
+) -> list[str]:
     """Sentences, then clauses, then at most `max_chars` characters: the units synthesised
-    (and yielded) one at a time; the first piece is cut sooner (FIRST_PIECE_MIN_CHARS)."""
+    (and yielded) one at a time; the first piece is cut sooner (module comment above)."""
     # Piper reads [[ ... ]] as raw phonemes; user text must not reach that path.
     cleaned = " ".join(text.replace("[[", "[ [").replace("]]", "] ]").split())
     pieces = [
@@ -93,8 +105,10 @@ def split_text(text: str, min_chars: int = 20, max_chars: int = MAX_PIECE_CHARS)
         for clause in split_clauses(sentence, min_chars)
         for part in cut_to_length(clause, max_chars)
     ]
-    if pieces:
+    if pieces and short_first:
         pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, FIRST_PIECE_MIN_CHARS)
+    elif pieces and len(pieces[0]) > FIRST_PIECE_LONG_CHARS:
+        pieces[:1] = split_first_clause(pieces[0], FIRST_PIECE_MIN_CHARS, min_chars)
     return pieces
 
 
@@ -145,7 +159,7 @@ class PiperTts:
     the packaged joe, and the voices `voices` names (engines/piper_voices.py)."""
 
     fork_safe = True  # starts no thread of its own: works in a forked child (engines/base.py)
-    short_first_piece = True  # FIRST_PIECE_MIN_CHARS (engines/base.py, short_first_piece)
+    short_first_piece = True  # synthesize's short_first (engines/base.py, short_first_piece)
 
     def __init__(
         self,
@@ -219,7 +233,8 @@ class PiperTts:
         self.cache_fingerprint = (
             f"piper-tts {dist_version('piper-tts')}; "
             f"pieces {max_piece_chars} chars, {max_phoneme_ids} ids, "
-            f"first cut {FIRST_PIECE_MIN_CHARS} each side" + "".join(f"; {f}" for f in fingerprints)
+            f"first cut {FIRST_PIECE_MIN_CHARS} each side, one-shot past {FIRST_PIECE_LONG_CHARS}"
+            + "".join(f"; {f}" for f in fingerprints)
         )
         # The first call initialises espeak-ng inside piper; do it here, not on a user's turn.
         self._voice.phonemize("warm up")
@@ -249,9 +264,12 @@ class PiperTts:
     def voices(self) -> tuple[Voice, ...]:
         return self._voices
 
-    def synthesize(self, text: str, *, voice: str, speed: float = 1.0) -> Iterator[Int16Array]:
+    def synthesize(
+        self, text: str, *, voice: str, speed: float = 1.0, short_first: bool = True
+    ) -> Iterator[Int16Array]:
         """Validates now (so errors surface at the call, not at the first pull), then returns
-        a generator yielding one int16 chunk per synthesised piece."""
+        a generator yielding one int16 chunk per synthesised piece. `short_first`: cut the
+        first piece at its first clause end, for a live reply (FIRST_PIECE_MIN_CHARS)."""
         speaker = self._speakers.get(voice)
         if speaker is None:
             valid = ", ".join(v.id for v in self._voices[:20])
@@ -262,7 +280,9 @@ class PiperTts:
             length_scale=speaker.voice.config.length_scale / speed,
             normalize_audio=False,
         )
-        pieces = split_text(text, self._min_piece_chars, self._max_piece_chars)
+        pieces = split_text(
+            text, self._min_piece_chars, self._max_piece_chars, short_first=short_first
+        )
         return self._generate(
             speaker.voice, pieces, syn, phonemes_per_call(self._max_phoneme_ids, speed)
         )

@@ -17,7 +17,7 @@ import numpy as np
 
 from voxserve.audio.pcm import Int16Array
 from voxserve.audio.resample import StreamResampler
-from voxserve.engines.base import short_first_piece
+from voxserve.engines.base import first_piece_choice
 from voxserve.pipeline.context import SpeechContext
 from voxserve.pipeline.scheduling.stage import (
     PRIORITY_BULK,
@@ -58,16 +58,12 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # at 1x capacity rose from P99 0.42-0.79 s to 1.20-2.78 s, and the pauses it was to spare
 # were too few on this VM to tell apart: docs/benchmarks.md, "TTS overload".)
 FIRST_CHUNK_DUE_S = 0.2
-# A one-shot request's first chunk shorter than this is joined with the engine's next one
-# in the same call, where the engine cuts its first piece short for a live reply's first
-# audio (`short_first_piece`; piper: at the first clause end, "Good morning," 0.8 s): in
-# a burst the clause after it waits behind the other requests' first clauses, so a
-# one-shot listener with 0.8 s to play paused; the first sentence was its first piece
-# before (docs/benchmarks.md, "TTS overload"). A live reply keeps the short piece: its
-# first audio is the turn's latency. A streaming engine's chunks go out as they come.
-# At 1.5 s, short first sentences were joined with the whole next one too, and first audio
-# at 1x capacity rose from P99 0.37 s to 1.66-2.19 s; at 1.0 s it stayed 0.36-0.59 s.
-ONE_SHOT_FIRST_AUDIO_S = 1.0
+# A one-shot request's engine is asked for a first piece as long as it likes, a live
+# reply's for a short one where the engine offers the choice (`short_first_piece`, piper:
+# "Good morning," 0.8 s, for the turn's latency): in a burst of one-shot requests the clause
+# after a short first piece waited behind the other requests' first pieces, and a listener
+# with 0.8 s to play paused (docs/benchmarks.md, "TTS overload"). (Before the engine was
+# given the choice, the pipeline joined that piece with the next in one call.)
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
 # the `waiting` that TTS health and flow control read, then hold only work that is due.
@@ -125,18 +121,14 @@ async def engine_chunks(
     # (after a one-shot request's first chunk: its synthesis only, module comment)
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
     chunker = request.chunker()
+    first = first_piece_choice(engine, short=not bulk)  # a live reply's short (module comment)
     source = LockedChunks(
-        engine.synthesize(request.text, voice=request.voice.id, speed=request.speed)
+        engine.synthesize(request.text, voice=request.voice.id, speed=request.speed, **first)
     )
     schedule = ctx.speech.health.schedule
     key = rate_key(request)
     timing = ticket or schedule.untracked()  # every call measures the service rate
     pull = _timed_pull(source, timing, schedule.clock)
-    # A one-shot listener's short first piece is joined with the next (module comment).
-    first_pull = pull
-    if bulk and short_first_piece(engine):
-        least = int(ONE_SHOT_FIRST_AUDIO_S * engine.sample_rate)
-        first_pull = _timed_pull(source, timing, schedule.clock, least)
     complete = False
     try:
         while True:
@@ -153,8 +145,7 @@ async def engine_chunks(
                 due = later_chunk_due(started + made_s, took, cost)
                 await _until_nearly_due(stage, due)
             asked = time.monotonic()
-            call = first_pull if made_s == 0.0 else pull
-            chunk = await stage.run(call, deadline=due, priority=priority)
+            chunk = await stage.run(pull, deadline=due, priority=priority)
             took = timing.spent_s if bulk and not made_s else time.monotonic() - asked
             audio_s = 0.0 if chunk is None else chunk.size / engine.sample_rate
             if ticket is None:
@@ -203,22 +194,15 @@ def first_chunk_due(ticket: Ticket | None, bulk: bool) -> float:
 
 
 def _timed_pull(
-    source: LockedChunks, ticket: Ticket, clock: Callable[[], float], min_samples: int = 0
+    source: LockedChunks, ticket: Ticket, clock: Callable[[], float]
 ) -> Callable[[], Int16Array | None]:
     """`source.next_chunk`, telling the ticket when the engine call began and how long it
-    took (plain float writes from the worker thread; the loop reads them). A chunk shorter
-    than `min_samples` is joined with the engine's next one in the same call (one more
-    only: it is the rest of a sentence cut short, not a stream to wait on)."""
+    took (plain float writes from the worker thread; the loop reads them)."""
 
     def pull() -> Int16Array | None:
         ticket.call_started = began = clock()
         try:
-            chunk = source.next_chunk()
-            if chunk is not None and chunk.size < min_samples:
-                more = source.next_chunk()
-                if more is not None:
-                    chunk = np.concatenate([chunk, more])
-            return chunk
+            return source.next_chunk()
         finally:
             ticket.spent_s = clock() - began
 
