@@ -17,7 +17,7 @@ import pytest
 
 from voxserve.bench.__main__ import main
 from voxserve.bench.audio_client import AudioStream
-from voxserve.bench.loadgen import StepSpec, make_stream
+from voxserve.bench.loadgen import StepSpec, make_stream, prepare_audio
 from voxserve.bench.program import Script, build, frame_bytes, pcm_at
 from voxserve.bench.realtime_bench import comparison, markdown
 from voxserve.bench.realtime_client import (
@@ -280,6 +280,38 @@ def test_the_command_refuses_unknown_transports(capsys: pytest.CaptureFixture[st
 def test_a_realtime_ramp_needs_a_budget_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["ramp", "--mode", "realtime", "--url", "ws://127.0.0.1:9", "--quiet"])
     assert code == 2 and "use --budget-metric turn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "rate"), [("assistant", 24_000), ("realtime", 24_000)])
+def test_a_step_s_audio_is_made_before_its_streams_start(
+    monkeypatch: pytest.MonkeyPatch, mode: str, rate: int
+) -> None:
+    """`prepare_audio` (loadgen.drive, before start_at) resamples the program once; a
+    stream's first frame then finds it made. Made there instead (73-106 ms for the
+    fixtures), it held the loop after the streams' clocks had started, and a step was
+    judged invalid for its P99 send lateness on an idle machine (test_smoke.py)."""
+    import voxserve.audio.resample as resampling
+
+    made: list[int] = []
+    real = resampling.resample
+
+    def counted(samples: Any, rate_in: int, rate_out: int) -> Any:
+        made.append(rate_out)
+        return real(samples, rate_in, rate_out)
+
+    monkeypatch.setattr(resampling, "resample", counted)
+    program = build([(CLIP, "fresh")], gap_s=1.0)  # not resampled yet in this process
+    spec = StepSpec(
+        url="ws://127.0.0.1:9/v1/stream", mode=mode, streams=1, duration_s=1.0,
+        ramp_s=0.0, program=program, session={"sample_rate": rate},
+    )  # fmt: skip
+    prepare_audio(spec)
+    assert made == [rate]
+    if mode == "realtime":
+        frames_b64(program)
+    else:
+        pcm_at(program, rate)  # what AudioStream.produce asks for on its first frame
+    assert made == [rate]  # nothing more to make once the clock runs
 
 
 def test_make_stream_builds_either_client_with_the_key() -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from voxserve.bench.audio_client import AudioStream
-from voxserve.bench.program import Program, scripts
-from voxserve.bench.realtime_client import RealtimeStream, StreamPlan
+from voxserve.bench.program import Program, pcm_at, scripts
+from voxserve.bench.realtime_client import RealtimeStream, StreamPlan, frames_b64
 from voxserve.bench.records import Raw
 from voxserve.bench.schedule import start_offsets
 from voxserve.bench.servers import http_base, realtime_url
@@ -160,8 +160,29 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def prepare_audio(spec: StepSpec) -> None:
+    """The step's audio at the rate its streams send, made once per process before the
+    first stream starts. Made on a stream's first frame (`pcm_at` resamples the whole
+    program: 73-106 ms for the fixtures' 27 s at 24 kHz), it held the loop after the
+    streams' clocks had started, and their first frames went out that late: a 4 s step of
+    2 streams was judged invalid for the generator's P99 send lateness (29-36 ms) on an idle
+    machine (tests/bench/test_smoke.py::test_realtime_vs_stream_smoke, ~1 run in 3)."""
+    program = spec.program
+    if program is None or spec.mode == "tts":
+        return
+    if spec.mode == "realtime":
+        frames_b64(program)
+    elif spec.mode == "webrtc":
+        from voxserve.bench.webrtc_stream import RATE as WEBRTC_RATE  # aiortc: only for calls
+
+        pcm_at(program, WEBRTC_RATE)
+    else:
+        pcm_at(program, int(spec.session.get("sample_rate", SAMPLE_RATE)))
+
+
 async def drive(spec: StepSpec, start_at: float) -> Raw:
     """Run this process's streams of the step, starting at monotonic time start_at."""
+    prepare_audio(spec)  # before start_at: the streams' clocks start after it
     raw = Raw()
     if spec.mode == "webrtc":
         from voxserve.bench.webrtc_client import InlineExecutor
