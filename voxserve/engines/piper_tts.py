@@ -80,10 +80,10 @@ _CLAUSE_PHONEMES = frozenset(",;:.!?")  # espeak keeps punctuation in its phonem
 # first chunk took 150-280 ms instead of 70-90 (docs/benchmarks.md, "Turn-taking: a word
 # made up at a pause", its last part: "Then the first piece of a short reply").
 # A one-shot request's first piece is cut only past FIRST_PIECE_LONG_CHARS, leaving
-# `min_chars` after the cut, as before that: its listener has the whole text ahead, and in
-# a burst of requests opening "Good morning, the weather today is mild." the clause after
-# the short first piece (0.8 s of audio) waited behind the other requests' first pieces and
-# the listener paused (docs/benchmarks.md, "TTS overload").
+# `min_chars` after the cut (every request's rule before `ad3be38`): its listener has the
+# whole text ahead, and in a burst of requests opening "Good morning, the weather today is
+# mild." the clause after the short first piece (0.8 s of audio) waited behind the other
+# requests' first pieces and the listener paused (docs/benchmarks.md, "TTS overload").
 FIRST_PIECE_MIN_CHARS = 8
 FIRST_PIECE_LONG_CHARS = 48
 
