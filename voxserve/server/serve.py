@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from voxserve.config import Settings
 from voxserve.runtime import Runtime
@@ -73,6 +79,37 @@ class DrainingServer(uvicorn.Server):
         runtime.on_fatal = self._stop  # a bad engine option found while loading
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._handlers: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, except at its end: uvicorn puts the handlers it found back and raises
+        the signals it caught again inside the event loop, where the handler found (the
+        CLI's: KeyboardInterrupt, cli/signals.py) could run while uvloop was closing, and the
+        loop's teardown failed ("Cannot close a running event loop", a traceback from a
+        worker of `serve --workers 2` stopped with the others). Here a signal is only noted
+        until the loop is closed; `serve` then puts the handlers back and raises them."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        for sig in HANDLED_SIGNALS:
+            self._handlers.setdefault(sig, signal.signal(sig, self.handle_exit))
+        try:
+            yield
+        finally:
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, self._note)
+
+    def _note(self, sig: int, frame: FrameType | None) -> None:
+        self._captured_signals.append(sig)
+
+    def restore_signals(self) -> list[int]:
+        """Put back the handlers found (the loop is closed); the signals caught, to raise."""
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        self._handlers.clear()
+        caught, self._captured_signals = list(self._captured_signals), []
+        return caught
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -112,6 +149,12 @@ def serve(
     before anything loads, and port 0 works). Raises the configuration error the engines'
     loading stopped the server for (EngineConfigError: the CLI's one line, exit 2)."""
     runtime = runtime or Runtime(settings)
-    DrainingServer(uvicorn_config(settings, runtime), runtime).run(sockets=sockets)
+    server = DrainingServer(uvicorn_config(settings, runtime), runtime)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        caught = server.restore_signals()
+    for sig in reversed(caught):  # as uvicorn does (last first), once the loop is closed
+        signal.raise_signal(sig)
     if runtime.fatal is not None:  # the server stopped for it (Runtime.stop_for)
         raise runtime.fatal
