@@ -257,6 +257,20 @@ def test_a_stream_that_runs_dry_cuts_the_playback_share_which_recovers_while_non
     assert s.playback_share() == CONTINUITY_SHARE
 
 
+def test_a_fresh_schedule_keeps_the_rates_and_forgets_the_share() -> None:
+    """`TtsSchedule.fresh`: set up as the old one (budgets, clock, continuity) with its
+    measured rates, and the playback share and counts of a new server."""
+    clock = Clock()
+    s = schedule(clock, budget_s=0.8)
+    s.one_shot_budget_s = 4.0
+    s._share, s._cut_at, s.starved = SHARE_MIN, clock(), 3  # as cut to its floor
+    new = s.fresh()
+    assert new.rates is s.rates and new.clock is s.clock
+    assert (new.budget_s, new.one_shot_budget_s, new.continuity) == (0.8, 4.0, s.continuity)
+    assert new.playback_share() == CONTINUITY_SHARE and new.starved == 0
+    assert not new.tickets and s.playback_share() == SHARE_MIN
+
+
 def test_a_stream_buffered_ahead_needs_nothing_until_its_playback_comes_near() -> None:
     """Streams whose audio is made far ahead of their playback are no load until it plays
     out, and short texts end: the balance is over time, not a count of streams."""

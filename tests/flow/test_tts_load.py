@@ -29,7 +29,6 @@ from voxserve.bench.tts_burst import (
     wyoming_burst,
 )
 from voxserve.config import load_settings
-from voxserve.pipeline.scheduling.tts_lateness import TtsSchedule
 
 BUDGET_S = 3.0  # the least budget; the fixture raises it to fit this machine's capacity
 MAX_BUDGET_S = 12.0  # and at most this (the fixture says why)
@@ -93,13 +92,7 @@ def fresh_share(server: LiveServer) -> LiveServer:
     health = server.runtime.tts_health
     old = health.schedule
     assert not old.tickets, "a synthesis still in progress between tests"
-    health.schedule = TtsSchedule(
-        old.budget_s,
-        old.rates,
-        old.clock,
-        old.one_shot_budget_s,
-        continuity=old.continuity,
-    )
+    health.schedule = old.fresh()
     return server
 
 

@@ -283,6 +283,17 @@ class TtsSchedule:
         self._cut_at = -math.inf  # when it was (it has recovered since)
         self.starved = 0  # one-shot streams whose chunk came after their audio ran out
 
+    def fresh(self) -> TtsSchedule:
+        """A schedule set up as this one, with its measured rates but nothing it learned
+        since (the playback share, the counts): what a new server would admit with."""
+        return TtsSchedule(
+            self.budget_s,
+            self.rates,
+            self.clock,
+            self.one_shot_budget_s,
+            continuity=self.continuity,
+        )
+
     def playback_share(self, now: float | None = None) -> float:
         """The share of the slots admitted playback may take now (CONTINUITY_SHARE's
         comment): the last cut, recovered since."""
