@@ -101,7 +101,7 @@ def make_stream(
         hangover_s=spec.hangover_s,
         lateness=raw.lateness,
         deflate=spec.deflate,
-        rate=int(spec.session.get("sample_rate", SAMPLE_RATE)),  # session.start's
+        rate=session_rate(spec),
         headers=headers,
     )
 
@@ -161,28 +161,36 @@ def _cpu() -> float:
 
 
 def prepare_audio(spec: StepSpec) -> None:
-    """The step's audio at the rate its streams send, made once per process before the
-    first stream starts. Made on a stream's first frame (`pcm_at` resamples the whole
-    program: 73-106 ms for the fixtures' 27 s at 24 kHz), it held the loop after the
+    """What a stream would otherwise make on its first frame, made once per process before
+    the step's clocks start: the step's audio at the rate its streams send, and for WebRTC
+    aiortc's imports and TLS context. Made on a stream's first frame (`pcm_at` resamples the
+    whole program: 73-106 ms for the fixtures' 27 s at 24 kHz), it held the loop after the
     streams' clocks had started, and their first frames went out that late: a 4 s step of
     2 streams was judged invalid for the generator's P99 send lateness (29-36 ms) on an idle
     machine (tests/bench/test_smoke.py::test_realtime_vs_stream_smoke, ~1 run in 3)."""
     program = spec.program
-    if program is None or spec.mode == "tts":
-        return
-    if spec.mode == "realtime":
-        frames_b64(program)
-    elif spec.mode == "webrtc":
-        from voxserve.bench.webrtc_stream import RATE as WEBRTC_RATE  # aiortc: only for calls
+    if spec.mode == "webrtc":
+        from voxserve.bench import webrtc_client  # aiortc: only for calls
+        from voxserve.bench.webrtc_stream import RATE as WEBRTC_RATE
 
-        pcm_at(program, WEBRTC_RATE)
+        webrtc_client.warm()
+        if program is not None:
+            pcm_at(program, WEBRTC_RATE)
+    elif program is None or spec.mode == "tts":
+        return
+    elif spec.mode == "realtime":
+        frames_b64(program)
     else:
-        pcm_at(program, int(spec.session.get("sample_rate", SAMPLE_RATE)))
+        pcm_at(program, session_rate(spec))
+
+
+def session_rate(spec: StepSpec) -> int:
+    """The sample rate a /v1/stream session of the step sends at (session.start's)."""
+    return int(spec.session.get("sample_rate", SAMPLE_RATE))
 
 
 async def drive(spec: StepSpec, start_at: float) -> Raw:
     """Run this process's streams of the step, starting at monotonic time start_at."""
-    prepare_audio(spec)  # before start_at: the streams' clocks start after it
     raw = Raw()
     if spec.mode == "webrtc":
         from voxserve.bench.webrtc_client import InlineExecutor
@@ -225,19 +233,7 @@ async def _sessions(spec: StepSpec, index: int, raw: Raw, end_at: float) -> None
 
 
 def run(spec: StepSpec, start_at: float) -> Raw:
-    """Process entry point (picklable): a fresh event loop for the step."""
-    if spec.mode == "webrtc":
-        _warm_webrtc(spec)
+    """Process entry point (picklable): a fresh event loop for the step, once what its
+    streams need is made (`prepare_audio`, before start_at)."""
+    prepare_audio(spec)
     return asyncio.run(drive(spec, start_at))
-
-
-def _warm_webrtc(spec: StepSpec) -> None:
-    """aiortc and av imported, the TLS context made and the program resampled to 48 kHz
-    before the clock starts: done in the loop, the first call would stall every stream."""
-    from voxserve.bench import webrtc_client
-    from voxserve.bench.webrtc_stream import pcm48
-
-    webrtc_client.warm()
-    if spec.program is not None:
-        (script,) = scripts(spec.program, [0])
-        pcm48(script)

@@ -123,14 +123,14 @@ def settled_sample(
     client: httpx.Client, pid: int | None, before: dict[str, Any], max_threads: int
 ) -> dict[str, Any]:
     """The idle figures once the streams are gone: the first sample with nothing left over
-    against `before` (no session, no pool buffer out, `leaks` finds nothing), else the one
+    against `before` (no session left, `leaks` finds nothing), else the one
     taken SETTLE_S after the streams ended. A leak is what is still there then; waiting the
     whole SETTLE_S every time only made a run longer."""
     give_up = time.monotonic() + SETTLE_S
     while True:
         found = server_sample(client, pid)
-        idle = not found.get("sessions") and not found.get("pool_in_use")
-        if (idle and not leaks(before, found, max_threads)) or time.monotonic() >= give_up:
+        idle = not found.get("sessions") and not leaks(before, found, max_threads)
+        if idle or time.monotonic() >= give_up:
             return found
         time.sleep(SETTLED_POLL_S)
 

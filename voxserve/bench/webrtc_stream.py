@@ -35,7 +35,6 @@ from voxserve.bench.schedule import FRAME_S, FrameClock
 HANDSHAKE_S = 15.0
 RATE = 48_000
 FRAME_BYTES = RATE // 50 * 2
-_PCM48: dict[int, tuple[Any, bytes]] = {}
 
 
 class WebRtcTurns(RealtimeTurns):
@@ -69,11 +68,8 @@ class WebRtcTurns(RealtimeTurns):
 
 
 def pcm48(script: Script) -> bytes:
-    """The program at 48 kHz, once per process."""
-    program = script.program
-    if id(program) not in _PCM48:
-        _PCM48[id(program)] = (program, pcm_at(program, RATE))
-    return _PCM48[id(program)][1]
+    """The program at 48 kHz (`pcm_at`: resampled once per process)."""
+    return pcm_at(script.program, RATE)
 
 
 class WebRtcStream:

@@ -58,12 +58,6 @@ POLITE_POLL_S = 0.05  # how often a prewarm waiting for a spare TTS slot looks a
 # at 1x capacity rose from P99 0.42-0.79 s to 1.20-2.78 s, and the pauses it was to spare
 # were too few on this VM to tell apart: docs/benchmarks.md, "TTS overload".)
 FIRST_CHUNK_DUE_S = 0.2
-# A one-shot request's engine is asked for a first piece as long as it likes, a live
-# reply's for a short one where the engine offers the choice (`short_first_piece`, piper:
-# "Good morning," 0.8 s, for the turn's latency): in a burst of one-shot requests the clause
-# after a short first piece waited behind the other requests' first pieces, and a listener
-# with 0.8 s to play paused (docs/benchmarks.md, "TTS overload"). (Before the engine was
-# given the choice, the pipeline joined that piece with the next in one call.)
 PLAYOUT_MARGIN_S = 0.1
 # A chunk due later than this waits outside a busy TTS stage (EDF on): the stage queue, and
 # the `waiting` that TTS health and flow control read, then hold only work that is due.
@@ -121,7 +115,9 @@ async def engine_chunks(
     # (after a one-shot request's first chunk: its synthesis only, module comment)
     resampler = StreamResampler(engine.sample_rate, request.sample_rate)
     chunker = request.chunker()
-    first = first_piece_choice(engine, short=not bulk)  # a live reply's short (module comment)
+    # A short first piece for a live reply only, where the engine offers the choice (why:
+    # engines/base.py, short_first_piece).
+    first = first_piece_choice(engine, short=not bulk)
     source = LockedChunks(
         engine.synthesize(request.text, voice=request.voice.id, speed=request.speed, **first)
     )
