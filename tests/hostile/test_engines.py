@@ -46,6 +46,12 @@ PROMPTS: dict[str, str] = {
 }
 pytestmark = pytest.mark.timeout(60)  # an unbounded call hangs: fail in a minute, not two
 CALL_BOUND_S = 20.0  # a call takes ~0.3-2 s on a busy two-core machine; the wedge took 140 s
+ATTACK_CPU_BOUND_S = 30.0
+"""The CPU seconds this process (the server, its decode threads, the clients) may spend on the
+prompt uploads: 4.0-4.6 s here, alone or beside 8 busy loops; the wedge burnt 140 s of a core.
+Their wall time measures the neighbours on a shared machine (the last answer 3 s alone, 16 s
+beside the busy loops), so the uploads are bounded by the work they cost, not by the clock."""
+UPLOAD_TIMEOUT_S = 45.0  # within the module's minute: a wedged call fails here, not in pytest
 
 
 class CountingModel:
@@ -188,37 +194,44 @@ def test_past_30_s_the_prompt_goes_cut_and_the_call_is_bounded(asr: WhisperAsr) 
 
 
 async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
-    """Every class of prompt uploaded at once is answered 200 within bounds, and a plain upload
-    sent while they run is answered with its words (it was 504 for 140 s); the live stream
-    beside them keeps its pace and the RSS stays bounded. The plain upload is a client as
-    the SDK ships (it retries a 503 after its Retry-After): behind the prompts' decodes on
-    a loaded machine, admission may refuse it at once as predicted past its budget
-    (`overloaded`, docs/protocol.md), which is not a wedge; its words within the bound are."""
+    """Every class of prompt uploaded at once is answered 200 at a bounded cost, and a plain
+    upload sent while they run is answered with its words (it was 504 for 140 s); the live
+    stream beside them keeps its pace and the RSS stays bounded. Each upload is a client as
+    the SDK ships (it retries a 503 after its Retry-After): on a loaded machine admission
+    may refuse one at once as predicted past its budget (`overloaded`, docs/protocol.md),
+    which is not a wedge. The bound is on CPU seconds (ATTACK_CPU_BOUND_S): CI's neighbours
+    once took the ninth upload past a 20 s client timeout, with no wedge."""
     wav = encode(fixture_audio("command.wav"), "wav")
     plain_wav = encode(fixture_audio("lights.wav"), "wav")
     async with openai.AsyncOpenAI(
-        base_url=live_server.http_url + "/v1", api_key="x", max_retries=0, timeout=CALL_BOUND_S
+        base_url=live_server.http_url + "/v1",
+        api_key="x",
+        max_retries=3,
+        timeout=UPLOAD_TIMEOUT_S,
     ) as sdk:
 
-        async def upload(prompt: str | None, data: bytes, retries: int = 0) -> tuple[str, float]:
+        async def upload(prompt: str | None, data: bytes) -> tuple[str, float]:
             started = time.monotonic()
             kwargs: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
-            result = await sdk.with_options(max_retries=retries).audio.transcriptions.create(
+            result = await sdk.audio.transcriptions.create(
                 model="whisper-1", file=("a.wav", data, "audio/wav"), **kwargs
             )
             return result.text, time.monotonic() - started
 
         async with watched(live_server.http_url) as watch:
+            cpu_before = time.process_time()
             hostile = [asyncio.create_task(upload(p, wav)) for p in PROMPTS.values()]
             await asyncio.sleep(0.2)
-            text, plain_s = await upload(None, plain_wav, retries=3)
+            text, plain_s = await upload(None, plain_wav)
             answered = await asyncio.gather(*hostile)
+            cpu_s = time.process_time() - cpu_before
     assert wer(fixture_texts()["lights.wav"], text) <= 0.15, text
-    assert plain_s < CALL_BOUND_S and all(s < CALL_BOUND_S for _, s in answered)
+    assert cpu_s < ATTACK_CPU_BOUND_S, f"the uploads cost {cpu_s:.1f} CPU s"
     watch.assert_unhurt(max_growth_mb=400, max_p99_lag_ms=250)
     print(
-        f"prompt wedge: RSS +{watch.rss_growth_mb:.0f} MB (peak {watch.rss_peak / 1e6:.0f} MB),"
-        f" live P99 lag {watch.lag_ms(0.99):.0f} ms, plain upload {plain_s:.1f} s"
+        f"prompt wedge: {cpu_s:.1f} CPU s, slowest answer {max(s for _, s in answered):.1f} s,"
+        f" plain upload {plain_s:.1f} s, RSS +{watch.rss_growth_mb:.0f} MB"
+        f" (peak {watch.rss_peak / 1e6:.0f} MB), live P99 lag {watch.lag_ms(0.99):.0f} ms"
     )
 
 
