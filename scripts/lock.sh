@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Refresh requirements/test.lock, the resolved and hashed set that scripts/test.sh (and so CI)
+# Refresh requirements/test.lock (and uv.lock, the installer), the resolved and hashed set that scripts/test.sh (and so CI)
 # installs: every package of the `dev` extra (with `clients`, the agent frameworks of
 # tests/clients), for Python 3.11 on any platform (markers), each with the hashes of its files.
 # requirements/overrides.txt replaces what a dependency asks where it conflicts with voxserve
@@ -15,3 +15,6 @@ TOOLS="${TMPDIR:-/tmp}/voxserve-lock-tools"
 "$TOOLS/bin/uv" pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
   --generate-hashes --override requirements/overrides.txt --custom-compile-command "bash scripts/lock.sh" \
   -o requirements/test.lock "$@"
+# uv itself, which scripts/test.sh installs with pip and then installs the lock with.
+echo uv | "$TOOLS/bin/uv" pip compile - --universal --python-version 3.11 --generate-hashes \
+  --custom-compile-command "bash scripts/lock.sh" --quiet -o requirements/uv.lock
