@@ -199,8 +199,9 @@ async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
     stream beside them keeps its pace and the RSS stays bounded. Each upload is a client as
     the SDK ships (it retries a 503 after its Retry-After): on a loaded machine admission
     may refuse one at once as predicted past its budget (`overloaded`, docs/protocol.md),
-    which is not a wedge. The bound is on CPU seconds (ATTACK_CPU_BOUND_S): CI's neighbours
-    once took the ninth upload past a 20 s client timeout, with no wedge."""
+    which is not a wedge. The bound is on CPU seconds (ATTACK_CPU_BOUND_S), not on each
+    answer's wall time: CI failed the unicode prompt's upload once under a 20 s bound (with
+    no retry), where its neighbours set the pace."""
     wav = encode(fixture_audio("command.wav"), "wav")
     plain_wav = encode(fixture_audio("lights.wav"), "wav")
     async with openai.AsyncOpenAI(
