@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Refresh requirements/test.lock, the resolved and hashed set that scripts/test.sh (and so CI)
 # installs (and requirements/uv.lock, the installer it uses): every package of the `dev` extra
-# (with `clients`, the agent frameworks of tests/clients), for Python 3.11 on any platform (markers), each with the hashes of its files.
+# (with `clients`, the agent frameworks of tests/clients), for Python 3.11 on any platform
+# (markers), each with the hashes of its files.
 # requirements/overrides.txt replaces what a dependency asks where it conflicts with voxserve
 # (each with why); scripts/test.sh installs the lock with --no-deps for that reason. Run it on
 # purpose (a new dependency, a wanted upgrade), then
