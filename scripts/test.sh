@@ -19,7 +19,8 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 # with voxserve (requirements/overrides.txt), which a resolver would refuse.
 # No bytecode is compiled at install (uv's default): the tests import a fraction of what the
 # lock installs (ray, grpc tools, playwright...), compiled once on first import instead.
-.venv/bin/python -m pip install -q --disable-pip-version-check --require-hashes -r requirements/uv.lock
+.venv/bin/python -m pip install -q --disable-pip-version-check --require-hashes \
+  -r requirements/uv.lock
 uv_install=(.venv/bin/uv pip install -q --python .venv/bin/python --no-deps)
 "${uv_install[@]}" --require-hashes -r requirements/test.lock
 "${uv_install[@]}" --no-build-isolation -e .
