@@ -55,7 +55,7 @@ def module_distributions(module: str, exclude: str | None = None) -> list[dict[s
                 continue
             row = _distribution_row(dist_name)
             if row is not None:
-                found[_norm(dist_name)] = row
+                found[_norm(dist_name)] = dict(row)  # the cached row stays as it was read
     return list(found.values())
 
 
@@ -126,12 +126,12 @@ def _source_imports(module: str) -> tuple[frozenset[str], tuple[str, ...]]:
 
 
 @functools.cache
-def _core_requirements() -> list[str]:
+def _core_requirements() -> tuple[str, ...]:
     """Names in voxserve's own Requires-Dist that are not behind an extra."""
     try:
         requires = distribution(PROG).requires or []
     except PackageNotFoundError:
-        return []
+        return ()
     names = []
     for req in requires:
         if "extra ==" in req:
@@ -139,7 +139,7 @@ def _core_requirements() -> list[str]:
         match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req)
         if match:
             names.append(match.group())
-    return names
+    return tuple(names)
 
 
 def _norm(name: str) -> str:
