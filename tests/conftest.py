@@ -49,7 +49,7 @@ SERIAL = (
 # clusters and forked workers (Ray's ports and /tmp/ray); mDNS on the loopback (port 5353
 # shared, a probe's unicast answer reaches one of the programs open: the discovery tests'
 # rename needs no other zeroconf program, and `serve` in test_cli advertises by default).
-# Every other test server advertises nothing (_no_tts_load_shedding below).
+# Every other test server advertises nothing (_no_load_shedding below).
 ONE_WORKER = {
     "cluster/": "ray",
     "memory/": "memory",
@@ -103,7 +103,7 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_tts_load_shedding() -> Iterator[None]:
+def _no_load_shedding() -> Iterator[None]:
     """Test servers never refuse uncached speech as degraded: on a busy shared machine real
     engines can be slow for seconds, and tests about engines are not about load shedding.
     Tests of degradation configure it explicitly (tests/cache, tests/flow)."""
@@ -112,6 +112,14 @@ def _no_tts_load_shedding() -> Iterator[None]:
         # Nor refuse sessions for load: a test that loads a shared server's stage on purpose
         # would otherwise shed the next test's sessions. tests/flow sets it explicitly.
         patch.setenv("VOXSERVE_FLOW__SHED_AFTER_S", "1000000")
+        # Nor refuse a live stream for what streams have cost the ASR engine: on a session's
+        # shared server, slow decodes beside other workers made the share say "full", and
+        # a test's one stream was closed 1013 at connect (CI, four workers). tests/flow sets it.
+        patch.setenv("VOXSERVE_FLOW__ASR_BUSY_LIMIT", "0")
+        # Nor refuse a one-shot transcription as predicted past its budget: nine prompted
+        # uploads at once were refused 503 four times over beside other workers (CI).
+        # tests/flow/test_asr_load.py and tests/test_bulk_uploads.py set their budgets.
+        patch.setenv("VOXSERVE_ASR__ONE_SHOT_BUDGET_MS", "600000")
         # Nor advertise their Wyoming port over zeroconf: dozens of test servers on one
         # loopback would probe and rename each other. The discovery tests turn it on.
         patch.setenv("VOXSERVE_WYOMING__ZEROCONF", "false")

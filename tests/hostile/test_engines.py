@@ -196,18 +196,17 @@ def test_past_30_s_the_prompt_goes_cut_and_the_call_is_bounded(asr: WhisperAsr) 
 async def test_prompt_uploads_wedge_nothing(live_server: LiveServer) -> None:
     """Every class of prompt uploaded at once is answered 200 at a bounded cost, and a plain
     upload sent while they run is answered with its words (it was 504 for 140 s); the live
-    stream beside them keeps its pace and the RSS stays bounded. Each upload is a client as
-    the SDK ships (it retries a 503 after its Retry-After): on a loaded machine admission
-    may refuse one at once as predicted past its budget (`overloaded`, docs/protocol.md),
-    which is not a wedge. The bound is on CPU seconds (ATTACK_CPU_BOUND_S), not on each
-    answer's wall time: CI failed the unicode prompt's upload once under a 20 s bound (with
-    no retry), where its neighbours set the pace."""
+    stream beside them keeps its pace and the RSS stays bounded. The test server does not
+    refuse them for load (tests/conftest.py `_no_load_shedding`: beside other workers,
+    admission refused one four times over as predicted past its 2.5 s budget), and the
+    bound is on CPU seconds (ATTACK_CPU_BOUND_S), not on each answer's wall time, which
+    there measures the neighbours."""
     wav = encode(fixture_audio("command.wav"), "wav")
     plain_wav = encode(fixture_audio("lights.wav"), "wav")
     async with openai.AsyncOpenAI(
         base_url=live_server.http_url + "/v1",
         api_key="x",
-        max_retries=3,
+        max_retries=0,  # the first answer: a retried 504 would hide a wedge for minutes
         timeout=UPLOAD_TIMEOUT_S,
     ) as sdk:
 
