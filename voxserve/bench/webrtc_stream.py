@@ -67,11 +67,6 @@ class WebRtcTurns(RealtimeTurns):
         return super().idle() and not self.unheard
 
 
-def pcm48(script: Script) -> bytes:
-    """The program at 48 kHz (`pcm_at`: resampled once per process)."""
-    return pcm_at(script.program, RATE)
-
-
 class WebRtcStream:
     """One call. `run()` never raises: every failure ends up in `raw.errors`."""
 
@@ -92,7 +87,7 @@ class WebRtcStream:
         self.total: int | None = None  # and with the tail of silence
         self.produced = asyncio.Event()
         self.settled = asyncio.Event()
-        self.pcm = pcm48(plan.script)
+        self.pcm = pcm_at(plan.script.program, RATE)  # resampled once per process
 
     def error(self, code: str) -> None:
         self.raw.errors[code] += 1
